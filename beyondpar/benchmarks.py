@@ -1,0 +1,162 @@
+"""Speed measurements as ratios taken in one run: against the paper's method, against a
+NumPy loop of the same algorithm, and against this machine's own matmul rate."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondpar import metrics
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """Best wall time of `repeats` calls after one warm-up (compile) call."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def matmul_flops_per_s(repeats: int, size: int = 2048) -> float:
+    """float32 matmul rate of the default device: the machine's own yardstick."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    return 2 * size**3 / best_time(lambda: matmul(x), repeats)
+
+
+def random_causal_attention(
+    seed: int, shape: tuple[int, ...], t: int, scale: float = 2.0, dtype=np.float32
+):
+    """Softmax of Gaussian scores under a causal mask: rows sum to 1, zeros above diagonal."""
+    rng = np.random.default_rng(seed)
+    scores = scale * rng.standard_normal((*shape, t, t))
+    scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs = probs.astype(dtype)
+    return probs / probs.sum(-1, keepdims=True)
+
+
+# ---------------------------------------------------------------- NumPy baselines
+
+
+def numpy_walk_columns(c: np.ndarray) -> np.ndarray:
+    """The reference walk in column form, as in `metrics`, for one matrix."""
+    cum = np.minimum(1.0, np.cumsum(c, axis=0))
+    w = np.diff(cum, axis=0, prepend=0.0)
+    w[-1] += 1.0 - cum[-1]
+    return w
+
+
+def paper_method(c: np.ndarray, rng: np.random.Generator, walks: int = 500, k: int = 100):
+    """The paper's pipeline for one operator: fidelity from matrix powers, hitting time by
+    `walks` Monte Carlo walks per start token drawn from the unnormalised columns."""
+    t = c.shape[0]
+    power = np.eye(t)
+    best = np.zeros(t)
+    for _ in range(k):
+        power = power @ c
+        best = np.maximum(best, power[-1])
+    walk_rows = numpy_walk_columns(c).T
+    cdf = np.cumsum(walk_rows, axis=1)
+    total = 0
+    for start in range(t - 1):
+        for _ in range(walks):
+            state, steps = start, 0
+            while state != t - 1 and steps < k:
+                state = min(int(np.searchsorted(cdf[state], rng.random(), side="right")), t - 1)
+                steps += 1
+            total += steps
+    return best.min(), total / (walks * t)
+
+
+def numpy_exact(c: np.ndarray, k: int = 100):
+    """The exact algorithm of `metrics`, one matrix at a time in NumPy."""
+    t = c.shape[0]
+    s = np.zeros(t, c.dtype)
+    s[-1] = 1
+    survival = np.ones(t, c.dtype)
+    survival[-1] = 0
+    w = numpy_walk_columns(c)
+    best = np.zeros(t, c.dtype)
+    hit = survival.sum()
+    for step in range(1, k + 1):
+        s = s @ c
+        best = np.maximum(best, s)
+        survival = survival @ w
+        survival[-1] = 0
+        if step < k:
+            hit += survival.sum()
+    return best.min(), hit / t
+
+
+# ---------------------------------------------------------------- suites
+
+
+def metrics_suite(repeats: int = 5, sequences: int = 50, layers: int = 4, operators: int = 17):
+    """Fidelity + hitting time on a batch shaped like the paper's 16-head evaluation."""
+    t = k = 100
+    batch = jnp.asarray(random_causal_attention(0, (sequences, layers, operators), t))
+    n = batch.size // (t * t)
+    rate = matmul_flops_per_s(repeats)
+
+    def kernels():
+        return metrics.operator_metrics(batch, horizon=k, max_steps=k)
+
+    kernel_s = best_time(kernels, repeats)
+    fid_s = best_time(lambda: metrics.minimax_fidelity(batch, k), repeats)
+    hit_s = best_time(lambda: metrics.hitting_time(batch, k), repeats)
+    sample = np.asarray(batch.reshape(-1, t, t)[:8], np.float64)
+    start = time.perf_counter()
+    paper_method(sample[0], np.random.default_rng(0))
+    paper_s = time.perf_counter() - start
+    numpy_s = min(_time_loop(numpy_exact, sample) for _ in range(repeats))
+    flop = 2 * 2 * k * t * t * n  # two metrics, 2 K T^2 each
+    result = {
+        "matrices": n,
+        "devices": jax.local_device_count(),
+        "matmul_gflops": rate / 1e9,
+        "us_per_matrix": {
+            "fused": 1e6 * kernel_s / n,
+            "fidelity": 1e6 * fid_s / n,
+            "hitting_time": 1e6 * hit_s / n,
+            "paper_method": 1e6 * paper_s,
+            "numpy_exact": 1e6 * numpy_s / len(sample),
+        },
+        "speedup_vs_paper": paper_s / (kernel_s / n),
+        "speedup_vs_numpy_exact": (numpy_s / len(sample)) / (kernel_s / n),
+        "effective_gflops": flop / kernel_s / 1e9,
+        "fraction_of_matmul": flop / kernel_s / rate,
+    }
+    _print_metrics(result)
+    return result
+
+
+def _time_loop(fn, mats) -> float:
+    start = time.perf_counter()
+    for m in mats:
+        fn(m)
+    return time.perf_counter() - start
+
+
+def _print_metrics(r: dict) -> None:
+    us = r["us_per_matrix"]
+    print(f"{r['matrices']} operators, T=100, K=100, {r['devices']} device(s)")
+    print(f"matmul rate            {r['matmul_gflops']:10.1f} GFLOP/s")
+    for name, value in us.items():
+        print(f"{name:<22} {value:10.1f} us/matrix")
+    print(f"speed-up vs paper      {r['speedup_vs_paper']:10.0f}x")
+    print(f"speed-up vs NumPy loop {r['speedup_vs_numpy_exact']:10.1f}x")
+    print(f"effective rate         {r['effective_gflops']:10.1f} GFLOP/s")
+    print(f"fraction of matmul     {r['fraction_of_matmul']:10.1%}")
+    print(json.dumps(r))
+
+
+SUITES: dict[str, Callable[..., dict]] = {"metrics": metrics_suite}

@@ -1,0 +1,91 @@
+"""From attention probabilities to the operators whose diffusion the metrics measure.
+
+A head's attention matrix A (rows: queries, columns: keys, rows sum to 1) is the operator
+of a feedforward DAG over tokens: a query reads from the keys it attends to. Heads are
+mixed into one row-stochastic operator C = sum_h w_h A_h with non-negative weights that sum
+to one (the paper's learned head importances, or uniform).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondpar import _checks
+
+
+def normalize_weights(weights, num_heads: int) -> jax.Array:
+    """Head weights `...xH` scaled to sum 1 along the last axis; validated when concrete."""
+    w = _checks.as_float_array("weights", weights)
+    if w.ndim < 1 or w.shape[-1] != num_heads:
+        raise ValueError(
+            f"weights must have last dimension num_heads={num_heads}, got shape {w.shape}"
+        )
+    if _checks.is_concrete(w):
+        w_np = np.asarray(w)
+        if not np.all(np.isfinite(w_np)):
+            raise ValueError("weights must be finite, got NaN or Inf")
+        if np.any(w_np < 0):
+            raise ValueError(f"weights must be non-negative, got minimum {float(w_np.min())}")
+        if np.any(w_np.sum(-1) <= 0):
+            raise ValueError("weights must not be all zero for any set of heads, got a zero sum")
+    return w / jnp.sum(w, axis=-1, keepdims=True)
+
+
+def combine_heads(attn, weights=None) -> jax.Array:
+    """Mixed operator C = sum_h w_h A_h of attention `...xHxTxT`; uniform weights when None."""
+    a = _checks.as_float_array("attn", attn)
+    if a.ndim < 3:
+        raise ValueError(f"attn must have shape (..., H, T, T), got shape {a.shape}")
+    num_heads = a.shape[-3]
+    if weights is None:
+        return jnp.mean(a, axis=-3)
+    w = normalize_weights(weights, num_heads).astype(a.dtype)
+    return jnp.einsum("...h,...hij->...ij", w, a)
+
+
+def head_importance(out_kernel, num_heads: int) -> jax.Array:
+    """Frobenius norm of each head's block of the attention output projection.
+
+    `out_kernel` is a Flax Dense kernel (in_features x out_features); head h's features
+    are the rows [h*d, (h+1)*d), d = in_features / num_heads.
+    """
+    k = _checks.as_float_array("out_kernel", out_kernel)
+    num_heads = _checks.positive_int("num_heads", num_heads)
+    if k.ndim != 2:
+        raise ValueError(f"out_kernel must be a 2-D Dense kernel, got shape {k.shape}")
+    if k.shape[0] % num_heads:
+        raise ValueError(
+            f"num_heads must divide out_kernel's input size {k.shape[0]}, got {num_heads}"
+        )
+    blocks = k.reshape(num_heads, k.shape[0] // num_heads, k.shape[1])
+    return jnp.sqrt(jnp.sum(blocks * blocks, axis=(1, 2)))
+
+
+def dag_operator(
+    edges: Iterable[tuple[int, int]], num_nodes: int, self_loops: bool = True
+) -> jax.Array:
+    """Row-stochastic operator of a DAG given as (sender, receiver) edges.
+
+    Rows are receivers: C[r, s] > 0 when s -> r, so the last node reads what flows into
+    it, like a query reading keys. Every node keeps a self-loop by default, as in the
+    paper's examples; rows are normalised to sum to 1.
+    """
+    num_nodes = _checks.positive_int("num_nodes", num_nodes)
+    adj = np.eye(num_nodes) if self_loops else np.zeros((num_nodes, num_nodes))
+    for edge in edges:
+        if len(edge) != 2:
+            raise ValueError(f"edges must be (sender, receiver) pairs, got {edge!r}")
+        sender, receiver = (int(v) for v in edge)
+        for node in (sender, receiver):
+            if not 0 <= node < num_nodes:
+                raise ValueError(f"edge node must be in [0, {num_nodes}), got {node} in {edge}")
+        adj[receiver, sender] = 1.0
+    sums = adj.sum(axis=1)
+    if np.any(sums == 0):
+        empty = np.flatnonzero(sums == 0).tolist()
+        raise ValueError(f"every node needs an incoming edge or self-loop, got none for {empty}")
+    return jnp.asarray(adj / sums[:, None], dtype=jnp.result_type(float))

@@ -1,0 +1,22 @@
+"""Benchmarks that print ratios measured in one run.
+
+python launch/benchmark.py metrics [--repeats 5]
+python launch/benchmark.py train   [--repeats 5]
+"""
+
+from absl import app, flags
+
+from beyondpar import benchmarks, parallel
+
+FLAGS = flags.DEFINE_integer("repeats", 5, "Timed repeats; the best one is reported.")
+
+
+def main(argv):
+    if len(argv) != 2 or argv[1] not in benchmarks.SUITES:
+        raise app.UsageError(f"usage: benchmark.py {{{','.join(benchmarks.SUITES)}}}")
+    benchmarks.SUITES[argv[1]](repeats=FLAGS.value)
+
+
+if __name__ == "__main__":
+    parallel.use_all_cpu_cores()
+    app.run(main)

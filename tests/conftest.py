@@ -1,0 +1,28 @@
+"""Test setup: float64 available, four fake CPU devices, fixture loading."""
+
+import os
+from pathlib import Path
+
+# Several fake devices let the data-parallel paths run on one CPU; set before JAX starts.
+os.environ.setdefault("XLA_FLAGS", "")
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 4)
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+FIXTURES = ("4_heads_copy", "1_heads_cycle")
+
+
+def load_fixture(name: str):
+    """(state_dict, expected) of a released checkpoint of the paper (arXiv 2507.02944)."""
+    return dict(np.load(DATA / f"{name}.npz")), dict(np.load(DATA / f"{name}.expected.npz"))
+
+
+@pytest.fixture(params=FIXTURES)
+def fixture(request):
+    state, expected = load_fixture(request.param)
+    return request.param, state, expected

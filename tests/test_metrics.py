@@ -1,0 +1,343 @@
+"""Metric kernels: closed forms, a brute-force reference, batching and dtypes."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from beyondpar import benchmarks, metrics
+
+WALKS = metrics.WALKS
+
+
+# ---------------------------------------------------------------- brute force
+
+
+def brute_force(c: np.ndarray, k: int, walk: str, eps: float = 0.25):
+    """Every metric by explicit matrix powers, one matrix at a time."""
+    c = np.asarray(c, np.float64)
+    p = np.asarray(metrics.transition_matrix(c, walk), np.float64)
+    q = p[:-1, :-1]
+    powers = [np.linalg.matrix_power(c, t)[-1] for t in range(1, k + 1)]
+    survival = [np.append(np.linalg.matrix_power(q, t) @ np.ones(len(q)), 0) for t in range(k + 1)]
+    hit = sum(s.sum() for s in survival[:k]) / len(c)
+    tv = next((t for t, s in enumerate(survival) if s.max() <= eps), k + 1)
+    return np.max(powers, axis=0), hit, tv
+
+
+def causal(seed, shape, t):
+    return benchmarks.random_causal_attention(seed, shape, t, dtype=np.float64)
+
+
+def bidirectional(seed: int, t: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    m = rng.random((t, t)) ** 3
+    return m / m.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("walk", WALKS)
+@pytest.mark.parametrize("kind", ["causal", "bidirectional"])
+def test_kernels_match_matrix_powers(walk, kind):
+    t, k = 12, 30
+    mats = (
+        causal(3, (3,), t)
+        if kind == "causal"
+        else np.stack([bidirectional(s, t) for s in range(3)])
+    )
+    got = metrics.operator_metrics(mats, horizon=k, max_steps=k, walk=walk)
+    for i, c in enumerate(mats):
+        phi, hit, tv = brute_force(c, k, walk)
+        np.testing.assert_allclose(got.node_fidelity[i], phi, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(got.hitting_time[i], hit, rtol=1e-12)
+        assert int(got.tv_mixing_time[i]) == tv
+        np.testing.assert_allclose(metrics.hitting_time(c, k, walk), hit, rtol=1e-12)
+        np.testing.assert_allclose(metrics.node_fidelity(c, k), phi, rtol=1e-12, atol=1e-15)
+
+
+def test_sink_signal_is_last_row_of_powers():
+    c = causal(1, (), 9)
+    got = metrics.sink_signal(c, 5)
+    assert got.shape == (5, 9)
+    for t in range(5):
+        np.testing.assert_allclose(got[t], np.linalg.matrix_power(c, t + 1)[-1], rtol=1e-12)
+    np.testing.assert_allclose(np.sum(got, -1), 1.0, rtol=1e-12)  # shares sum to one
+
+
+# ---------------------------------------------------------------- closed forms
+
+
+def keep_or_pass_cycle(n: int, p: float) -> np.ndarray:
+    """Walk from every token i < tau: stay with probability p, else move to i + 1.
+
+    Rows: C[k, k] = p, C[k, k-1] = 1 - p, and row 0 reads the sink with 1 - p, so every
+    column before the sink sums to 1 and both walks coincide.
+    """
+    c = np.zeros((n, n))
+    for k in range(n):
+        c[k, k] = p
+        c[k, (k - 1) % n] = 1 - p
+    return c
+
+
+def binomial_cdf_below(m: int, t: int, q: float) -> float:
+    """Pr(Bin(t, q) < m)."""
+    return sum(math.comb(t, j) * q**j * (1 - q) ** (t - j) for j in range(min(m, t + 1)))
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_keep_or_pass_closed_form(walk):
+    n, p, k, eps = 6, 0.6, 40, 0.25
+    c = keep_or_pass_cycle(n, p)
+    tau = n - 1
+    survival = [[binomial_cdf_below(tau - i, t, 1 - p) for i in range(tau)] for t in range(k + 1)]
+    hit = sum(sum(s) for s in survival[:k]) / n
+    tv = next(t for t, s in enumerate(survival) if max(s) <= eps)
+    np.testing.assert_allclose(metrics.hitting_time(c, k, walk), hit, rtol=1e-12)
+    assert int(metrics.tv_mixing_time(c, eps, k, walk)) == tv
+    np.testing.assert_allclose(metrics.spectral_radius(c, walk), p, rtol=1e-12)
+    np.testing.assert_allclose(metrics.relaxation_time(c, walk), 1 / (1 - p), rtol=1e-12)
+    np.testing.assert_allclose(
+        metrics.spectral_mixing_time(c, eps, k, walk), math.log(1 / eps) / math.log(1 / p)
+    )
+    # Without truncation the walk from i needs tau - i passes of mean 1 / (1 - p) steps.
+    long = metrics.hitting_time(c, 2000, walk)
+    np.testing.assert_allclose(long, tau * (tau + 1) / 2 / (1 - p) / n, rtol=1e-10)
+
+
+def star(n: int) -> np.ndarray:
+    """Every token keeps itself; the sink reads all tokens uniformly."""
+    c = np.eye(n)
+    c[-1] = 1.0 / n
+    return c
+
+
+def test_star_closed_form():
+    n, k, eps = 7, 50, 0.25
+    c = star(n)
+    phi = np.asarray(metrics.node_fidelity(c, k))
+    np.testing.assert_allclose(phi[:-1], (1 - n**-k) / (n - 1), rtol=1e-12)
+    np.testing.assert_allclose(phi[-1], 1 / n, rtol=1e-12)
+    np.testing.assert_allclose(metrics.minimax_fidelity(c, k), 1 / n, rtol=1e-12)
+    q = n / (n + 1)  # normalised walk: a token's column holds 1 (itself) and 1/n (sink)
+    hit = (n - 1) / n * (1 - q**k) / (1 - q)
+    np.testing.assert_allclose(metrics.hitting_time(c, k, "normalized"), hit, rtol=1e-12)
+    assert int(metrics.tv_mixing_time(c, eps, k, "normalized")) == math.ceil(
+        math.log(eps) / math.log(q)
+    )
+    np.testing.assert_allclose(metrics.spectral_radius(c, "normalized"), q, rtol=1e-12)
+    # The reference walk clips column mass at 1: a token that attends to itself fully
+    # never leaves, so every start but the sink counts the full step cap.
+    np.testing.assert_allclose(metrics.hitting_time(c, k, "reference"), k * (n - 1) / n)
+    assert int(metrics.tv_mixing_time(c, eps, k, "reference")) == k + 1
+    np.testing.assert_allclose(metrics.spectral_radius(c, "reference"), 1.0)
+    np.testing.assert_allclose(metrics.spectral_mixing_time(c, eps, k, "reference"), k)
+
+
+def test_causal_first_token_never_leaves_reference_walk():
+    """Causal attention has A[0, 0] = 1, so the paper's sampler keeps token 0 for ever."""
+    c = causal(5, (), 10)
+    p = np.asarray(metrics.transition_matrix(c, "reference"))
+    assert p[0, 0] == 1.0
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-12)
+    assert np.all(np.tril(p, -1) == 0)  # a causal walk only moves to later queries
+
+
+def test_deterministic_path_has_zero_spectral_radius():
+    n = 6
+    c = keep_or_pass_cycle(n, 0.0)  # every token passes on in exactly one step
+    for walk in WALKS:
+        np.testing.assert_allclose(metrics.spectral_radius(c, walk), 0.0)
+        np.testing.assert_allclose(metrics.spectral_mixing_time(c, walk=walk), 0.0)
+        np.testing.assert_allclose(metrics.relaxation_time(c, walk), 1.0)
+        np.testing.assert_allclose(metrics.hitting_time(c, walk=walk), (n - 1) / 2)
+        assert int(metrics.tv_mixing_time(c, walk=walk)) == n - 1
+
+
+def test_transition_rows_sum_to_one():
+    for walk in WALKS:
+        for c in [bidirectional(0, 8), benchmarks.random_causal_attention(0, (), 8)]:
+            p = np.asarray(metrics.transition_matrix(c, walk), np.float64)
+            np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
+            assert p.min() >= 0
+            np.testing.assert_array_equal(p[-1], np.eye(8)[-1])  # absorbing sink
+
+
+def test_power_iteration_matches_eigvals():
+    for seed in range(5):
+        c = bidirectional(seed, 15)
+        for walk in WALKS:
+            q = np.asarray(metrics.transition_matrix(c, walk))[:-1, :-1]
+            rho = max(abs(np.linalg.eigvals(q)))
+            np.testing.assert_allclose(metrics.spectral_radius(c, walk), rho, rtol=1e-8)
+
+
+def test_spectral_radius_is_max_diagonal_for_causal():
+    c = causal(2, (4,), 20)
+    for walk in WALKS:
+        p = np.asarray(metrics.transition_matrix(c, walk))
+        expected = np.max(np.diagonal(p[:, :-1, :-1], axis1=-2, axis2=-1), axis=-1)
+        np.testing.assert_array_equal(metrics.spectral_radius(c, walk), expected)
+
+
+# ---------------------------------------------------------------- batching and dtypes
+
+
+def test_batches_equal_loop():
+    mats = causal(7, (2, 3), 16)
+    batched = metrics.operator_metrics(mats, horizon=20, max_steps=20)
+    for i in range(2):
+        for j in range(3):
+            one = metrics.operator_metrics(mats[i, j], horizon=20, max_steps=20)
+            for name in one._fields:
+                np.testing.assert_allclose(getattr(batched, name)[i, j], getattr(one, name))
+    assert batched.node_fidelity.shape == (2, 3, 16)
+    assert batched.hitting_time.shape == (2, 3)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 23, 41])
+def test_odd_batch_sizes_pad_and_shard(n):
+    mats = causal(n, (n,), 8)
+    got = metrics.minimax_fidelity(mats, 10)
+    expected = [brute_force(c, 10, "reference")[0].min() for c in mats]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_second_call_does_not_retrace(monkeypatch):
+    counted = chex.assert_max_traces(metrics._sweep_block, n=1)
+    monkeypatch.setattr(metrics, "_sweep_block", counted)
+    mats = benchmarks.random_causal_attention(0, (2, 3), 13)
+    metrics.hitting_time(mats, 17)
+    metrics.hitting_time(mats + 0, 17)  # same shapes, new values: no new trace
+    with pytest.raises(AssertionError, match="traced > 1"):
+        metrics.hitting_time(mats, 18)  # a new static horizon must trace again
+    chex.clear_trace_counter()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_dtype_in_is_dtype_out(dtype):
+    c = jnp.asarray(benchmarks.random_causal_attention(0, (2,), 10), dtype)
+    m = metrics.operator_metrics(c, horizon=5, max_steps=5)
+    for name in ("node_fidelity", "minimax_fidelity", "hitting_time", "spectral_radius"):
+        assert getattr(m, name).dtype == dtype
+    assert metrics.sink_signal(c, 3).dtype == dtype
+    assert metrics.spectral_mixing_time(c).dtype == dtype
+    assert metrics.monte_carlo_hitting_time(jax.random.PRNGKey(0), c, 4, 5).dtype == dtype
+
+
+def test_works_inside_user_jit():
+    c = causal(0, (3,), 10)
+    inside = jax.jit(lambda x: metrics.hitting_time(x, 20))(c)
+    np.testing.assert_allclose(inside, metrics.hitting_time(c, 20), rtol=1e-12)
+
+
+# ---------------------------------------------------------------- Monte Carlo
+
+
+def monte_carlo_agrees(key, c, walk):
+    exact = metrics.hitting_time(c, 100, walk)
+    mean, stderr = metrics.monte_carlo_hitting_time(
+        key, c, num_walks=500, max_steps=100, walk=walk, return_stderr=True
+    )
+    assert np.all(stderr > 0)
+    z = np.abs(np.asarray(mean) - np.asarray(exact)) / np.asarray(stderr)
+    assert np.all(z < 4), z
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_monte_carlo_on_random_causal(walk):
+    c = causal(11, (3,), 30)
+    monte_carlo_agrees(jax.random.PRNGKey(1), c, walk)
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_monte_carlo_on_fixture(fixture, walk):
+    _, _, expected = fixture
+    from beyondpar import graphs
+
+    c = graphs.combine_heads(expected["attention"][0, 1:3], expected["head_weights"][1:3])
+    monte_carlo_agrees(jax.random.PRNGKey(2), np.asarray(c, np.float64), walk)
+
+
+# ---------------------------------------------------------------- validation
+
+
+BAD_OPERATORS = [
+    (np.ones((3, 4)) / 4, r"c must have shape \(\.\.\., T, T\) with square matrices, got \(3, 4\)"),
+    (np.ones(3), r"square matrices, got \(3,\)"),
+    (np.ones((1, 1)), "at least T=2 tokens, got T=1"),
+    (np.array([[1.5, -0.5], [0.0, 1.0]]), "non-negative, got minimum entry -0.5"),
+    (
+        np.array([[0.5, 0.4], [0.0, 1.0]]),
+        "rows must sum to 1 .tolerance 0.0001., got a row off by 0.1",
+    ),
+    (np.array([[np.nan, 1.0], [0.0, 1.0]]), "finite, got NaN or Inf"),
+    (np.array([[np.inf, 1.0], [0.0, 1.0]]), "finite, got NaN or Inf"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD_OPERATORS)
+@pytest.mark.parametrize(
+    "fn",
+    [
+        metrics.minimax_fidelity,
+        metrics.node_fidelity,
+        metrics.hitting_time,
+        metrics.tv_mixing_time,
+        metrics.spectral_mixing_time,
+        lambda c: metrics.sink_signal(c, 3),
+        lambda c: metrics.monte_carlo_hitting_time(jax.random.PRNGKey(0), c),
+    ],
+)
+def test_bad_operators(fn, bad, message):
+    with pytest.raises(ValueError, match=message):
+        fn(bad)
+
+
+def test_float32_attention_cast_to_float64_passes_row_check():
+    c = benchmarks.random_causal_attention(0, (4,), 100)  # float32 rows: sum off by ~1e-7
+    assert metrics.hitting_time(c.astype(np.float64)).shape == (4,)
+
+
+GOOD = star(4)
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda: metrics.minimax_fidelity(GOOD, horizon=0),
+            "horizon must be an integer >= 1, got 0",
+        ),
+        (
+            lambda: metrics.node_fidelity(GOOD, horizon=2.5),
+            "horizon must be an integer >= 1, got 2.5",
+        ),
+        (
+            lambda: metrics.hitting_time(GOOD, max_steps=0),
+            "max_steps must be an integer >= 1, got 0",
+        ),
+        (lambda: metrics.hitting_time(GOOD, walk="lazy"), "walk must be one of .*, got 'lazy'"),
+        (
+            lambda: metrics.tv_mixing_time(GOOD, eps=1.0),
+            r"eps must be in the open interval \(0, 1\), got 1.0",
+        ),
+        (
+            lambda: metrics.tv_mixing_time(GOOD, eps=0),
+            r"eps must be in the open interval \(0, 1\), got 0",
+        ),
+        (lambda: metrics.spectral_mixing_time(GOOD, eps=-0.1), "eps must be in the open"),
+        (lambda: metrics.spectral_radius(GOOD, walk="x"), "walk must be one of"),
+        (lambda: metrics.sink_signal(GOOD, 0), "steps must be an integer >= 1, got 0"),
+        (
+            lambda: metrics.monte_carlo_hitting_time(jax.random.PRNGKey(0), GOOD, num_walks=0),
+            "num_walks must be an integer >= 1, got 0",
+        ),
+        (lambda: metrics.operator_metrics(np.zeros((0, 3, 3))), "at least one matrix"),
+    ],
+)
+def test_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
