@@ -1,10 +1,20 @@
-"""Devices and meshes: one 1-D `data` mesh over every device of every process."""
+"""Devices and meshes: one 1-D `data` mesh over every device of every process.
+
+Data parallelism is `jax.jit` with `NamedSharding`: parameters replicated, the batch
+split along `data`. Several processes (hosts) run the same code after
+`jax.distributed.initialize`.
+"""
 
 from __future__ import annotations
 
 import os
 
 import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA = "data"
 
 
 def use_all_cpu_cores() -> int:
@@ -16,3 +26,61 @@ def use_all_cpu_cores() -> int:
     count = os.cpu_count() or 1
     jax.config.update("jax_num_cpu_devices", count)
     return count
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 1, process_id: int = 0) -> bool:
+    """Join a multi-process run when asked to by the arguments or by the environment.
+
+    Returns True when running distributed. On CPU, collectives go through gloo.
+    """
+    from_env = bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+    if num_processes <= 1 and not from_env:
+        return False
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if num_processes > 1:
+        if not coordinator_address:
+            raise ValueError(
+                "distributed.coordinator_address must be host:port when "
+                f"num_processes={num_processes} > 1, got ''"
+            )
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    else:
+        jax.distributed.initialize()
+    return True
+
+
+def data_mesh(devices=None) -> jax.sharding.Mesh:
+    """`devices` (default: all devices of all processes) on one `data` axis.
+
+    The axis is Auto: the compiler places the few collectives data parallelism needs.
+    """
+    devices = jax.devices() if devices is None else list(devices)
+    return jax.make_mesh(
+        (len(devices),), (DATA,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices
+    )
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharded(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(DATA))
+
+
+def check_batch_size(batch_size: int, mesh) -> None:
+    if batch_size % mesh.size:
+        raise ValueError(
+            f"optim.batch_size must be divisible by the device count {mesh.size}, got {batch_size}"
+        )
+
+
+def shard_batch(global_batch: np.ndarray, mesh) -> jax.Array:
+    """A global host array (identical on every process) as a batch split over `data`."""
+    return jax.make_array_from_callback(
+        global_batch.shape, batch_sharded(mesh), lambda index: global_batch[index]
+    )
+
+
+def is_main_process() -> bool:
+    return jax.process_index() == 0

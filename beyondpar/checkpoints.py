@@ -1,0 +1,177 @@
+"""Checkpoints: orbax save/restore/list for runs, and import of the paper's PyTorch weights."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from beyondpar import model as model_lib
+
+# ---------------------------------------------------------------- orbax
+
+
+def manager(
+    directory: str | os.PathLike, save_every: int | None = None, keep: int | None = None
+) -> ocp.CheckpointManager:
+    """A CheckpointManager on `directory` (created when missing); synchronous saves, so a
+    checkpoint that is listed is complete."""
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=save_every or 1,
+        max_to_keep=keep,
+        enable_async_checkpointing=False,
+        create=True,
+    )
+    return ocp.CheckpointManager(
+        Path(directory).absolute(), options=options, item_handlers=ocp.StandardCheckpointHandler()
+    )
+
+
+def save(mgr: ocp.CheckpointManager, step: int, state, force: bool = False) -> bool:
+    saved = mgr.save(step, args=ocp.args.StandardSave(state), force=force)
+    mgr.wait_until_finished()
+    return saved
+
+
+def restore(mgr: ocp.CheckpointManager, step: int, like):
+    """The state saved at `step`, with the structure, dtypes and shardings of `like`."""
+    return mgr.restore(step, args=ocp.args.StandardRestore(like))
+
+
+def load(directory: str | os.PathLike, step: int | None = None) -> tuple[int, dict]:
+    """(step, state) of a run's checkpoint (latest by default) on this process's first
+    device, whatever the number of devices or processes that saved it."""
+    directory = Path(directory).absolute()
+    if not list_steps(directory):
+        raise FileNotFoundError(f"directory must hold orbax checkpoints, got none in {directory}")
+    options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+    with ocp.CheckpointManager(
+        directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
+    ) as mgr:
+        step = mgr.latest_step() if step is None else step
+        if step not in mgr.all_steps():
+            raise ValueError(f"step must be one of {sorted(mgr.all_steps())}, got {step}")
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+            mgr.item_metadata(step),
+        )
+        return step, mgr.restore(step, args=ocp.args.StandardRestore(target))
+
+
+def list_steps(directory: str | os.PathLike) -> list[int]:
+    """Saved steps under a run's checkpoint folder, oldest first ([] when none)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(ocp.utils.checkpoint_steps(directory))
+
+
+# ---------------------------------------------------------------- the paper's weights
+
+
+def _read_state_dict(path: Path) -> dict[str, np.ndarray]:
+    if path.suffix == ".npz":
+        with np.load(path) as data:
+            return {k: np.asarray(data[k]) for k in data.files}
+    if path.suffix in (".pt", ".pth"):
+        try:
+            import torch
+        except ImportError as err:
+            raise ImportError(
+                f"reading {path.name} needs the 'torch' package (pip install torch), "
+                "or convert it to .npz (key -> array)"
+            ) from err
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return {k: v.detach().cpu().numpy() for k, v in state.items()}
+    raise ValueError(f"path must end in .npz, .pt or .pth, got {path.name!r}")
+
+
+def _expected_keys(num_layers: int) -> list[str]:
+    keys = ["token_emb.weight", "pos_emb.weight", "out_proj.weight", "out_proj.bias"]
+    for i in range(num_layers):
+        for lin in ("attn.W_q", "attn.W_k", "attn.W_v", "attn.out_proj", "mlp.0", "mlp.2"):
+            keys += [f"layers.{i}.{lin}.weight", f"layers.{i}.{lin}.bias"]
+        keys += [f"layers.{i}.ln1.weight", f"layers.{i}.ln2.weight"]
+    return keys
+
+
+def config_from_state_dict(state: dict[str, np.ndarray], num_heads: int) -> model_lib.ModelConfig:
+    """The architecture a PyTorch state dict of the paper's model implies."""
+    missing = [
+        k for k in ("token_emb.weight", "pos_emb.weight", "layers.0.mlp.0.weight") if k not in state
+    ]
+    if missing:
+        raise ValueError(f"state dict is missing keys {missing}; is it the paper's model?")
+    num_layers = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("layers."))
+    vocab, embed = state["token_emb.weight"].shape
+    return model_lib.ModelConfig(
+        vocab_size=int(vocab),
+        embed_dim=int(embed),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        mlp_dim=int(state["layers.0.mlp.0.weight"].shape[0]),
+        max_len=int(state["pos_emb.weight"].shape[0]),
+    )
+
+
+def _dense(state, name):
+    # PyTorch Linear stores weight as (out, in): y = x @ W.T + b.
+    return {"kernel": state[f"{name}.weight"].T, "bias": state[f"{name}.bias"]}
+
+
+def params_from_state_dict(state: dict[str, np.ndarray], cfg: model_lib.ModelConfig) -> dict:
+    expected = _expected_keys(cfg.num_layers)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"state dict keys differ: missing {missing}, unexpected {unexpected}")
+    params = {
+        "token_emb": {"embedding": state["token_emb.weight"]},
+        "pos_emb": {"embedding": state["pos_emb.weight"]},
+        "head": _dense(state, "out_proj"),
+    }
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}"
+        params[f"layers_{i}"] = {
+            "ln1": {"scale": state[f"{p}.ln1.weight"]},
+            "ln2": {"scale": state[f"{p}.ln2.weight"]},
+            "attn": {
+                name: _dense(state, f"{p}.attn.{torch_name}")
+                for name, torch_name in (
+                    ("query", "W_q"),
+                    ("key", "W_k"),
+                    ("value", "W_v"),
+                    ("out", "out_proj"),
+                )
+            },
+            "mlp": {"hidden": _dense(state, f"{p}.mlp.0"), "output": _dense(state, f"{p}.mlp.2")},
+        }
+    _check_shapes(params, cfg)
+    return params
+
+
+def _check_shapes(params, cfg):
+    module = model_lib.Transformer(cfg)
+    like = jax.eval_shape(lambda: model_lib.init_params(module, jax.random.PRNGKey(0)))
+    flat_like = dict(jax.tree_util.tree_leaves_with_path(like))
+    wrong = [
+        f"{jax.tree_util.keystr(path)}: expected {flat_like[path].shape}, got {leaf.shape}"
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        if flat_like[path].shape != leaf.shape
+    ]
+    if wrong:
+        raise ValueError("state dict shapes do not fit the model: " + "; ".join(wrong))
+
+
+def import_reference(path: str | os.PathLike, num_heads: int):
+    """(module, params) of a checkpoint released with the paper (.npz or PyTorch .pt)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path must be an existing checkpoint file, got {str(path)!r}")
+    state = {k: np.asarray(v, np.float32) for k, v in _read_state_dict(path).items()}
+    cfg = config_from_state_dict(state, num_heads)
+    return model_lib.Transformer(cfg), params_from_state_dict(state, cfg)

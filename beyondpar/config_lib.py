@@ -1,0 +1,95 @@
+"""The config every experiment family starts from, and the `get_config(arg)` parser.
+
+Configs are data: files in configs/ only override fields of `base_config()`.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from beyondpar import model as model_lib
+from beyondpar import tasks
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The paper's setup (5,000 samples, batch 50, 200 epochs, Adam 1e-3, T = 100)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=256,
+            embed_dim=64,
+            num_layers=4,
+            num_heads=4,
+            mlp_dim=128,
+            max_len=100,
+            dropout_rate=0.1,
+            norm_eps=model_lib.FLOAT32_EPS,
+        )
+    )
+    c.task = ml_collections.ConfigDict(
+        dict(name="copy", seq_len=100, lag=1, num_train=5000, num_eval=500)
+    )
+    c.optim = ml_collections.ConfigDict(dict(learning_rate=1e-3, batch_size=50, num_epochs=200))
+    c.eval_every_steps = 1000
+    c.log_every_steps = 100
+    c.checkpoint_every_steps = 1000
+    c.keep_checkpoints = 3
+    c.progress_bar = True
+    # Several processes: set num_processes > 1 (or JAX_COORDINATOR_ADDRESS in the env).
+    c.distributed = ml_collections.ConfigDict(
+        dict(coordinator_address="", num_processes=1, process_id=0)
+    )
+    # What evaluation of the run's checkpoints measures.
+    c.evaluation = ml_collections.ConfigDict(
+        dict(num_sequences=50, seed=1234, horizon=100, max_steps=100, eps=0.25, walk="reference")
+    )
+    return c
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+    """'heads=8,task=cycle' -> ConfigDict, typed like `defaults`; unknown keys are errors."""
+    out = ml_collections.ConfigDict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        if key not in defaults:
+            raise ValueError(f"config argument must be one of {sorted(defaults)}, got {key!r}")
+        default = defaults[key]
+        if isinstance(default, bool):
+            out[key] = value.lower() in ("", "1", "true", "yes") if sep else True
+        else:
+            out[key] = type(default)(value)
+    return out
+
+
+def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
+    """The frozen hyperparameters a model gets (never the ConfigDict itself)."""
+    return model_lib.ModelConfig(**config.model.to_dict())
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raise ValueError for a config that cannot run, before any work starts."""
+    cfg = model_config(config)
+    task = config.task
+    if task.name not in tasks.TASKS:
+        raise ValueError(f"task.name must be one of {tasks.TASKS}, got {task.name!r}")
+    if task.seq_len > cfg.max_len:
+        raise ValueError(f"task.seq_len must be <= model.max_len={cfg.max_len}, got {task.seq_len}")
+    if task.num_train < config.optim.batch_size:
+        raise ValueError(
+            f"task.num_train must be >= optim.batch_size={config.optim.batch_size}, "
+            f"got {task.num_train}"
+        )
+    positive = {
+        "optim.learning_rate": config.optim.learning_rate,
+        "optim.batch_size": config.optim.batch_size,
+        "optim.num_epochs": config.optim.num_epochs,
+        "task.num_eval": task.num_eval,
+        "eval_every_steps": config.eval_every_steps,
+        "log_every_steps": config.log_every_steps,
+        "checkpoint_every_steps": config.checkpoint_every_steps,
+        "keep_checkpoints": config.keep_checkpoints,
+    }
+    for name, value in positive.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")

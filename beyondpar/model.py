@@ -1,0 +1,170 @@
+"""The paper's causal Transformer in Flax Linen, with the head count as a field.
+
+Token + learned position embeddings; pre-norm blocks x += attn(rms(x)); x += mlp(rms(x));
+separate q/k/v/output projections with bias; ReLU MLP; an output projection without a
+final norm. Changing `num_heads` only re-partitions the same features, so every head count
+has the same parameters (172,800 at the paper's size). Attention probabilities are sown
+into the `intermediates` collection, which costs nothing unless it is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FLOAT32_EPS = float(np.finfo(np.float32).eps)  # PyTorch's RMSNorm default
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of the Transformer; defaults are the paper's."""
+
+    vocab_size: int = 256
+    embed_dim: int = 64
+    num_layers: int = 4
+    num_heads: int = 4
+    mlp_dim: int = 128
+    max_len: int = 100
+    dropout_rate: float = 0.1
+    norm_eps: float = FLOAT32_EPS
+
+    def __post_init__(self):
+        for name in ("vocab_size", "embed_dim", "num_layers", "num_heads", "mlp_dim", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"num_heads must divide embed_dim={self.embed_dim}, got num_heads={self.num_heads}"
+            )
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+
+def _mix32(x):
+    """The 32-bit finaliser of MurmurHash3: a bijection that spreads every input bit."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout whose mask costs a few integer ops per element.
+
+    Attention probabilities hold B*H*T*T elements, and drawing each bit with threefry
+    made dropout the slowest part of a 16-head step on CPU. Here threefry draws one seed
+    per row (last axis) and a hash of (seed, column) gives each element's 32 bits, so
+    masks stay a pure function of the key and the element's index (the same on any
+    number of devices), at a keep probability exact to 2^-32.
+    """
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        if deterministic or self.rate == 0.0:
+            return x
+        seeds = jax.random.bits(self.make_rng("dropout"), x.shape[:-1], jnp.uint32)
+        columns = jnp.arange(x.shape[-1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
+        bits = _mix32(seeds[..., None] ^ columns)
+        threshold = min(round(self.rate * 2.0**32), 2**32 - 1)
+        keep = 1.0 - threshold / 2.0**32
+        return jnp.where(bits >= jnp.uint32(threshold), x / keep, jnp.zeros_like(x))
+
+
+class CausalSelfAttention(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BxTxD, deterministic: bool):
+        cfg = self.config
+        b, t, d = x_BxTxD.shape
+        # Heads next to batch: the score and value products become plain batched matmuls.
+        split = lambda y: y.reshape(b, t, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+        # Scaling q (B*T*D values) rather than the scores (B*H*T*T) keeps H out of it.
+        q = split(nn.Dense(d, name="query")(x_BxTxD) / np.sqrt(cfg.head_dim))
+        k = split(nn.Dense(d, name="key")(x_BxTxD))
+        v = split(nn.Dense(d, name="value")(x_BxTxD))
+        scores_BxHxTxT = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        causal = jnp.tril(jnp.ones((t, t), bool))
+        scores_BxHxTxT = jnp.where(causal, scores_BxHxTxT, jnp.finfo(scores_BxHxTxT.dtype).min)
+        probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
+        self.sow("intermediates", "attention", probs_BxHxTxT)
+        probs_BxHxTxT = Dropout(cfg.dropout_rate)(probs_BxHxTxT, deterministic=deterministic)
+        out = jnp.einsum("bhqk,bhkd->bqhd", probs_BxHxTxT, v).reshape(b, t, d)
+        return nn.Dense(d, name="out")(out)
+
+
+class Mlp(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        cfg = self.config
+        h = nn.relu(nn.Dense(cfg.mlp_dim, name="hidden")(x))
+        h = nn.Dense(cfg.embed_dim, name="output")(h)
+        return Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+
+
+class Block(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        eps = self.config.norm_eps
+        x = x + CausalSelfAttention(self.config, name="attn")(
+            nn.RMSNorm(epsilon=eps, name="ln1")(x), deterministic
+        )
+        return x + Mlp(self.config, name="mlp")(
+            nn.RMSNorm(epsilon=eps, name="ln2")(x), deterministic
+        )
+
+
+class Transformer(nn.Module):
+    """tokens (B, T) int -> logits (B, T, vocab)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens_BxT, deterministic: bool = True):
+        cfg = self.config
+        t = tokens_BxT.shape[-1]
+        if t > cfg.max_len:
+            raise ValueError(f"sequence length must be <= max_len={cfg.max_len}, got {t}")
+        x = nn.Embed(cfg.vocab_size, cfg.embed_dim, name="token_emb")(tokens_BxT)
+        x = x + nn.Embed(cfg.max_len, cfg.embed_dim, name="pos_emb")(jnp.arange(t))
+        for i in range(cfg.num_layers):
+            x = Block(cfg, name=f"layers_{i}")(x, deterministic)
+        return nn.Dense(cfg.vocab_size, name="head")(x)
+
+
+def init_params(module: Transformer, key: jax.Array, seq_len: int | None = None):
+    """Parameters for `module` from `key` (a dummy batch of one sequence)."""
+    tokens = jnp.zeros((1, seq_len or module.config.max_len), jnp.int32)
+    return module.init(key, tokens)["params"]
+
+
+def count_params(params) -> int:
+    return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
+
+
+def apply_with_attention(module: Transformer, params, tokens_BxT):
+    """Eval-mode logits (B, T, V) and the attention of every layer (B, L, H, T, T)."""
+    logits, state = module.apply(
+        {"params": params}, tokens_BxT, deterministic=True, mutable=["intermediates"]
+    )
+    layers = state["intermediates"]
+    attn = [layers[f"layers_{i}"]["attn"]["attention"][0] for i in range(module.config.num_layers)]
+    return logits, jnp.stack(attn, axis=1)

@@ -1,0 +1,73 @@
+"""Synthetic sequence tasks: pure functions of a PRNG key.
+
+Each task maps uniform random tokens x (N, T) to targets and a mask of the positions a
+causal model can predict (it sees x[0..i] at position i).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Examples(NamedTuple):
+    inputs: jax.Array  # N x T int32
+    targets: jax.Array  # N x T int32
+    predictable: jax.Array  # N x T bool
+
+
+def _copy(x, lag):
+    return x, jnp.ones(x.shape, bool)
+
+
+def _zero(x, lag):
+    return jnp.zeros_like(x), jnp.ones(x.shape, bool)
+
+
+def _shift(x, lag):
+    """target[i] = x[i - lag], wrapping around: the first `lag` positions are unseen."""
+    positions = jnp.arange(x.shape[-1])
+    return jnp.roll(x, lag, axis=-1), jnp.broadcast_to(positions >= lag, x.shape)
+
+
+def _cycle(x, lag):
+    """The paper's cycle task: target[i] = x[i - 1], target[0] = x[T - 1]."""
+    return _shift(x, 1)
+
+
+def _pair_sum(x, lag, vocab_size):
+    """target[i] = (x[i - 1] + x[i - lag]) mod V: needs two earlier positions at once."""
+    targets = (jnp.roll(x, 1, axis=-1) + jnp.roll(x, lag, axis=-1)) % vocab_size
+    positions = jnp.arange(x.shape[-1])
+    return targets, jnp.broadcast_to(positions >= lag, x.shape)
+
+
+TASKS = ("copy", "cycle", "zero", "shift", "pair_sum")
+
+
+def make_examples(
+    name: str, key: jax.Array, num: int, seq_len: int, vocab_size: int, lag: int = 1
+) -> Examples:
+    """`num` sequences of task `name`; `lag` is k for `shift` and `pair_sum`."""
+    if name not in TASKS:
+        raise ValueError(f"task name must be one of {TASKS}, got {name!r}")
+    for arg, value, low in (
+        ("num", num, 1),
+        ("seq_len", seq_len, 2),
+        ("vocab_size", vocab_size, 2),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{arg} must be an integer >= {low}, got {value!r}")
+    min_lag = 2 if name == "pair_sum" else 1
+    if name in ("shift", "pair_sum") and not (isinstance(lag, int) and min_lag <= lag < seq_len):
+        raise ValueError(f"lag for task {name!r} must be in [{min_lag}, {seq_len}), got {lag!r}")
+    x = jax.random.randint(key, (num, seq_len), 0, vocab_size, dtype=jnp.int32)
+    if name == "pair_sum":
+        targets, mask = _pair_sum(x, lag, vocab_size)
+    else:
+        targets, mask = {"copy": _copy, "cycle": _cycle, "zero": _zero, "shift": _shift}[name](
+            x, lag
+        )
+    return Examples(x, targets.astype(jnp.int32), mask)

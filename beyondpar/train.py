@@ -1,0 +1,260 @@
+"""Training: `train_and_evaluate(config, workdir)`.
+
+A run is a pure function of its config: the training set is drawn once from the task
+with the config's seed, and the batch order and dropout key of update `s` are functions
+of (seed, s) alone, so a run that is interrupted and resumed from a checkpoint ends with
+exactly the parameters of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+
+from beyondpar import checkpoints, config_lib, files, parallel, tasks
+from beyondpar import model as model_lib
+
+CHECKPOINT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+
+
+# ---------------------------------------------------------------- data
+
+
+def keys(seed: int) -> dict[str, jax.Array]:
+    """Independent streams: init, training data, eval data, shuffling, dropout."""
+    root = jax.random.PRNGKey(seed)
+    names = ("init", "train_data", "eval_data", "shuffle", "dropout")
+    return {name: jax.random.fold_in(root, i) for i, name in enumerate(names)}
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Host copy of a task's examples; `batch(step)` is a function of (seed, step)."""
+
+    examples: tasks.Examples
+    batch_size: int
+    shuffle_key: jax.Array
+    _orders: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.examples.inputs.shape[0] // self.batch_size
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            n = self.examples.inputs.shape[0]
+            key = jax.random.fold_in(self.shuffle_key, epoch)
+            self._orders = {epoch: np.asarray(jax.random.permutation(key, n))}
+        return self._orders[epoch]
+
+    def indices(self, step: int) -> np.ndarray:
+        epoch, i = divmod(step, self.steps_per_epoch)
+        return self._order(epoch)[i * self.batch_size : (i + 1) * self.batch_size]
+
+    def batch(self, step: int) -> tasks.Examples:
+        idx = self.indices(step)
+        return tasks.Examples(*(np.asarray(a)[idx] for a in self.examples))
+
+
+def make_datasets(config: ml_collections.ConfigDict) -> tuple[Dataset, tasks.Examples]:
+    t, k = config.task, keys(config.seed)
+    make = functools.partial(
+        tasks.make_examples,
+        t.name,
+        seq_len=t.seq_len,
+        vocab_size=config.model.vocab_size,
+        lag=t.lag,
+    )
+    train = make(k["train_data"], t.num_train)
+    evaluation = make(k["eval_data"], t.num_eval)
+    as_np = lambda ex: tasks.Examples(*(np.asarray(a) for a in ex))
+    return Dataset(as_np(train), config.optim.batch_size, k["shuffle"]), as_np(evaluation)
+
+
+# ---------------------------------------------------------------- steps
+
+
+def create_state(module: model_lib.Transformer, key, tx, seq_len: int) -> dict:
+    params = model_lib.init_params(module, key, seq_len)
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+
+def loss_and_accuracy(logits, batch: tasks.Examples, weights=None):
+    """Mean cross-entropy over all positions (the paper) and the accuracy sums."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)
+    w = jnp.ones(ce.shape[0], ce.dtype) if weights is None else weights
+    correct = (jnp.argmax(logits, -1) == batch.targets).astype(ce.dtype)
+    mask = batch.predictable.astype(ce.dtype)
+    return {
+        "loss_sum": jnp.sum(w[:, None] * ce),
+        "tokens": jnp.sum(w) * ce.shape[1],
+        "correct": jnp.sum(w[:, None] * correct),
+        "correct_predictable": jnp.sum(w[:, None] * correct * mask),
+        "predictable": jnp.sum(w[:, None] * mask),
+    }
+
+
+def make_train_step(module, tx, mesh, dropout_key):
+    """Jitted update: parameters replicated, the batch split over the `data` axis."""
+
+    def step_fn(state, batch: tasks.Examples):
+        key = jax.random.fold_in(dropout_key, state["step"])
+
+        def loss_fn(params):
+            logits = module.apply(
+                {"params": params}, batch.inputs, deterministic=False, rngs={"dropout": key}
+            )
+            sums = loss_and_accuracy(logits, batch)
+            return sums["loss_sum"] / sums["tokens"]
+
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, loss
+
+    repl, data = parallel.replicated(mesh), parallel.batch_sharded(mesh)
+    return jax.jit(step_fn, in_shardings=(repl, data), out_shardings=(repl, repl), donate_argnums=0)
+
+
+def make_eval_step(module, mesh):
+    def eval_fn(params, batch, weights):
+        logits = module.apply({"params": params}, batch.inputs, deterministic=True)
+        return loss_and_accuracy(logits, batch, weights)
+
+    repl, data = parallel.replicated(mesh), parallel.batch_sharded(mesh)
+    return jax.jit(eval_fn, in_shardings=(repl, data, data), out_shardings=repl)
+
+
+def evaluate_split(eval_step, params, examples: tasks.Examples, batch_size: int, mesh) -> dict:
+    """Loss and accuracies over a whole split; the last batch is padded with weight 0."""
+    n = examples.inputs.shape[0]
+    totals = None
+    for start in range(0, n, batch_size):
+        idx = np.arange(start, start + batch_size)
+        weights = (idx < n).astype(np.float32)
+        idx = np.minimum(idx, n - 1)
+        batch = tasks.Examples(*(parallel.shard_batch(np.asarray(a)[idx], mesh) for a in examples))
+        sums = eval_step(params, batch, parallel.shard_batch(weights, mesh))
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    totals = jax.device_get(totals)
+    return {
+        "loss": float(totals["loss_sum"] / totals["tokens"]),
+        "accuracy": float(totals["correct"] / totals["tokens"]),
+        "accuracy_predictable": float(totals["correct_predictable"] / totals["predictable"]),
+    }
+
+
+# ---------------------------------------------------------------- the loop
+
+
+class MetricsWriter:
+    """JSON lines, one per logged step, from process 0 only."""
+
+    def __init__(self, path: Path, active: bool):
+        self.path, self.active = path, active
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines logged after `step` (by a run killed before its next checkpoint)."""
+        if not (self.active and self.path.exists()):
+            return
+        kept = [ln for ln in self.path.read_text().splitlines() if json.loads(ln)["step"] <= step]
+        files.write_text(self.path, "".join(f"{ln}\n" for ln in kept))
+
+    def write(self, step: int, values: dict) -> None:
+        if self.active:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": step, **values}) + "\n")
+
+
+def _check_finite(pending: list[tuple[int, jax.Array]], last_saved: int | None) -> list[float]:
+    losses = [float(loss) for _, loss in pending]
+    for (step, _), loss in zip(pending, losses, strict=True):
+        if not np.isfinite(loss):
+            raise FloatingPointError(
+                f"training loss is {loss} at step {step}; stopped, the last good checkpoint "
+                f"is step {last_saved}"
+            )
+    return losses
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Train (or resume) the run of `config` in `workdir`; returns the final state."""
+    config_lib.validate(config)
+    d = config.distributed
+    parallel.initialize(d.coordinator_address, d.num_processes, d.process_id)
+    mesh = parallel.data_mesh()
+    parallel.check_batch_size(config.optim.batch_size, mesh)
+    workdir = Path(workdir)
+    main = parallel.is_main_process()
+    if main:
+        files.write_json(workdir / CONFIG_FILE, config.to_dict())
+
+    module = model_lib.Transformer(config_lib.model_config(config))
+    tx = optax.adam(config.optim.learning_rate)
+    k = keys(config.seed)
+    train_set, eval_set = make_datasets(config)
+    total_steps = train_set.steps_per_epoch * config.optim.num_epochs
+    state = jax.device_put(
+        create_state(module, k["init"], tx, config.task.seq_len), parallel.replicated(mesh)
+    )
+    mgr = checkpoints.manager(
+        workdir / CHECKPOINT_DIR, config.checkpoint_every_steps, config.keep_checkpoints
+    )
+    start = mgr.latest_step() or 0
+    if start:
+        state = checkpoints.restore(mgr, start, state)
+    writer = MetricsWriter(workdir / METRICS_FILE, main)
+    writer.truncate_after(start)
+    train_step = make_train_step(module, tx, mesh, k["dropout"])
+    eval_step = make_eval_step(module, mesh)
+
+    pending, last_saved, t0 = [], (start or None), time.perf_counter()
+    bar = tqdm.tqdm(
+        total=total_steps,
+        initial=start,
+        desc=f"{config.task.name} H={config.model.num_heads}",
+        disable=not (main and config.progress_bar),
+        unit="step",
+    )
+    for step in range(start, total_steps):
+        batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(step)))
+        state, loss = train_step(state, batch)
+        pending.append((step + 1, loss))
+        done = step + 1
+        boundary = [done % n == 0 for n in (config.log_every_steps, config.eval_every_steps)]
+        save_now = done % config.checkpoint_every_steps == 0 or done == total_steps
+        if not (any(boundary) or save_now):
+            continue
+        losses = _check_finite(pending, last_saved)
+        values = {
+            "train/loss": float(np.mean(losses)),
+            "steps_per_s": len(pending) / (time.perf_counter() - t0),
+        }
+        pending, t0 = [], time.perf_counter()
+        if boundary[1] or done == total_steps:
+            result = evaluate_split(
+                eval_step, state["params"], eval_set, config.optim.batch_size, mesh
+            )
+            values.update({f"eval/{name}": v for name, v in result.items()})
+            bar.set_postfix(acc=f"{result['accuracy']:.3f}", loss=f"{values['train/loss']:.3f}")
+        writer.write(done, values)
+        if save_now:
+            checkpoints.save(mgr, done, state, force=done == total_steps)
+            last_saved = done
+        bar.update(len(losses))
+    bar.n = total_steps
+    bar.close()
+    mgr.close()
+    return state

@@ -1,0 +1,98 @@
+"""The Transformer: parameter parity across head counts, causality, attention, dropout."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from beyondpar import model
+
+SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
+
+
+def test_parameter_count_is_the_same_for_every_head_count():
+    counts = {}
+    for heads in (1, 4, 8, 16):
+        module = model.Transformer(model.ModelConfig(num_heads=heads))
+        shapes = jax.eval_shape(lambda m=module: model.init_params(m, jax.random.PRNGKey(0)))
+        counts[heads] = model.count_params(shapes)
+    assert set(counts.values()) == {172_800}
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_logits_do_not_depend_on_later_tokens(heads):
+    module = model.Transformer(model.ModelConfig(num_heads=heads, **SMALL))
+    params = model.init_params(module, jax.random.PRNGKey(0), 10)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 10), 0, 11)
+    embed = params["token_emb"]["embedding"][tokens]
+
+    def logit_at(position, x):
+        # The model from the token embeddings on, so that gradients reach every input.
+        pos = params["pos_emb"]["embedding"][: x.shape[1]]
+        h = x + pos
+        for i in range(module.config.num_layers):
+            h = model.Block(module.config).apply(
+                {"params": params[f"layers_{i}"]}, h, deterministic=True
+            )
+        head = params["head"]
+        return jnp.sum((h @ head["kernel"] + head["bias"])[0, position])
+
+    full = module.apply({"params": params}, tokens)
+    np.testing.assert_allclose(
+        full[0, 3].sum(), logit_at(3, embed), rtol=1e-5
+    )  # the unrolled model is the model
+    for position in (0, 4, 9):
+        grad = jax.grad(lambda x, p=position: logit_at(p, x))(embed)
+        norms = np.linalg.norm(np.asarray(grad[0]), axis=-1)
+        assert np.all(norms[position + 1 :] == 0), (position, norms)
+        assert norms[position] > 0
+
+
+def test_attention_rows_sum_to_one_and_are_causal():
+    module = model.Transformer(model.ModelConfig(num_heads=4, **SMALL))
+    params = model.init_params(module, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11)
+    logits, attn = model.apply_with_attention(module, params, tokens)
+    assert logits.shape == (3, 12, 11)
+    assert attn.shape == (3, 2, 4, 12, 12)
+    np.testing.assert_allclose(attn.sum(-1), 1.0, rtol=1e-6)
+    assert np.all(np.triu(np.asarray(attn), 1) == 0)
+    plain = module.apply({"params": params}, tokens)
+    np.testing.assert_array_equal(plain, logits)
+
+
+def test_dropout_keeps_the_right_fraction_and_scales():
+    x = jnp.ones((64, 4, 32, 32))
+    out = model.Dropout(0.1).apply(
+        {}, x, deterministic=False, rngs={"dropout": jax.random.PRNGKey(3)}
+    )
+    kept = np.asarray(out) > 0
+    n = kept.size
+    assert abs(kept.mean() - 0.9) < 4 * np.sqrt(0.09 / n)
+    np.testing.assert_allclose(np.asarray(out)[kept], 1 / 0.9, rtol=1e-6)
+    # Neighbouring elements and rows are not correlated.
+    flat = kept.reshape(-1, 32).astype(float)
+    assert abs(np.corrcoef(flat[:, :-1].ravel(), flat[:, 1:].ravel())[0, 1]) < 0.01
+    assert abs(np.corrcoef(flat[:-1].ravel(), flat[1:].ravel())[0, 1]) < 0.01
+    same = model.Dropout(0.1).apply({}, x, deterministic=True)
+    np.testing.assert_array_equal(same, x)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(num_heads=3), "num_heads must divide embed_dim=64, got num_heads=3"),
+        (dict(num_heads=0), "num_heads must be an integer >= 1, got 0"),
+        (dict(dropout_rate=1.0), r"dropout_rate must be in \[0, 1\), got 1.0"),
+        (dict(norm_eps=0.0), "norm_eps must be > 0, got 0.0"),
+    ],
+)
+def test_bad_model_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        model.ModelConfig(**kwargs)
+
+
+def test_sequence_longer_than_positions():
+    module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
+    with pytest.raises(ValueError, match="sequence length must be <= max_len=12, got 13"):
+        module.init(jax.random.PRNGKey(0), jnp.zeros((1, 13), jnp.int32))

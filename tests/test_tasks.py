@@ -1,0 +1,60 @@
+"""Tasks: targets, predictable positions, determinism and errors."""
+
+import jax
+import numpy as np
+import pytest
+
+from beyondpar import tasks
+
+KEY = jax.random.PRNGKey(0)
+
+
+def make(name, lag=1, t=10, v=7):
+    ex = tasks.make_examples(name, KEY, 5, t, v, lag)
+    return tuple(np.asarray(a) for a in ex)
+
+
+def test_copy_zero_cycle():
+    x, y, m = make("copy")
+    np.testing.assert_array_equal(y, x)
+    assert m.all()
+    x, y, m = make("zero")
+    assert (y == 0).all() and m.all()
+    x, y, m = make("cycle")
+    np.testing.assert_array_equal(y[:, 1:], x[:, :-1])
+    np.testing.assert_array_equal(y[:, 0], x[:, -1])
+    assert not m[:, 0].any() and m[:, 1:].all()
+    assert x.min() >= 0 and x.max() < 7 and x.dtype == np.int32
+
+
+def test_shift_and_pair_sum():
+    x, y, m = make("shift", lag=3)
+    np.testing.assert_array_equal(y[:, 3:], x[:, :-3])
+    np.testing.assert_array_equal(m[0], np.arange(10) >= 3)
+    x, y, m = make("pair_sum", lag=4)
+    np.testing.assert_array_equal(y[:, 4:], (x[:, 3:-1] + x[:, :-4]) % 7)
+    np.testing.assert_array_equal(m[0], np.arange(10) >= 4)
+
+
+def test_deterministic_in_the_key():
+    a = tasks.make_examples("cycle", KEY, 4, 8, 5)
+    b = tasks.make_examples("cycle", KEY, 4, 8, 5)
+    c = tasks.make_examples("cycle", jax.random.PRNGKey(1), 4, 8, 5)
+    np.testing.assert_array_equal(a.inputs, b.inputs)
+    assert not np.array_equal(a.inputs, c.inputs)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("copyy", KEY, 2, 8, 5), r"task name must be one of .*, got 'copyy'"),
+        (("copy", KEY, 0, 8, 5), "num must be an integer >= 1, got 0"),
+        (("copy", KEY, 2, 1, 5), "seq_len must be an integer >= 2, got 1"),
+        (("copy", KEY, 2, 8, 1), "vocab_size must be an integer >= 2, got 1"),
+        (("shift", KEY, 2, 8, 5, 8), r"lag for task 'shift' must be in \[1, 8\), got 8"),
+        (("pair_sum", KEY, 2, 8, 5, 1), r"lag for task 'pair_sum' must be in \[2, 8\), got 1"),
+    ],
+)
+def test_bad_arguments(args, message):
+    with pytest.raises(ValueError, match=message):
+        tasks.make_examples(*args)

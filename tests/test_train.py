@@ -1,0 +1,229 @@
+"""Training: data parallelism, processes, resumption, failure and configs."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from beyondpar import checkpoints, config_lib, parallel, tasks, train
+from beyondpar import model as model_lib
+from configs import cpu, paper, smoke
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_step(devices):
+    config = smoke.get_config()
+    mesh = parallel.data_mesh(devices)
+    module = model_lib.Transformer(config_lib.model_config(config))
+    # SGD, not Adam: Adam maps the rounding noise of a gradient that is exactly zero in
+    # exact arithmetic (the key bias: softmax ignores a shift shared by all keys) to
+    # full-size steps of either sign, which no two reduction orders agree on.
+    tx = optax.sgd(0.1)
+    state = train.create_state(module, jax.random.PRNGKey(0), tx, 16)
+    state = jax.device_put(state, parallel.replicated(mesh))
+    train_set, _ = train.make_datasets(config)
+    batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
+    step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(1))
+    state, loss = step(state, batch)
+    state, loss = step(state, batch)
+    return jax.device_get(state), float(loss)
+
+
+def test_data_parallel_step_equals_single_device():
+    assert jax.device_count() == 4
+    single, loss1 = one_step(jax.devices()[:1])
+    four, loss4 = one_step(jax.devices())
+    np.testing.assert_allclose(loss4, loss1, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), four, single)
+
+
+def read_metrics(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_close_except_key_bias(a, b, rtol, atol):
+    """Equal parameters, but for the key biases, whose true gradient is zero (see above)
+    and whose Adam steps are the sign of rounding noise: only bounded by steps * lr."""
+    for (path, x), (_, y) in zip(
+        jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b), strict=True
+    ):
+        if "'key']['bias'" in jax.tree_util.keystr(path):
+            assert np.abs(x).max() < 8 * 3e-3 and np.abs(y).max() < 8 * 3e-3
+        else:
+            np.testing.assert_allclose(
+                x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path)
+            )
+
+
+def final_params(workdir):
+    step, state = checkpoints.load(Path(workdir) / "checkpoints")
+    return step, state["params"]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("smoke")
+    train.train_and_evaluate(smoke.get_config(), str(workdir))
+    return workdir
+
+
+def test_smoke_training_learns_copy(smoke_run):
+    records = read_metrics(smoke_run)
+    assert [r["step"] for r in records] == list(range(8, 65, 8))
+    last = records[-1]
+    assert last["eval/accuracy"] > 0.9, last
+    assert records[0]["train/loss"] > 2 * last["train/loss"]
+    saved = json.loads((smoke_run / "config.json").read_text())
+    assert saved["model"]["num_heads"] == 2 and saved["task"]["name"] == "copy"
+    assert checkpoints.list_steps(smoke_run / "checkpoints") == [56, 64]
+
+
+def test_interrupted_run_resumes_bit_identical(smoke_run, tmp_path, monkeypatch):
+    real_save = checkpoints.save
+
+    def save_then_die(mgr, step, state, force=False):
+        real_save(mgr, step, state, force)
+        if step == 24:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoints, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(smoke.get_config(), str(tmp_path))
+    monkeypatch.setattr(checkpoints, "save", real_save)
+    assert checkpoints.list_steps(tmp_path / "checkpoints") == [16, 24]
+    train.train_and_evaluate(smoke.get_config(), str(tmp_path))
+    step, resumed = final_params(tmp_path)
+    step_full, full = final_params(smoke_run)
+    assert step == step_full == 64
+    jax.tree.map(np.testing.assert_array_equal, resumed, full)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [
+        r["step"] for r in read_metrics(smoke_run)
+    ]
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+    real = train.make_train_step
+
+    def poisoned(*args):
+        step_fn = real(*args)
+
+        def wrapped(state, batch):
+            new_state, loss = step_fn(state, batch)
+            return new_state, jnp.where(new_state["step"] == 21, jnp.nan, loss)
+
+        return wrapped
+
+    monkeypatch.setattr(train, "make_train_step", poisoned)
+    with pytest.raises(
+        FloatingPointError, match="loss is nan at step 21; .* checkpoint is step 16"
+    ):
+        train.train_and_evaluate(smoke.get_config(), str(tmp_path))
+    assert checkpoints.list_steps(tmp_path / "checkpoints") == [8, 16]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one(tmp_path):
+    port, workdir = free_port(), tmp_path / "two"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "XLA_FLAGS": ""}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "distributed_worker.py"),
+                str(port),
+                str(i),
+                str(workdir),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    config = smoke.get_config()
+    config.optim.num_epochs = 1
+    train.train_and_evaluate(config, str(tmp_path / "one"))
+    step2, two = final_params(workdir)
+    step1, one = final_params(tmp_path / "one")
+    assert step1 == step2 == 8
+    assert_close_except_key_bias(two, one, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            lambda c: c.model.update(num_heads=3),
+            "num_heads must divide embed_dim=16, got num_heads=3",
+        ),
+        (lambda c: c.task.update(name="sort"), r"task.name must be one of .*, got 'sort'"),
+        (lambda c: c.task.update(seq_len=17), "task.seq_len must be <= model.max_len=16, got 17"),
+        (
+            lambda c: c.optim.update(learning_rate=-1e-3),
+            "optim.learning_rate must be > 0, got -0.001",
+        ),
+        (lambda c: c.optim.update(batch_size=30), "divisible by the device count 4, got 30"),
+        (
+            lambda c: c.task.update(num_train=10),
+            "task.num_train must be >= optim.batch_size=32, got 10",
+        ),
+        (lambda c: c.update(eval_every_steps=0), "eval_every_steps must be > 0, got 0"),
+    ],
+)
+def test_bad_configs(change, message, tmp_path):
+    config = smoke.get_config()
+    change(config)
+    with pytest.raises(ValueError, match=message):
+        train.train_and_evaluate(config, str(tmp_path))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_config_arguments():
+    config = paper.get_config("task=cycle,heads=8")
+    assert (config.task.name, config.model.num_heads, config.task.seq_len) == ("cycle", 8, 100)
+    assert (config.task.num_train, config.optim.batch_size, config.optim.num_epochs) == (
+        5000,
+        50,
+        200,
+    )
+    assert config.optim.learning_rate == 1e-3
+    assert cpu.get_config("heads=16").model.num_heads == 16
+    with pytest.raises(
+        ValueError, match=r"config argument must be one of \['heads', 'seed', 'task'\], got 'head'"
+    ):
+        paper.get_config("head=8")
+
+
+def test_train_cli_rejects_misspelt_override(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "train.py"),
+            "--config=configs/smoke.py",
+            "--config.optim.learnin_rate=0.1",
+            f"--workdir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "learnin_rate" in result.stderr
+    assert not (tmp_path / "config.json").exists()
