@@ -47,7 +47,7 @@ def load(directory: str | os.PathLike, step: int | None = None) -> tuple[int, di
     directory = Path(directory).absolute()
     if not list_steps(directory):
         raise FileNotFoundError(f"directory must hold orbax checkpoints, got none in {directory}")
-    options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+    options = ocp.CheckpointManagerOptions(create=False)
     with ocp.CheckpointManager(
         directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
     ) as mgr:

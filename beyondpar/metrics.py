@@ -53,6 +53,15 @@ def _operator_stats(c):
     return finite, jnp.min(c), jnp.max(jnp.abs(jnp.sum(c, axis=-1) - 1))
 
 
+def _spread(c):
+    """Arrays committed to one device are replicated to all local devices, so the
+    kernels' split of the batch over devices can take them."""
+    devices = jax.local_devices()
+    if len(devices) > 1 and _checks.is_concrete(c) and getattr(c, "committed", False):
+        c = jax.device_put(c, jax.sharding.NamedSharding(Mesh(np.asarray(devices), ("data",)), P()))
+    return c
+
+
 def check_operator(c, name: str = "c") -> jax.Array:
     """`c` as a float array after checking it is a batch of row-stochastic T x T operators."""
     c = _checks.as_float_array(name, c)
@@ -71,7 +80,7 @@ def check_operator(c, name: str = "c") -> jax.Array:
                 f"{name} rows must sum to 1 (tolerance {ROW_SUM_TOLERANCE}), "
                 f"got a row off by {row_error:.3g}"
             )
-    return c
+    return _spread(c)
 
 
 def _check_walk(walk: str) -> str:

@@ -50,9 +50,7 @@ TASKS = ("copy", "cycle", "zero", "shift", "pair_sum")
 def make_examples(
     name: str, key: jax.Array, num: int, seq_len: int, vocab_size: int, lag: int = 1
 ) -> Examples:
-    """`num` sequences of task `name`; `lag` is k for `shift` and `pair_sum`."""
-    if name not in TASKS:
-        raise ValueError(f"task name must be one of {TASKS}, got {name!r}")
+    """`num` random sequences of task `name`; `lag` is k for `shift` and `pair_sum`."""
     for arg, value, low in (
         ("num", num, 1),
         ("seq_len", seq_len, 2),
@@ -60,14 +58,26 @@ def make_examples(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{arg} must be an integer >= {low}, got {value!r}")
+    _check_task(name, seq_len, lag)
+    x = jax.random.randint(key, (num, seq_len), 0, vocab_size, dtype=jnp.int32)
+    return label(name, x, vocab_size, lag)
+
+
+def _check_task(name: str, seq_len: int, lag: int) -> None:
+    if name not in TASKS:
+        raise ValueError(f"task name must be one of {TASKS}, got {name!r}")
     min_lag = 2 if name == "pair_sum" else 1
     if name in ("shift", "pair_sum") and not (isinstance(lag, int) and min_lag <= lag < seq_len):
         raise ValueError(f"lag for task {name!r} must be in [{min_lag}, {seq_len}), got {lag!r}")
-    x = jax.random.randint(key, (num, seq_len), 0, vocab_size, dtype=jnp.int32)
+
+
+def label(name: str, inputs, vocab_size: int, lag: int = 1) -> Examples:
+    """Targets and predictable positions of task `name` for given input tokens (N, T)."""
+    x = jnp.asarray(inputs, jnp.int32)
+    _check_task(name, x.shape[-1], lag)
     if name == "pair_sum":
         targets, mask = _pair_sum(x, lag, vocab_size)
     else:
-        targets, mask = {"copy": _copy, "cycle": _cycle, "zero": _zero, "shift": _shift}[name](
-            x, lag
-        )
+        rule = {"copy": _copy, "cycle": _cycle, "zero": _zero, "shift": _shift}[name]
+        targets, mask = rule(x, lag)
     return Examples(x, targets.astype(jnp.int32), mask)

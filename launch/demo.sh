@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The main job on a small CPU default. Writes everything under ${OUT:-out}/.
+# The main job on a small CPU default: trains heads 1/4/8/16 x copy/cycle (configs/cpu.py),
+# evaluates every run, writes the report and the paper's Example 2. Re-running resumes.
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
 out="${OUT:-out}"
+python launch/ablate.py --config=configs/ablation.py --workdir="$out/ablation"
 python launch/example2.py --out "$out/example2"
-echo "done: see $out/"
+echo
+echo "report:    $out/ablation/report/report.md (+ results.csv, results.json, *.png)"
+echo "records:   $out/ablation/evaluation.jsonl"
+echo "example 2: $out/example2/"

@@ -1,0 +1,102 @@
+"""Scripted ablations: a grid over config fields -> trained runs -> records -> report.
+
+Training is resumable run by run: a finished run (its final checkpoint saved) is never
+trained again, an unfinished one resumes from its latest checkpoint, and evaluation
+skips what evaluation.jsonl already holds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import shlex
+from pathlib import Path
+
+import ml_collections
+import tqdm
+
+from beyondpar import checkpoints, evaluate, report, train
+
+REPORT_DIR = "report"
+
+
+def load_config_file(path: str | os.PathLike, arg: str | None = None) -> ml_collections.ConfigDict:
+    """`get_config(arg)` of a config file, as config_flags would load it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"base config must be an existing file, got {str(path)!r}")
+    spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def grid(ablation: ml_collections.ConfigDict) -> list[dict]:
+    """Every combination of the grid: [{label: value}], in the order of `axes`."""
+    labels = list(ablation.axes)
+    missing = [label for label in labels if label not in ablation.levels]
+    if missing:
+        raise ValueError(f"levels must list every axis, got none for {missing}")
+    combos = itertools.product(*(ablation.levels[label] for label in labels))
+    return [dict(zip(labels, combo, strict=True)) for combo in combos]
+
+
+def run_name(point: dict) -> str:
+    return "_".join(f"{label}-{value}" for label, value in point.items())
+
+
+def run_config(ablation: ml_collections.ConfigDict, point: dict) -> ml_collections.ConfigDict:
+    config = load_config_file(ablation.base, ablation.base_arg or None)
+    for label, value in point.items():
+        *parents, leaf = ablation.axes[label].split(".")
+        node = config
+        for name in parents:
+            node = node[name]
+        if leaf not in node:
+            raise ValueError(f"axes.{label} must name a config field, got {ablation.axes[label]!r}")
+        node[leaf] = type(node[leaf])(value)
+    for field, value in ablation.overrides.items():
+        *parents, leaf = field.split("__")
+        node = config
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+    return config
+
+
+def is_finished(run_dir: Path, config: ml_collections.ConfigDict) -> bool:
+    total = (config.task.num_train // config.optim.batch_size) * config.optim.num_epochs
+    steps = checkpoints.list_steps(run_dir / train.CHECKPOINT_DIR)
+    return bool(steps) and steps[-1] >= total
+
+
+def dry_run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike) -> list[str]:
+    """One `launch/train.py` command per run, for a cluster scheduler."""
+    commands = []
+    for point in grid(ablation):
+        base = ablation.base + (f":{ablation.base_arg}" if ablation.base_arg else "")
+        flags = [f"--config={base}"]
+        flags += [f"--config.{ablation.axes[k]}={v}" for k, v in point.items()]
+        flags += [f"--config.{k.replace('__', '.')}={v}" for k, v in ablation.overrides.items()]
+        flags.append(f"--workdir={Path(workdir) / run_name(point)}")
+        commands.append(shlex.join(["python", "launch/train.py", *flags]))
+    return commands
+
+
+def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progress: bool = True):
+    """Train what is missing, evaluate, write the report. Returns (report files, failures)."""
+    workdir = Path(workdir)
+    points = grid(ablation)
+    configs = {run_name(p): run_config(ablation, p) for p in points}  # fail early on bad grids
+    for name, config in tqdm.tqdm(configs.items(), desc="runs", unit="run", disable=not progress):
+        if is_finished(workdir / name, config):
+            continue
+        config.progress_bar = progress
+        train.train_and_evaluate(config, str(workdir / name))
+    _, failures = evaluate.evaluate_tree(workdir, ablation.steps, progress)
+    records = [
+        r for r in evaluate.read_records(workdir / evaluate.RECORDS_FILE) if r["run"] in configs
+    ]
+    written = report.write_report(records, workdir / REPORT_DIR)
+    return written, failures

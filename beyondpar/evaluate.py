@@ -1,0 +1,255 @@
+"""Checkpoints -> records: per-layer mixing and fidelity, amplification and accuracy.
+
+All metrics of one checkpoint come from one forward pass and one batched kernel call
+over every (sequence, layer, operator), operators being the mix with learned head
+importances, the uniform mix and every head alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+
+from beyondpar import checkpoints, config_lib, graphs, metrics, synergy, tasks, train
+from beyondpar import model as model_lib
+
+RECORDS_FILE = "evaluation.jsonl"
+WALKS = metrics.WALKS
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What an evaluation measures (the `evaluation` block of a run's config)."""
+
+    num_sequences: int = 50
+    seed: int = 1234
+    horizon: int = 100
+    max_steps: int = 100
+    eps: float = 0.25
+    walk: str = "reference"
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> EvalSpec:
+        return cls(**config.evaluation.to_dict())
+
+
+def head_importances(params, num_layers: int, num_heads: int) -> jax.Array:
+    """(L, H): Frobenius norms of each head's block of each layer's output projection."""
+    kernels = [params[f"layers_{i}"]["attn"]["out"]["kernel"] for i in range(num_layers)]
+    return jnp.stack([graphs.head_importance(k, num_heads) for k in kernels])
+
+
+def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:
+    """Every metric per sequence: arrays (N, L) or (N, L, H), plus accuracies (N,)."""
+    cfg = module.config
+    logits, attn = model_lib.apply_with_attention(module, params, examples.inputs)
+    attn = attn.astype(jnp.float32)
+    weights = head_importances(params, cfg.num_layers, cfg.num_heads)
+    operators = jnp.concatenate(
+        [
+            graphs.combine_heads(attn, weights)[:, :, None],
+            graphs.combine_heads(attn)[:, :, None],
+            attn,
+        ],
+        axis=2,
+    )  # N x L x (2 + H) x T x T
+    m = metrics.operator_metrics(operators, spec.horizon, spec.max_steps, spec.eps, spec.walk)
+    other = WALKS[1 - WALKS.index(spec.walk)]
+    other_hit = metrics.hitting_time(operators[:, :, 0], spec.max_steps, other)
+    fid = m.minimax_fidelity
+    amp = synergy.amplification(fid[..., 2:], fid[..., 0])
+    correct = jnp.argmax(logits, -1) == examples.targets
+    mask = examples.predictable
+    out = {
+        "hitting_time": m.hitting_time[..., 0],
+        f"hitting_time_{spec.walk}": m.hitting_time[..., 0],
+        f"hitting_time_{other}": other_hit,
+        "tv_mixing_time": m.tv_mixing_time[..., 0],
+        "spectral_radius": m.spectral_radius[..., 0],
+        "spectral_mixing_time": m.spectral_mixing_time[..., 0],
+        "fidelity": fid[..., 0],
+        "fidelity_uniform": fid[..., 1],
+        "fidelity_per_head": fid[..., 2:],
+        "best_individual": amp["best_individual"],
+        "gain": amp["gain"],
+        "combined_wins": (amp["gain"] > 0).astype(jnp.float32),
+        "accuracy": jnp.mean(correct, -1),
+        "accuracy_predictable": jnp.sum(correct & mask, -1) / jnp.maximum(jnp.sum(mask, -1), 1),
+        "head_weights": jnp.broadcast_to(weights, (examples.inputs.shape[0], *weights.shape)),
+    }
+    return jax.tree.map(np.asarray, out)
+
+
+def summarize(values: dict) -> dict:
+    """Mean and standard deviation over sequences, as plain JSON numbers and lists."""
+    out = {}
+    for name, array in values.items():
+        array = np.asarray(array, np.float64)
+        out[name] = {"mean": array.mean(0).tolist(), "std": array.std(0).tolist()}
+    return out
+
+
+def eval_examples(config: ml_collections.ConfigDict, spec: EvalSpec) -> tasks.Examples:
+    """Held-out sequences of the run's task, from a seed separate from training."""
+    t = config.task
+    key = jax.random.PRNGKey(spec.seed)
+    return tasks.make_examples(
+        t.name, key, spec.num_sequences, t.seq_len, config.model.vocab_size, t.lag
+    )
+
+
+def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
+    """One record: `info` (run, step, task, ...) plus the summarised metrics."""
+    cfg = module.config
+    return {
+        **info,
+        "heads": cfg.num_heads,
+        "layers": cfg.num_layers,
+        "num_sequences": int(examples.inputs.shape[0]),
+        "walk": spec.walk,
+        "metrics": summarize(per_sequence(module, params, examples, spec)),
+    }
+
+
+# ---------------------------------------------------------------- runs on disk
+
+
+def read_config(run_dir: str | os.PathLike) -> ml_collections.ConfigDict:
+    data = json.loads((Path(run_dir) / train.CONFIG_FILE).read_text())
+    return ml_collections.ConfigDict(data)
+
+
+def evaluate_checkpoint(run_dir: str | os.PathLike, step: int | None = None, root=None) -> dict:
+    """Record of a run's checkpoint at `step` (latest by default)."""
+    run_dir = Path(run_dir)
+    config = read_config(run_dir)
+    step, state = checkpoints.load(run_dir / train.CHECKPOINT_DIR, step)
+    module = model_lib.Transformer(config_lib.model_config(config))
+    spec = EvalSpec.from_config(config)
+    name = str(run_dir.relative_to(root)) if root else run_dir.name
+    return evaluate_params(
+        module,
+        state["params"],
+        eval_examples(config, spec),
+        spec,
+        run=name,
+        step=int(step),
+        task=config.task.name,
+        seed=int(config.seed),
+    )
+
+
+def find_runs(root: str | os.PathLike) -> list[Path]:
+    """Run directories under `root`: folders with config.json and a checkpoints folder."""
+    root = Path(root)
+    found = {p.parent for p in root.rglob(train.CONFIG_FILE) if (p.parent / "checkpoints").is_dir()}
+    return sorted(found)
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """Records of a JSON-lines file; a torn last line (a killed writer) is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _pairs(root: Path, runs: list[Path], steps: str) -> Iterator[tuple[Path, int | None]]:
+    for run in runs:
+        saved = checkpoints.list_steps(run / train.CHECKPOINT_DIR)
+        if not saved:
+            yield run, None
+        elif steps == "all":
+            yield from ((run, s) for s in saved)
+        else:
+            yield run, saved[-1]
+
+
+def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool = True):
+    """Evaluate every run under `root`; append records to root/evaluation.jsonl.
+
+    (run, step) pairs already recorded are skipped, so an interrupted evaluation resumes.
+    Returns (new records, failures as (run/step, message)); a failed checkpoint does not
+    stop the others.
+    """
+    if steps not in ("latest", "all"):
+        raise ValueError(f"steps must be 'latest' or 'all', got {steps!r}")
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"runs directory must exist, got {str(root)!r}")
+    out = root / RECORDS_FILE
+    done = {(r["run"], r["step"]) for r in read_records(out)}
+    todo = [
+        (run, step)
+        for run, step in _pairs(root, find_runs(root), steps)
+        if (str(run.relative_to(root)), step) not in done
+    ]
+    records, failures = [], []
+    for run, step in tqdm.tqdm(todo, desc="evaluating", unit="ckpt", disable=not progress):
+        name = f"{run.relative_to(root)}@{step if step is not None else '?'}"
+        try:
+            if step is None:
+                raise FileNotFoundError("no checkpoint saved")
+            record = evaluate_checkpoint(run, step, root)
+        except Exception as err:  # noqa: BLE001 - reported by name, the rest go on
+            failures.append((name, f"{type(err).__name__}: {err}".splitlines()[0]))
+            tqdm.tqdm.write(f"skipped {name}: {failures[-1][1]}")
+            if os.environ.get("BEYONDPAR_DEBUG"):
+                traceback.print_exc()
+            continue
+        _append(out, record)
+        records.append(record)
+    return records, failures
+
+
+def _append(path: Path, record: dict) -> None:
+    # One write of one whole line, flushed: readers skip a torn line, never a half record.
+    with path.open("a") as f:
+        torn = f.tell() > 0 and not _ends_with_newline(path)
+        f.write(("\n" if torn else "") + json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+# ---------------------------------------------------------------- the paper's checkpoints
+
+
+def evaluate_reference(
+    path: str | os.PathLike, spec: EvalSpec = EvalSpec(), seq_len: int | None = None
+) -> dict:
+    """Record of a checkpoint released with the paper, named <H>_heads_<task>.npz|.pt."""
+    path = Path(path)
+    heads, sep, task = path.stem.partition("_heads_")
+    if not (sep and heads.isdigit() and task in tasks.TASKS):
+        raise ValueError(f"path must be named <H>_heads_<task>.npz or .pt, got {path.name!r}")
+    module, params = checkpoints.import_reference(path, int(heads))
+    cfg = module.config
+    key = jax.random.PRNGKey(spec.seed)
+    examples = tasks.make_examples(
+        task, key, spec.num_sequences, seq_len or cfg.max_len, cfg.vocab_size
+    )
+    return evaluate_params(
+        module, params, examples, spec, run=path.name, step=0, task=task, seed=-1
+    )

@@ -1,0 +1,274 @@
+"""Evaluation records -> the paper's tables (Markdown, CSV, JSON) and plots (PNG).
+
+Fractions become percent here and only here. Cells aggregate the latest step of every
+run with the same task and head count: mean over seeds of the per-run means, ± the
+standard deviation over seeds (over sequences when a cell holds one seed).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from beyondpar import files
+
+LAYER_METRICS = (
+    "hitting_time",
+    "tv_mixing_time",
+    "spectral_mixing_time",
+    "fidelity",
+    "fidelity_uniform",
+    "best_individual",
+    "gain",
+    "combined_wins",
+)
+PERCENT = {"fidelity", "fidelity_uniform", "best_individual", "gain", "combined_wins"}
+
+
+def latest(records: list[dict]) -> list[dict]:
+    """The record of each run's latest evaluated step."""
+    best: dict[str, dict] = {}
+    for r in records:
+        if r["run"] not in best or r["step"] > best[r["run"]]["step"]:
+            best[r["run"]] = r
+    return sorted(best.values(), key=lambda r: (r["task"], r["heads"], r["seed"], r["run"]))
+
+
+def aggregate(records: list[dict]) -> dict:
+    """{(task, heads): {metric: (mean (L,), std (L,), seeds)}} over the latest records."""
+    groups = defaultdict(list)
+    for r in latest(records):
+        groups[(r["task"], r["heads"])].append(r)
+    out = {}
+    for key, group in groups.items():
+        cell = {}
+        for name in (*LAYER_METRICS, "accuracy", "accuracy_predictable"):
+            means = np.array([r["metrics"][name]["mean"] for r in group], np.float64)
+            if len(group) > 1:
+                std = means.std(0, ddof=1)
+            else:
+                std = np.asarray(group[0]["metrics"][name]["std"], np.float64)
+            cell[name] = (means.mean(0), std, len(group))
+        out[key] = cell
+    return out
+
+
+def _fmt(mean, std, percent: bool) -> str:
+    scale = 100.0 if percent else 1.0
+    return f"{scale * mean:.2f} ± {scale * std:.2f}"
+
+
+def _layer_table(cells: dict, heads: list[int], name: str) -> list[str]:
+    layers = len(cells[heads[0]][name][0])
+    lines = ["| layer | " + " | ".join(f"H={h}" for h in heads) + " |"]
+    lines.append("|---:|" + "---:|" * len(heads))
+    for layer in range(layers):
+        row = [
+            _fmt(cells[h][name][0][layer], cells[h][name][1][layer], name in PERCENT) for h in heads
+        ]
+        lines.append(f"| {layer + 1} | " + " | ".join(row) + " |")
+    return lines
+
+
+def _amplification_table(cells: dict, heads: list[int]) -> list[str]:
+    lines = [
+        "| heads | layer | best individual (%) | combined (%) | gain (pp) | combined wins |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    wins = total = 0
+    for h in (h for h in heads if h > 1):
+        c = cells[h]
+        for layer in range(len(c["fidelity"][0])):
+            best, comb = 100 * c["best_individual"][0][layer], 100 * c["fidelity"][0][layer]
+            gain, won = 100 * c["gain"][0][layer], 100 * c["combined_wins"][0][layer]
+            wins += c["gain"][0][layer] > 0
+            total += 1
+            lines.append(
+                f"| {h} | {layer + 1} | {best:.2f} | {comb:.2f} | {gain:+.2f} | {won:.0f}% |"
+            )
+    if total:
+        lines.append("")
+        lines.append(
+            f"Combined beats the best single head in {wins} of {total} (heads, layer) cells."
+        )
+    return lines
+
+
+def markdown(records: list[dict]) -> str:
+    """report.md: per task the paper's tables, then amplification and accuracy."""
+    if not records:
+        raise ValueError("records must not be empty, got none")
+    runs = latest(records)
+    cells = aggregate(records)
+    walks = sorted({r["walk"] for r in runs})
+    lines = [
+        "# beyondpar report",
+        "",
+        f"{len(runs)} runs; walk: {', '.join(walks)}. Cells: mean ± std over seeds "
+        "(over sequences when a cell has one seed), at each run's latest step.",
+    ]
+    for task in sorted({t for t, _ in cells}):
+        heads = sorted(h for t, h in cells if t == task)
+        by_heads = {h: cells[(task, h)] for h in heads}
+        lines += ["", f"## Task: {task}", "", "### Hitting time (steps)", ""]
+        lines += _layer_table(by_heads, heads, "hitting_time")
+        lines += ["", "### Minimax fidelity, learned head weights (%)", ""]
+        lines += _layer_table(by_heads, heads, "fidelity")
+        lines += ["", "### Amplification: best single head vs heads combined", ""]
+        lines += _amplification_table(by_heads, heads)
+    lines += [
+        "",
+        "## Accuracy",
+        "",
+        "| run | step | task | heads | seed | all (%) | predictable (%) |",
+    ]
+    lines.append("|---|---:|---|---:|---:|---:|---:|")
+    for r in runs:
+        acc = 100 * r["metrics"]["accuracy"]["mean"]
+        pred = 100 * r["metrics"]["accuracy_predictable"]["mean"]
+        lines.append(
+            f"| {r['run']} | {r['step']} | {r['task']} | {r['heads']} | {r['seed']} "
+            f"| {acc:.2f} | {pred:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def rows(records: list[dict]) -> list[dict]:
+    """One flat row per (run, step, layer) with every per-layer metric's mean and std."""
+    out = []
+    for r in sorted(records, key=lambda r: (r["run"], r["step"])):
+        for layer in range(r["layers"]):
+            row = {k: r[k] for k in ("run", "step", "task", "heads", "seed", "walk")}
+            row["layer"] = layer + 1
+            for name in LAYER_METRICS:
+                row[f"{name}_mean"] = r["metrics"][name]["mean"][layer]
+                row[f"{name}_std"] = r["metrics"][name]["std"][layer]
+            row["accuracy"] = r["metrics"]["accuracy"]["mean"]
+            row["accuracy_predictable"] = r["metrics"]["accuracy_predictable"]["mean"]
+            out.append(row)
+    return out
+
+
+def csv_text(table: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(table[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_vs_heads(records: list[dict]):
+    """Fidelity and hitting time against head count, a line per layer, a column per task."""
+    plt = _pyplot()
+    cells = aggregate(records)
+    task_names = sorted({t for t, _ in cells})
+    fig, axes = plt.subplots(2, len(task_names), figsize=(5 * len(task_names), 7), squeeze=False)
+    for col, task in enumerate(task_names):
+        heads = sorted(h for t, h in cells if t == task)
+        for row, (name, label) in enumerate(
+            [("fidelity", "minimax fidelity (%)"), ("hitting_time", "hitting time (steps)")]
+        ):
+            ax = axes[row, col]
+            scale = 100 if name in PERCENT else 1
+            layers = len(cells[(task, heads[0])][name][0])
+            for layer in range(layers):
+                mean = [scale * cells[(task, h)][name][0][layer] for h in heads]
+                std = [scale * cells[(task, h)][name][1][layer] for h in heads]
+                ax.errorbar(
+                    heads, mean, yerr=std, marker="o", capsize=3, label=f"layer {layer + 1}"
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(heads, [str(h) for h in heads])
+            ax.set(xlabel="heads", ylabel=label, title=f"{task}")
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_amplification(records: list[dict]):
+    """Gain of the mixed operator over its best head (percentage points) per head count."""
+    plt = _pyplot()
+    cells = aggregate(records)
+    task_names = sorted({t for t, _ in cells})
+    fig, axes = plt.subplots(1, len(task_names), figsize=(5 * len(task_names), 3.8), squeeze=False)
+    for col, task in enumerate(task_names):
+        heads = sorted(h for t, h in cells if t == task and h > 1)
+        ax = axes[0, col]
+        if heads:
+            layers = len(cells[(task, heads[0])]["gain"][0])
+            width = 0.8 / layers
+            for layer in range(layers):
+                gains = [100 * cells[(task, h)]["gain"][0][layer] for h in heads]
+                x = np.arange(len(heads)) + (layer - (layers - 1) / 2) * width
+                ax.bar(x, gains, width, label=f"layer {layer + 1}")
+            ax.set_xticks(np.arange(len(heads)), [str(h) for h in heads])
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set(xlabel="heads", ylabel="combined - best head (pp)", title=f"amplification: {task}")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_vs_step(records: list[dict]):
+    """Layer-mean fidelity and hitting time against training step, a line per run."""
+    plt = _pyplot()
+    by_run = defaultdict(list)
+    for r in records:
+        by_run[r["run"]].append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for run, recs in sorted(by_run.items()):
+        recs.sort(key=lambda r: r["step"])
+        steps = [r["step"] for r in recs]
+        fid = [100 * np.mean(r["metrics"]["fidelity"]["mean"]) for r in recs]
+        hit = [np.mean(r["metrics"]["hitting_time"]["mean"]) for r in recs]
+        axes[0].plot(steps, fid, marker="o", ms=3, label=run)
+        axes[1].plot(steps, hit, marker="o", ms=3, label=run)
+    axes[0].set(xlabel="step", ylabel="minimax fidelity, layer mean (%)")
+    axes[1].set(xlabel="step", ylabel="hitting time, layer mean (steps)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def write_report(records: list[dict], out_dir: str | os.PathLike) -> list[Path]:
+    """report.md, results.csv, results.json and the PNG plots; returns their paths."""
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    table = rows(records)
+    written = [
+        files.write_text(out_dir / "report.md", markdown(records)),
+        files.write_text(out_dir / "results.csv", csv_text(table)),
+        files.write_json(out_dir / "results.json", table),
+    ]
+    figures = {"metrics_vs_heads.png": plot_vs_heads, "amplification.png": plot_amplification}
+    if any(
+        len({r["step"] for r in records if r["run"] == run}) > 1
+        for run in {r["run"] for r in records}
+    ):
+        figures["metrics_vs_step.png"] = plot_vs_step
+    for name, plot in figures.items():
+        fig = plot(records)
+        written.append(files.save_figure(fig, out_dir / name, dpi=110))
+        plt.close(fig)
+    return written

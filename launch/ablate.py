@@ -1,0 +1,34 @@
+"""Train, evaluate and report a grid of runs:
+
+python launch/ablate.py --config=configs/ablation.py --workdir=runs/ablation [--dry_run]
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from beyondpar import ablation, parallel
+
+CONFIG = config_flags.DEFINE_config_file("config", None, "Ablation config file[:arg].")
+WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the runs, records and report.")
+DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print one train command per run and stop.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    if DRY_RUN.value:
+        print("\n".join(ablation.dry_run(CONFIG.value, WORKDIR.value)))
+        return
+    written, failures = ablation.run(CONFIG.value, WORKDIR.value)
+    print("report: " + ", ".join(str(p) for p in written))
+    if failures:
+        print(f"{len(failures)} checkpoint(s) failed: " + "; ".join(n for n, _ in failures))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    parallel.use_all_cpu_cores()
+    app.run(main)

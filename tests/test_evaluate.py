@@ -1,0 +1,136 @@
+"""Evaluation of checkpoints: the paper's numbers, trees of runs, failures, resumption."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from beyondpar import checkpoints, evaluate, tasks, train
+from configs import smoke
+from conftest import DATA
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_reference_checkpoints_reproduce_the_paper(fixture):
+    name, _, expected = fixture
+    heads, task = name.split("_heads_")
+    module, params = checkpoints.import_reference(DATA / f"{name}.npz", int(heads))
+    examples = tasks.label(task, expected["tokens"], module.config.vocab_size)
+    got = evaluate.per_sequence(module, params, examples, evaluate.EvalSpec())
+    rtol = 1e-4  # float32 attention from the model, as the paper's pipeline
+    np.testing.assert_allclose(got["fidelity"], expected["fidelity_learned"] / 100, rtol=rtol)
+    np.testing.assert_allclose(
+        got["fidelity_uniform"], expected["fidelity_uniform"] / 100, rtol=rtol
+    )
+    np.testing.assert_allclose(
+        got["fidelity_per_head"], expected["fidelity_per_head"] / 100, rtol=rtol
+    )
+    for walk in ("reference", "normalized"):
+        np.testing.assert_allclose(
+            got[f"hitting_time_{walk}"], expected[f"hitting_time_{walk}"], rtol=rtol
+        )
+    np.testing.assert_allclose(got["head_weights"][0], expected["head_weights"], rtol=1e-6)
+    best = (expected["fidelity_per_head"] / 100).max(-1)
+    np.testing.assert_allclose(got["gain"], expected["fidelity_learned"] / 100 - best, atol=1e-8)
+
+
+def test_reference_record_names_task_and_heads():
+    record = evaluate.evaluate_reference(
+        DATA / "1_heads_cycle.npz", evaluate.EvalSpec(num_sequences=3)
+    )
+    assert (record["task"], record["heads"], record["num_sequences"]) == ("cycle", 1, 3)
+    assert record["metrics"]["accuracy_predictable"]["mean"] > 0.99
+    assert len(record["metrics"]["fidelity"]["mean"]) == 4
+    with pytest.raises(ValueError, match=r"named <H>_heads_<task>.npz or .pt, got 'x.npz'"):
+        evaluate.evaluate_reference(Path("x.npz"))
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """Two finished smoke runs under one folder."""
+    root = tmp_path_factory.mktemp("tree")
+    config = smoke.get_config()
+    config.optim.num_epochs = 2
+    train.train_and_evaluate(config, str(root / "a"))
+    shutil.copytree(root / "a", root / "group" / "b")
+    return root
+
+
+def test_tree_evaluation_resumes_and_covers_all_steps(tree, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(tree, root)
+    new, failures = evaluate.evaluate_tree(root, progress=False)
+    assert failures == []
+    assert sorted((r["run"], r["step"]) for r in new) == [("a", 16), ("group/b", 16)]
+    again, _ = evaluate.evaluate_tree(root, progress=False)
+    assert again == []  # everything recorded is skipped
+    more, _ = evaluate.evaluate_tree(root, steps="all", progress=False)
+    assert sorted((r["run"], r["step"]) for r in more) == [("a", 8), ("group/b", 8)]
+    records = evaluate.read_records(root / evaluate.RECORDS_FILE)
+    assert len(records) == 4
+    a, b = (next(r for r in records if r["run"] == n and r["step"] == 16) for n in ("a", "group/b"))
+    assert a["metrics"] == b["metrics"]  # the same weights give the same numbers
+    assert a["metrics"]["fidelity"]["mean"][0] > 0 and len(a["metrics"]["fidelity"]["mean"]) == 2
+
+
+def test_corrupt_checkpoint_is_reported_and_skipped(tree, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(tree, root)
+    step_dir = root / "group" / "b" / "checkpoints" / "16"
+    for f in step_dir.rglob("*"):
+        if f.is_file() and f.stat().st_size > 0 and "metadata" not in f.name:
+            f.write_bytes(b"\0" * 7)
+    with open(root / evaluate.RECORDS_FILE, "w") as f:
+        f.write('{"run": "torn')  # a writer killed mid-line
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "evaluate.py"), f"--runs={root}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 1
+    assert "FAILED group/b@16" in result.stdout
+    records = evaluate.read_records(root / evaluate.RECORDS_FILE)
+    assert [(r["run"], r["step"]) for r in records] == [("a", 16)]
+    assert (root / "report" / "report.md").read_text().count("| a | 16 | copy | 2 | 0 |") == 1
+
+
+def test_evaluate_cli_on_reference(tmp_path):
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(DATA / "1_heads_cycle.npz", ref)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "evaluate.py"),
+            f"--reference={ref}",
+            f"--out={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [
+        json.loads(ln) for ln in (tmp_path / "out" / "records.jsonl").read_text().splitlines()
+    ]
+    assert [r["run"] for r in records] == ["1_heads_cycle.npz"]
+    assert "## Task: cycle" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_bad_steps_argument(tmp_path):
+    with pytest.raises(ValueError, match="steps must be 'latest' or 'all', got 'first'"):
+        evaluate.evaluate_tree(tmp_path, steps="first")
+    with pytest.raises(FileNotFoundError, match="runs directory must exist"):
+        evaluate.evaluate_tree(tmp_path / "nope")
+
+
+def test_committed_arrays_are_accepted():
+    c = jax.device_put(np.eye(4)[[0, 0, 1, 2]], jax.devices()[1])
+    assert np.isfinite(float(evaluate.metrics.hitting_time(c, 10)))

@@ -1,0 +1,110 @@
+"""Reports: a golden Markdown file from synthetic records, CSV/JSON rows and plots."""
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beyondpar import report
+from conftest import DATA
+
+GOLDEN = DATA / "golden_report.md"
+
+
+def record(run, task, heads, seed, step, offset):
+    """A synthetic record with 2 layers whose numbers follow from its arguments."""
+    base = 0.01 * heads + 0.001 * seed + offset
+
+    def stat(values, spread=0.0):
+        return {
+            "mean": values,
+            "std": [spread] * len(values) if isinstance(values, list) else spread,
+        }
+
+    fid = [base, base + 0.002]
+    best = [base - 0.001 * (heads > 1), base + 0.003]
+    return {
+        "run": run,
+        "step": step,
+        "task": task,
+        "heads": heads,
+        "seed": seed,
+        "layers": 2,
+        "num_sequences": 4,
+        "walk": "reference",
+        "metrics": {
+            "hitting_time": stat([10.0 / heads + seed, 5.0 + seed], 0.5),
+            "tv_mixing_time": stat([101.0, 101.0]),
+            "spectral_mixing_time": stat([100.0, 100.0]),
+            "fidelity": stat(fid, 0.001),
+            "fidelity_uniform": stat(fid, 0.001),
+            "best_individual": stat(best, 0.001),
+            "gain": stat([f - b for f, b in zip(fid, best, strict=True)], 0.001),
+            "combined_wins": stat([1.0 * (heads > 1), 0.0]),
+            "accuracy": stat(0.9 + 0.01 * heads + offset),
+            "accuracy_predictable": stat(0.95 + 0.001 * heads),
+        },
+    }
+
+
+def synthetic_records():
+    out = []
+    for task in ("copy", "cycle"):
+        for heads in (1, 4):
+            for seed in (0, 1):
+                run = f"{task}-h{heads}-s{seed}"
+                out.append(record(run, task, heads, seed, 10, 0.0))
+                out.append(record(run, task, heads, seed, 20, 0.1 if task == "copy" else 0.0))
+    return out
+
+
+def test_markdown_matches_golden():
+    text = report.markdown(synthetic_records())
+    if os.environ.get("BEYONDPAR_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), (
+        "report.md changed; if on purpose, update the reference with "
+        "BEYONDPAR_UPDATE_GOLDEN=1 pytest tests/test_report.py and review the diff"
+    )
+
+
+def test_aggregate_over_seeds():
+    cells = report.aggregate(synthetic_records())
+    mean, std, seeds = cells[("copy", 4)]["fidelity"]
+    # latest step (20): base = 0.04 + 0.001 * seed + 0.1, seeds 0 and 1
+    np.testing.assert_allclose(mean, [0.1405, 0.1425])
+    np.testing.assert_allclose(std, [np.std([0.140, 0.141], ddof=1)] * 2)
+    assert seeds == 2
+
+
+def test_files_and_plots(tmp_path):
+    records = synthetic_records()
+    written = report.write_report(records, tmp_path)
+    names = sorted(p.name for p in written)
+    assert names == [
+        "amplification.png",
+        "metrics_vs_heads.png",
+        "metrics_vs_step.png",
+        "report.md",
+        "results.csv",
+        "results.json",
+    ]
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert len(rows) == len(records) * 2
+    assert json.loads((tmp_path / "results.json").read_text())[0]["layer"] == 1
+    first = next(
+        r for r in rows if r["run"] == "copy-h4-s1" and r["step"] == "20" and r["layer"] == "2"
+    )
+    assert float(first["fidelity_mean"]) == pytest.approx(0.143)
+    for name in names:
+        if name.endswith(".png"):
+            assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert not list(Path(tmp_path).glob(".*"))
+
+
+def test_empty_records():
+    with pytest.raises(ValueError, match="records must not be empty"):
+        report.markdown([])
