@@ -17,15 +17,21 @@ from jax.sharding import PartitionSpec as P
 DATA = "data"
 
 
-def use_all_cpu_cores() -> int:
+def use_all_cpu_cores(batch_size: int | None = None) -> int:
     """Expose one CPU device per core, so data-parallel code also spreads over CPU cores.
 
+    With `batch_size`, the most cores that divide it (a batch of 50 on 4 cores uses 2).
     Must run before JAX creates its backends (first array or device query); entry points
     call it at start. Returns the number of CPU devices asked for.
     """
-    count = os.cpu_count() or 1
+    count = cpu_device_count(os.cpu_count() or 1, batch_size)
     jax.config.update("jax_num_cpu_devices", count)
     return count
+
+
+def cpu_device_count(cores: int, batch_size: int | None = None) -> int:
+    """The most devices, at most one per core, that split `batch_size` evenly."""
+    return max(d for d in range(1, cores + 1) if batch_size is None or batch_size % d == 0)
 
 
 def initialize(coordinator_address: str = "", num_processes: int = 1, process_id: int = 0) -> bool:

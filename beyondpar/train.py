@@ -248,7 +248,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 eval_step, state["params"], eval_set, config.optim.batch_size, mesh
             )
             values.update({f"eval/{name}": v for name, v in result.items()})
-            bar.set_postfix(acc=f"{result['accuracy']:.3f}", loss=f"{values['train/loss']:.3f}")
+            bar.set_postfix(
+                acc=f"{result['accuracy_predictable']:.3f}", loss=f"{values['train/loss']:.3f}"
+            )
         writer.write(done, values)
         if save_now:
             checkpoints.save(mgr, done, state, force=done == total_steps)

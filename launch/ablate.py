@@ -19,6 +19,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    base = ablation.load_config_file(CONFIG.value.base, CONFIG.value.base_arg or None)
+    parallel.use_all_cpu_cores(base.optim.batch_size)
     if DRY_RUN.value:
         print("\n".join(ablation.dry_run(CONFIG.value, WORKDIR.value)))
         return
@@ -30,5 +32,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    parallel.use_all_cpu_cores()
     app.run(main)

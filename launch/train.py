@@ -18,9 +18,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax reports every save at INFO
+    parallel.use_all_cpu_cores(CONFIG.value.optim.batch_size)
     train.train_and_evaluate(CONFIG.value, WORKDIR.value)
 
 
 if __name__ == "__main__":
-    parallel.use_all_cpu_cores()
     app.run(main)

@@ -136,6 +136,22 @@ def test_star_closed_form():
     np.testing.assert_allclose(metrics.spectral_mixing_time(c, eps, k, "reference"), k)
 
 
+def test_uniform_causal_closed_form():
+    """Every query attends uniformly to itself and all earlier tokens."""
+    t = 9
+    c = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    harmonic = np.concatenate([[0.0], np.cumsum(1 / np.arange(1, t + 1))])  # H_0..H_T
+    # The sink reads everyone equally, then only its own 1/T share stays with it.
+    np.testing.assert_allclose(metrics.minimax_fidelity(c, 50), 1 / t, rtol=1e-12)
+    s2 = (harmonic[t] - harmonic[np.arange(t)]) / t
+    np.testing.assert_allclose(metrics.sink_signal(c, 2)[1], s2, rtol=1e-12)
+    # Normalised walk: column i holds 1/(j+1) for j >= i and sums to H_T - H_i.
+    i = np.arange(t - 1)
+    stay = (1 / (i + 1)) / (harmonic[t] - harmonic[i])
+    np.testing.assert_allclose(metrics.spectral_radius(c, "normalized"), stay.max(), rtol=1e-12)
+    np.testing.assert_allclose(metrics.spectral_radius(c, "reference"), 1.0)  # token 0 stays
+
+
 def test_causal_first_token_never_leaves_reference_walk():
     """Causal attention has A[0, 0] = 1, so the paper's sampler keeps token 0 for ever."""
     c = causal(5, (), 10)

@@ -195,6 +195,39 @@ def test_bad_configs(change, message, tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("heads", [1, 16])
+def test_cpu_config_learns_cycle(heads, tmp_path):
+    """The CPU default reaches >= 95% of cycle's predictable positions at 1 and 16 heads."""
+    config = cpu.get_config(f"task=cycle,heads={heads}")
+    config.progress_bar = False
+    train.train_and_evaluate(config, str(tmp_path))
+    last = read_metrics(tmp_path)[-1]
+    assert last["step"] == 400
+    assert last["eval/accuracy_predictable"] >= 0.95, last
+
+
+def test_cpu_device_count_divides_the_batch():
+    assert parallel.cpu_device_count(2, 50) == 2
+    assert parallel.cpu_device_count(4, 50) == 2
+    assert parallel.cpu_device_count(8, 48) == 8
+    assert parallel.cpu_device_count(7, 49) == 7
+    assert parallel.cpu_device_count(3) == 3
+
+
+def test_distributed_needs_a_coordinator():
+    with pytest.raises(
+        ValueError, match="coordinator_address must be host:port when num_processes=2"
+    ):
+        parallel.initialize("", 2, 0)
+
+
+def test_load_errors(smoke_run, tmp_path):
+    with pytest.raises(FileNotFoundError, match="must hold orbax checkpoints, got none"):
+        checkpoints.load(tmp_path)
+    with pytest.raises(ValueError, match=r"step must be one of \[56, 64\], got 3"):
+        checkpoints.load(smoke_run / "checkpoints", 3)
+
+
 def test_config_arguments():
     config = paper.get_config("task=cycle,heads=8")
     assert (config.task.name, config.model.num_heads, config.task.seq_len) == ("cycle", 8, 100)
