@@ -47,6 +47,16 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def run_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """`base_config()` with the arguments every family takes: 'task=cycle,heads=8,seed=1'."""
+    args = parse_arg(arg, task="copy", heads=4, seed=0)
+    config = base_config()
+    config.task.name = args.task
+    config.model.num_heads = args.heads
+    config.seed = args.seed
+    return config
+
+
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     """'heads=8,task=cycle' -> ConfigDict, typed like `defaults`; unknown keys are errors."""
     out = ml_collections.ConfigDict(defaults)

@@ -11,11 +11,7 @@ from beyondpar import config_lib
 
 
 def get_config(arg=None):
-    args = config_lib.parse_arg(arg, task="copy", heads=4, seed=0)
-    config = config_lib.base_config()
-    config.task.name = args.task
-    config.model.num_heads = args.heads
-    config.seed = args.seed
+    config = config_lib.run_config(arg)
     config.task.seq_len = 32
     config.task.num_train = 1000
     config.task.num_eval = 200

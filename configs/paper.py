@@ -7,9 +7,4 @@ from beyondpar import config_lib
 
 
 def get_config(arg=None):
-    args = config_lib.parse_arg(arg, task="copy", heads=4, seed=0)
-    config = config_lib.base_config()
-    config.task.name = args.task
-    config.model.num_heads = args.heads
-    config.seed = args.seed
-    return config
+    return config_lib.run_config(arg)

@@ -7,11 +7,7 @@ from beyondpar import config_lib
 
 
 def get_config(arg=None):
-    args = config_lib.parse_arg(arg, task="copy", heads=2, seed=0)
-    config = config_lib.base_config()
-    config.task.name = args.task
-    config.model.num_heads = args.heads
-    config.seed = args.seed
+    config = config_lib.run_config(f"heads=2,{arg}" if arg else "heads=2")
     config.model.update(embed_dim=16, num_layers=2, mlp_dim=32, max_len=16, vocab_size=16)
     config.task.update(seq_len=16, num_train=256, num_eval=64)
     config.optim.update(batch_size=32, num_epochs=8, learning_rate=3e-3)
