@@ -8,6 +8,7 @@ importances, the uniform mix and every head alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import traceback
@@ -20,7 +21,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from beyondpar import checkpoints, config_lib, graphs, metrics, synergy, tasks, train
+from beyondpar import checkpoints, config_lib, graphs, metrics, parallel, synergy, tasks, train
 from beyondpar import model as model_lib
 
 RECORDS_FILE = "evaluation.jsonl"
@@ -49,10 +50,11 @@ def head_importances(params, num_layers: int, num_heads: int) -> jax.Array:
     return jnp.stack([graphs.head_importance(k, num_heads) for k in kernels])
 
 
-def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:
-    """Every metric per sequence: arrays (N, L) or (N, L, H), plus accuracies (N,)."""
+@functools.partial(jax.jit, static_argnums=0)
+def _operators(module, params, inputs):
+    """Logits and, per sequence and layer, the learned mix, the uniform mix and each head."""
     cfg = module.config
-    logits, attn = model_lib.apply_with_attention(module, params, examples.inputs)
+    logits, attn = model_lib.apply_with_attention(module, params, inputs)
     attn = attn.astype(jnp.float32)
     weights = head_importances(params, cfg.num_layers, cfg.num_heads)
     operators = jnp.concatenate(
@@ -63,13 +65,29 @@ def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> di
         ],
         axis=2,
     )  # N x L x (2 + H) x T x T
+    return logits, operators, weights
+
+
+def _split_over_devices(inputs):
+    """Sequences spread over the local devices, so that the forward pass and the metric
+    kernels each work on their share without copies between devices."""
+    mesh = parallel.data_mesh(jax.local_devices())
+    if inputs.shape[0] % mesh.size:
+        return jnp.asarray(inputs)
+    return jax.device_put(np.asarray(inputs), parallel.batch_sharded(mesh))
+
+
+def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:
+    """Every metric per sequence: arrays (N, L) or (N, L, H), plus accuracies (N,)."""
+    params = jax.device_put(params, parallel.replicated(parallel.data_mesh(jax.local_devices())))
+    logits, operators, weights = _operators(module, params, _split_over_devices(examples.inputs))
     m = metrics.operator_metrics(operators, spec.horizon, spec.max_steps, spec.eps, spec.walk)
     other = WALKS[1 - WALKS.index(spec.walk)]
     other_hit = metrics.hitting_time(operators[:, :, 0], spec.max_steps, other)
     fid = m.minimax_fidelity
     amp = synergy.amplification(fid[..., 2:], fid[..., 0])
-    correct = jnp.argmax(logits, -1) == examples.targets
-    mask = examples.predictable
+    correct = np.asarray(jnp.argmax(logits, -1)) == np.asarray(examples.targets)
+    mask = np.asarray(examples.predictable)
     out = {
         "hitting_time": m.hitting_time[..., 0],
         f"hitting_time_{spec.walk}": m.hitting_time[..., 0],
@@ -83,8 +101,8 @@ def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> di
         "best_individual": amp["best_individual"],
         "gain": amp["gain"],
         "combined_wins": (amp["gain"] > 0).astype(jnp.float32),
-        "accuracy": jnp.mean(correct, -1),
-        "accuracy_predictable": jnp.sum(correct & mask, -1) / jnp.maximum(jnp.sum(mask, -1), 1),
+        "accuracy": np.mean(correct, -1),
+        "accuracy_predictable": np.sum(correct & mask, -1) / np.maximum(np.sum(mask, -1), 1),
         "head_weights": jnp.broadcast_to(weights, (examples.inputs.shape[0], *weights.shape)),
     }
     return jax.tree.map(np.asarray, out)

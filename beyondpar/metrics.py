@@ -54,11 +54,22 @@ def _operator_stats(c):
 
 
 def _spread(c):
-    """Arrays committed to one device are replicated to all local devices, so the
-    kernels' split of the batch over devices can take them."""
+    """Arrays committed to one device are split over all local devices (along the first
+    axis when it divides, else copied to each), so that the kernels can take them.
+
+    Producers that already split their batch over devices (see `evaluate`) pay nothing.
+    """
     devices = jax.local_devices()
-    if len(devices) > 1 and _checks.is_concrete(c) and getattr(c, "committed", False):
-        c = jax.device_put(c, jax.sharding.NamedSharding(Mesh(np.asarray(devices), ("data",)), P()))
+    on_one_device = (
+        _checks.is_concrete(c)
+        and getattr(c, "committed", False)
+        and len(c.sharding.device_set) == 1
+    )
+    if len(devices) > 1 and on_one_device:
+        spec = P("data") if c.ndim > 2 and c.shape[0] % len(devices) == 0 else P()
+        c = jax.device_put(
+            c, jax.sharding.NamedSharding(Mesh(np.asarray(devices), ("data",)), spec)
+        )
     return c
 
 
@@ -114,12 +125,16 @@ def _walk_columns(c, walk: str):
 
 
 def _prefix_sum_rows(c):
-    """Cumulative sum down each column as one GEMM with a triangle of ones.
+    """Cumulative sum down each column (axis -2).
 
-    XLA's CPU cumsum does O(T) work per element; a single (T x T) @ (T x N*T) product
-    runs at the matmul rate and costs less than the walk it prepares.
+    XLA's cumsum does O(T) work per element on CPU. There a running sum over the rows of
+    a cache block is cheapest; accelerators get one GEMM with a triangle of ones.
     """
     t = c.shape[-2]
+    if jax.default_backend() == "cpu":
+        rows_first = jnp.moveaxis(c, -2, 0)
+        _, summed = lax.scan(lambda acc, row: (acc + row, acc + row), rows_first[0] * 0, rows_first)
+        return jnp.moveaxis(summed, 0, -2)
     ones = jnp.tril(jnp.ones((t, t), c.dtype))
     rows_first = jnp.moveaxis(c, -2, 0)
     summed = jnp.dot(ones, rows_first.reshape(t, -1), precision=lax.Precision.HIGHEST)
