@@ -357,6 +357,30 @@ def _sink_signal(c, steps: int):
     return jnp.moveaxis(signal, 0, -2)
 
 
+def survival(c, steps: int, walk: str = "reference") -> jax.Array:
+    """S_t[i] = Pr_i(walk has not reached the sink after t steps), t = 0..steps.
+
+    Shape ...x (steps + 1) x T; the sink's column is 0. It is also the total-variation
+    distance to the absorbed state, which is what `tv_mixing_time` thresholds.
+    """
+    c, steps, walk = _walk_args(c, steps, walk)
+    return _survival(c, steps, walk)
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "walk"))
+def _survival(c, steps: int, walk: str):
+    w = _walk_columns(c, walk)
+    off_sink = 1 - jax.nn.one_hot(c.shape[-1] - 1, c.shape[-1], dtype=c.dtype)
+    s0 = jnp.broadcast_to(off_sink, c.shape[:-1])
+
+    def step(s, _):
+        s = jnp.einsum("...i,...ij->...j", s, w, precision=lax.Precision.HIGHEST) * off_sink
+        return s, s
+
+    _, rest = lax.scan(step, s0, None, length=steps)
+    return jnp.moveaxis(jnp.concatenate([s0[None], rest]), 0, -2)
+
+
 def node_fidelity(c, horizon: int = 100) -> jax.Array:
     """phi_j = max_{1<=t<=horizon} s_t[j], shape ...xT."""
     c = check_operator(c)

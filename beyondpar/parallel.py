@@ -42,6 +42,8 @@ def initialize(coordinator_address: str = "", num_processes: int = 1, process_id
     from_env = bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
     if num_processes <= 1 and not from_env:
         return False
+    if jax.distributed.is_initialized():  # a second run in the same processes
+        return True
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if num_processes > 1:
         if not coordinator_address:

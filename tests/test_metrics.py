@@ -95,6 +95,9 @@ def test_keep_or_pass_closed_form(walk):
     survival = [[binomial_cdf_below(tau - i, t, 1 - p) for i in range(tau)] for t in range(k + 1)]
     hit = sum(sum(s) for s in survival[:k]) / n
     tv = next(t for t, s in enumerate(survival) if max(s) <= eps)
+    got = np.asarray(metrics.survival(c, k, walk))
+    np.testing.assert_allclose(got[:, :tau], survival, rtol=1e-10, atol=1e-15)
+    np.testing.assert_array_equal(got[:, tau], 0.0)
     np.testing.assert_allclose(metrics.hitting_time(c, k, walk), hit, rtol=1e-12)
     assert int(metrics.tv_mixing_time(c, eps, k, walk)) == tv
     np.testing.assert_allclose(metrics.spectral_radius(c, walk), p, rtol=1e-12)
@@ -304,6 +307,7 @@ BAD_OPERATORS = [
         metrics.tv_mixing_time,
         metrics.spectral_mixing_time,
         lambda c: metrics.sink_signal(c, 3),
+        lambda c: metrics.survival(c, 3),
         lambda c: metrics.monte_carlo_hitting_time(jax.random.PRNGKey(0), c),
     ],
 )

@@ -1,0 +1,36 @@
+"""The benchmark baselines compute what the kernels compute, and the suites report."""
+
+import jax
+import numpy as np
+
+from beyondpar import benchmarks, metrics
+
+
+def test_numpy_baselines_agree_with_kernels():
+    c = benchmarks.random_causal_attention(4, (), 12, dtype=np.float64)
+    fidelity, hit = benchmarks.numpy_exact(c, k=30)
+    np.testing.assert_allclose(fidelity, metrics.minimax_fidelity(c, 30), rtol=1e-12)
+    np.testing.assert_allclose(hit, metrics.hitting_time(c, 30), rtol=1e-12)
+    paper_fidelity, paper_hit = benchmarks.paper_method(c, np.random.default_rng(0), 400, 30)
+    np.testing.assert_allclose(paper_fidelity, fidelity, rtol=1e-12)
+    _, stderr = metrics.monte_carlo_hitting_time(
+        jax.random.PRNGKey(0), c, 400, 30, return_stderr=True
+    )
+    assert abs(paper_hit - hit) < 4 * float(stderr)
+
+
+def test_flop_count_of_the_papers_step():
+    from beyondpar import model
+
+    flops = benchmarks.train_step_flops(model.ModelConfig(), batch=50, t=100)
+    assert 5.5e9 < flops < 6.5e9  # "about 6 GFLOP forward + backward"
+
+
+def test_suites_report_their_ratios(capsys):
+    r = benchmarks.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
+    assert r["matrices"] == 8 and r["speedup_vs_paper"] > 1
+    assert set(r["us_per_matrix"]) >= {"fused", "paper_method", "numpy_exact"}
+    t = benchmarks.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
+    assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith('{"devices"')
