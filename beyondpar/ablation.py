@@ -46,29 +46,29 @@ def run_name(point: dict) -> str:
     return "_".join(f"{label}-{value}" for label, value in point.items())
 
 
+def _set_field(config: ml_collections.ConfigDict, path: list[str], value, where: str) -> None:
+    """Set an existing field, cast to its type; a misspelt path is an error, never a new field."""
+    *parents, leaf = path
+    node = config
+    for name in parents:
+        node = node.get(name) if isinstance(node, ml_collections.ConfigDict) else None
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+        raise ValueError(f"{where} must name a config field, got {'.'.join(path)!r}")
+    node[leaf] = type(node[leaf])(value)
+
+
 def run_config(ablation: ml_collections.ConfigDict, point: dict) -> ml_collections.ConfigDict:
     config = load_config_file(ablation.base, ablation.base_arg or None)
     for label, value in point.items():
-        *parents, leaf = ablation.axes[label].split(".")
-        node = config
-        for name in parents:
-            node = node[name]
-        if leaf not in node:
-            raise ValueError(f"axes.{label} must name a config field, got {ablation.axes[label]!r}")
-        node[leaf] = type(node[leaf])(value)
+        _set_field(config, ablation.axes[label].split("."), value, f"axes.{label}")
     for field, value in ablation.overrides.items():
-        *parents, leaf = field.split("__")
-        node = config
-        for name in parents:
-            node = node[name]
-        node[leaf] = value
+        _set_field(config, field.split("__"), value, f"overrides.{field}")
     return config
 
 
 def is_finished(run_dir: Path, config: ml_collections.ConfigDict) -> bool:
-    total = (config.task.num_train // config.optim.batch_size) * config.optim.num_epochs
     steps = checkpoints.list_steps(run_dir / train.CHECKPOINT_DIR)
-    return bool(steps) and steps[-1] >= total
+    return bool(steps) and steps[-1] >= train.total_steps(config)
 
 
 def dry_run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike) -> list[str]:

@@ -170,7 +170,11 @@ def evaluate_checkpoint(run_dir: str | os.PathLike, step: int | None = None, roo
 def find_runs(root: str | os.PathLike) -> list[Path]:
     """Run directories under `root`: folders with config.json and a checkpoints folder."""
     root = Path(root)
-    found = {p.parent for p in root.rglob(train.CONFIG_FILE) if (p.parent / "checkpoints").is_dir()}
+    found = {
+        p.parent
+        for p in root.rglob(train.CONFIG_FILE)
+        if (p.parent / train.CHECKPOINT_DIR).is_dir()
+    }
     return sorted(found)
 
 
@@ -188,7 +192,7 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-def _pairs(root: Path, runs: list[Path], steps: str) -> Iterator[tuple[Path, int | None]]:
+def _pairs(runs: list[Path], steps: str) -> Iterator[tuple[Path, int | None]]:
     for run in runs:
         saved = checkpoints.list_steps(run / train.CHECKPOINT_DIR)
         if not saved:
@@ -215,7 +219,7 @@ def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool
     done = {(r["run"], r["step"]) for r in read_records(out)}
     todo = [
         (run, step)
-        for run, step in _pairs(root, find_runs(root), steps)
+        for run, step in _pairs(find_runs(root), steps)
         if (str(run.relative_to(root)), step) not in done
     ]
     records, failures = [], []

@@ -131,12 +131,12 @@ def _prefix_sum_rows(c):
     a cache block is cheapest; accelerators get one GEMM with a triangle of ones.
     """
     t = c.shape[-2]
+    rows_first = jnp.moveaxis(c, -2, 0)
     if jax.default_backend() == "cpu":
-        rows_first = jnp.moveaxis(c, -2, 0)
-        _, summed = lax.scan(lambda acc, row: (acc + row, acc + row), rows_first[0] * 0, rows_first)
+        running = lambda acc, row: (acc + row, acc + row)
+        _, summed = lax.scan(running, jnp.zeros_like(rows_first[0]), rows_first)
         return jnp.moveaxis(summed, 0, -2)
     ones = jnp.tril(jnp.ones((t, t), c.dtype))
-    rows_first = jnp.moveaxis(c, -2, 0)
     summed = jnp.dot(ones, rows_first.reshape(t, -1), precision=lax.Precision.HIGHEST)
     return jnp.moveaxis(summed.reshape(rows_first.shape), 0, -2)
 
@@ -345,16 +345,21 @@ def sink_signal(c, steps: int) -> jax.Array:
     return _sink_signal(c, steps)
 
 
+def _row_powers(v0, mat, steps: int, keep=1):
+    """v_t = (v_{t-1} mat) * keep for t = 1..steps, stacked on axis -2."""
+
+    def step(v, _):
+        v = jnp.einsum("...i,...ij->...j", v, mat, precision=lax.Precision.HIGHEST) * keep
+        return v, v
+
+    _, out = lax.scan(step, v0, None, length=steps)
+    return jnp.moveaxis(out, 0, -2)
+
+
 @functools.partial(jax.jit, static_argnames=("steps",))
 def _sink_signal(c, steps: int):
-    s0 = jnp.broadcast_to(jax.nn.one_hot(c.shape[-1] - 1, c.shape[-1], dtype=c.dtype), c.shape[:-1])
-
-    def step(s, _):
-        s = jnp.einsum("...i,...ij->...j", s, c, precision=lax.Precision.HIGHEST)
-        return s, s
-
-    _, signal = lax.scan(step, s0, None, length=steps)
-    return jnp.moveaxis(signal, 0, -2)
+    sink = jax.nn.one_hot(c.shape[-1] - 1, c.shape[-1], dtype=c.dtype)
+    return _row_powers(jnp.broadcast_to(sink, c.shape[:-1]), c, steps)
 
 
 def survival(c, steps: int, walk: str = "reference") -> jax.Array:
@@ -369,16 +374,10 @@ def survival(c, steps: int, walk: str = "reference") -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("steps", "walk"))
 def _survival(c, steps: int, walk: str):
-    w = _walk_columns(c, walk)
     off_sink = 1 - jax.nn.one_hot(c.shape[-1] - 1, c.shape[-1], dtype=c.dtype)
     s0 = jnp.broadcast_to(off_sink, c.shape[:-1])
-
-    def step(s, _):
-        s = jnp.einsum("...i,...ij->...j", s, w, precision=lax.Precision.HIGHEST) * off_sink
-        return s, s
-
-    _, rest = lax.scan(step, s0, None, length=steps)
-    return jnp.moveaxis(jnp.concatenate([s0[None], rest]), 0, -2)
+    rest = _row_powers(s0, _walk_columns(c, walk), steps, off_sink)
+    return jnp.concatenate([s0[..., None, :], rest], axis=-2)
 
 
 def node_fidelity(c, horizon: int = 100) -> jax.Array:

@@ -68,6 +68,11 @@ class Dataset:
         return tasks.Examples(*(np.asarray(a)[idx] for a in self.examples))
 
 
+def total_steps(config: ml_collections.ConfigDict) -> int:
+    """Updates in a whole run: full batches per epoch times epochs."""
+    return (config.task.num_train // config.optim.batch_size) * config.optim.num_epochs
+
+
 def make_datasets(config: ml_collections.ConfigDict) -> tuple[Dataset, tasks.Examples]:
     t, k = config.task, keys(config.seed)
     make = functools.partial(
@@ -205,7 +210,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tx = optax.adam(config.optim.learning_rate)
     k = keys(config.seed)
     train_set, eval_set = make_datasets(config)
-    total_steps = train_set.steps_per_epoch * config.optim.num_epochs
+    last_step = total_steps(config)
     state = jax.device_put(
         create_state(module, k["init"], tx, config.task.seq_len), parallel.replicated(mesh)
     )
@@ -222,19 +227,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     pending, last_saved, t0 = [], (start or None), time.perf_counter()
     bar = tqdm.tqdm(
-        total=total_steps,
+        total=last_step,
         initial=start,
         desc=f"{config.task.name} H={config.model.num_heads}",
         disable=not (main and config.progress_bar),
         unit="step",
     )
-    for step in range(start, total_steps):
+    for step in range(start, last_step):
         batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(step)))
         state, loss = train_step(state, batch)
         pending.append((step + 1, loss))
         done = step + 1
         boundary = [done % n == 0 for n in (config.log_every_steps, config.eval_every_steps)]
-        save_now = done % config.checkpoint_every_steps == 0 or done == total_steps
+        save_now = done % config.checkpoint_every_steps == 0 or done == last_step
         if not (any(boundary) or save_now):
             continue
         losses = _check_finite(pending, last_saved)
@@ -243,7 +248,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             "steps_per_s": len(pending) / (time.perf_counter() - t0),
         }
         pending, t0 = [], time.perf_counter()
-        if boundary[1] or done == total_steps:
+        if boundary[1] or done == last_step:
             result = evaluate_split(
                 eval_step, state["params"], eval_set, config.optim.batch_size, mesh
             )
@@ -253,10 +258,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             )
         writer.write(done, values)
         if save_now:
-            checkpoints.save(mgr, done, state, force=done == total_steps)
+            checkpoints.save(mgr, done, state, force=done == last_step)
             last_saved = done
         bar.update(len(losses))
-    bar.n = total_steps
+    bar.n = last_step
     bar.close()
     mgr.close()
     return state

@@ -80,6 +80,10 @@ def test_bad_grid():
         ValueError, match=r"axes.heads must name a config field, got 'model.num_head'"
     ):
         ablation.run_config(config, {"heads": 2})
+    config = smoke_ablation()
+    config.overrides.optim__num_epoch = 1
+    with pytest.raises(ValueError, match=r"overrides.optim__num_epoch must name a config field"):
+        ablation.run_config(config, {"heads": 2})
     with pytest.raises(FileNotFoundError, match="base config must be an existing file"):
         ablation.load_config_file("configs/nope.py")
 
