@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, evaluate, tasks, train
+from beyondpar import checkpoints, evaluate, graphs, metrics, tasks, train
+from beyondpar import model as model_lib
 from configs import smoke
 from conftest import DATA
 
@@ -134,3 +135,38 @@ def test_bad_steps_argument(tmp_path):
 def test_committed_arrays_are_accepted():
     c = jax.device_put(np.eye(4)[[0, 0, 1, 2]], jax.devices()[1])
     assert np.isfinite(float(evaluate.metrics.hitting_time(c, 10)))
+
+
+@pytest.mark.parametrize("walk", ["reference", "normalized"])
+def test_every_record_field_is_the_kernel_on_the_operator_it_names(walk):
+    """Fields of the learned mix come from the learned mix, per-head fields from each head;
+    the normalised walk shows TV mixing unsaturated, so a field from the wrong operator
+    cannot agree by accident."""
+    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    expected = dict(np.load(DATA / "4_heads_copy.expected.npz"))
+    examples = tasks.label("copy", expected["tokens"], module.config.vocab_size)
+    spec = evaluate.EvalSpec(walk=walk, horizon=60, max_steps=80, eps=0.3)
+    got = evaluate.per_sequence(module, params, examples, spec)
+    _, attn = model_lib.apply_with_attention(module, params, expected["tokens"])
+    attn = np.asarray(attn, np.float64)
+    learned = graphs.combine_heads(attn, expected["head_weights"][None])
+    other = "normalized" if walk == "reference" else "reference"
+    kernels = {
+        "fidelity": metrics.minimax_fidelity(learned, 60),
+        "fidelity_uniform": metrics.minimax_fidelity(graphs.combine_heads(attn), 60),
+        "fidelity_per_head": metrics.minimax_fidelity(attn, 60),
+        "hitting_time": metrics.hitting_time(learned, 80, walk),
+        f"hitting_time_{walk}": metrics.hitting_time(learned, 80, walk),
+        f"hitting_time_{other}": metrics.hitting_time(learned, 80, other),
+        "tv_mixing_time": metrics.tv_mixing_time(learned, 0.3, 80, walk),
+        "spectral_radius": metrics.spectral_radius(learned, walk),
+        "spectral_mixing_time": metrics.spectral_mixing_time(learned, 0.3, 80, walk),
+    }
+    for name, value in kernels.items():
+        np.testing.assert_allclose(got[name], value, rtol=2e-4, atol=1e-6, err_msg=name)
+    if walk == "normalized":  # unsaturated: the fields can tell operators apart
+        uniform = graphs.combine_heads(attn)
+        uniform_tv = metrics.tv_mixing_time(uniform, 0.3, 80, walk)
+        assert np.any(np.asarray(got["tv_mixing_time"]) != np.asarray(uniform_tv))
+        uniform_hit = metrics.hitting_time(uniform, 80, walk)
+        assert np.abs(np.asarray(got["hitting_time"]) - np.asarray(uniform_hit)).max() > 1e-3

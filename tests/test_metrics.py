@@ -16,10 +16,35 @@ WALKS = metrics.WALKS
 # ---------------------------------------------------------------- brute force
 
 
+def walk_by_definition(c: np.ndarray, walk: str) -> np.ndarray:
+    """The forward walk P (rows: from key i) built from DESIGN.md's words, token by token,
+    independently of `metrics.transition_matrix`."""
+    t = len(c)
+    tau = t - 1
+    p = np.zeros((t, t))
+    p[tau, tau] = 1.0  # the sink is absorbing
+    for i in range(tau):
+        column = c[:, i]
+        if walk == "normalized":
+            mass = column.sum()
+            if mass > 0:
+                p[i] = column / mass
+            else:
+                p[i, tau] = 1.0
+            continue
+        previous = 0.0
+        for j in range(t):
+            clipped = min(1.0, float(column[: j + 1].sum()))
+            p[i, j] = clipped - previous
+            previous = clipped
+        p[i, tau] += 1.0 - previous
+    return p
+
+
 def brute_force(c: np.ndarray, k: int, walk: str, eps: float = 0.25):
     """Every metric by explicit matrix powers, one matrix at a time."""
     c = np.asarray(c, np.float64)
-    p = np.asarray(metrics.transition_matrix(c, walk), np.float64)
+    p = walk_by_definition(c, walk)
     q = p[:-1, :-1]
     powers = [np.linalg.matrix_power(c, t)[-1] for t in range(1, k + 1)]
     survival = [np.append(np.linalg.matrix_power(q, t) @ np.ones(len(q)), 0) for t in range(k + 1)]
@@ -55,6 +80,14 @@ def test_kernels_match_matrix_powers(walk, kind):
         assert int(got.tv_mixing_time[i]) == tv
         np.testing.assert_allclose(metrics.hitting_time(c, k, walk), hit, rtol=1e-12)
         np.testing.assert_allclose(metrics.node_fidelity(c, k), phi, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_transition_matrix_follows_the_definition(walk):
+    for c in [bidirectional(4, 9), causal(4, (), 9)]:
+        np.testing.assert_allclose(
+            metrics.transition_matrix(c, walk), walk_by_definition(c, walk), atol=1e-14
+        )
 
 
 def test_sink_signal_is_last_row_of_powers():
@@ -175,6 +208,26 @@ def test_deterministic_path_has_zero_spectral_radius():
         assert int(metrics.tv_mixing_time(c, walk=walk)) == n - 1
 
 
+@pytest.mark.parametrize("walk", WALKS)
+def test_tv_threshold_includes_eps(walk):
+    """Survival from token 0 is 1/2^t: exactly eps = 1/4 at t = 2, which counts as mixed."""
+    c = np.full((2, 2), 0.5)
+    assert int(metrics.tv_mixing_time(c, 0.25, 10, walk)) == 2
+    assert int(metrics.operator_metrics(c, 5, 10, 0.25, walk).tv_mixing_time) == 2
+
+
+@pytest.mark.parametrize("walk,rho", [("reference", 0.42426407), ("normalized", 0.67082039)])
+def test_spectral_radius_of_periodic_non_triangular_walk(walk, rho):
+    """Q has a two-cycle (0 <-> 1) with eigenvalues +-rho: power iteration without a shift
+    oscillates. Q = [[0, .2], [.9, 0]] (reference) and [[0, .5], [.9, 0]] (normalised):
+    rho = sqrt(.2 * .9) and sqrt(.5 * .9)."""
+    c = np.array([[0, 0.9, 0.1], [0.2, 0, 0.8], [0.2, 0.1, 0.7]])
+    q = walk_by_definition(c, walk)[:-1, :-1]
+    np.testing.assert_allclose(max(abs(np.linalg.eigvals(q))), rho, rtol=1e-7)
+    np.testing.assert_allclose(metrics.spectral_radius(c, walk), rho, rtol=1e-7)
+    np.testing.assert_allclose(metrics.operator_metrics(c, walk=walk).spectral_radius, rho, 1e-7)
+
+
 def test_transition_rows_sum_to_one():
     for walk in WALKS:
         for c in [bidirectional(0, 8), benchmarks.random_causal_attention(0, (), 8)]:
@@ -263,6 +316,18 @@ def monte_carlo_agrees(key, c, walk):
     assert np.all(stderr > 0)
     z = np.abs(np.asarray(mean) - np.asarray(exact)) / np.asarray(stderr)
     assert np.all(z < 4), z
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_monte_carlo_counts_every_step_of_a_capped_chain(walk):
+    """A deterministic chain of 8 tokens capped at 5 steps: starts need 7..0 steps, capped
+    to 5,5,5,4,3,2,1,0, mean 25/8. Every walk is exact, so one step more or less shows."""
+    c = keep_or_pass_cycle(8, 0.0)
+    mean, stderr = metrics.monte_carlo_hitting_time(
+        jax.random.PRNGKey(0), c, num_walks=7, max_steps=5, walk=walk, return_stderr=True
+    )
+    assert float(mean) == float(metrics.hitting_time(c, 5, walk)) == 25 / 8
+    assert float(stderr) == 0.0
 
 
 @pytest.mark.parametrize("walk", WALKS)

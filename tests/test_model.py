@@ -96,3 +96,14 @@ def test_sequence_longer_than_positions():
     module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
     with pytest.raises(ValueError, match="sequence length must be <= max_len=12, got 13"):
         module.init(jax.random.PRNGKey(0), jnp.zeros((1, 13), jnp.int32))
+
+
+def test_norm_eps_reaches_the_norms():
+    """A large epsilon damps every RMSNorm: the logits move far beyond float rounding
+    (parity tests cannot tell 1e-6 from float32 epsilon)."""
+    small = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
+    large = model.Transformer(model.ModelConfig(num_heads=2, norm_eps=10.0, **SMALL))
+    params = model.init_params(small, jax.random.PRNGKey(0), 8)
+    tokens = jnp.arange(8)[None] % 11
+    diff = np.abs(small.apply({"params": params}, tokens) - large.apply({"params": params}, tokens))
+    assert diff.max() > 1e-2, diff.max()

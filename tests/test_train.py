@@ -260,3 +260,82 @@ def test_train_cli_rejects_misspelt_override(tmp_path):
     assert result.returncode != 0
     assert "learnin_rate" in result.stderr
     assert not (tmp_path / "config.json").exists()
+
+
+def test_batch_order_changes_between_epochs_and_depends_on_seed_and_step():
+    config = smoke.get_config()
+    train_set, _ = train.make_datasets(config)
+    per_epoch = train_set.steps_per_epoch
+    first = np.concatenate([train_set.indices(s) for s in range(per_epoch)])
+    second = np.concatenate([train_set.indices(s) for s in range(per_epoch, 2 * per_epoch)])
+    assert sorted(first) == sorted(second) == list(range(per_epoch * config.optim.batch_size))
+    assert not np.array_equal(first, second)
+    again, _ = train.make_datasets(config)  # a new process: same order for the same step
+    np.testing.assert_array_equal(again.indices(per_epoch + 1), train_set.indices(per_epoch + 1))
+
+
+def test_dropout_masks_change_with_the_step():
+    """Learning rate 0: the parameters never move, so only dropout makes losses differ."""
+    config = smoke.get_config()
+    mesh = parallel.data_mesh()
+    module = model_lib.Transformer(config_lib.model_config(config))
+    tx = optax.sgd(0.0)
+    state = train.create_state(module, jax.random.PRNGKey(0), tx, 16)
+    train_set, _ = train.make_datasets(config)
+    batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
+    step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(1))
+    losses = []
+    for _ in range(3):
+        state, loss = step(state, batch)
+        losses.append(float(loss))
+    assert len(set(losses)) == 3, losses
+    replay = train.create_state(module, jax.random.PRNGKey(0), tx, 16)
+    _, loss = step(replay, batch)
+    assert float(loss) == losses[0]
+
+
+def test_resume_drops_lines_logged_after_the_last_checkpoint(tmp_path, monkeypatch):
+    """Killed after the step-12 log line but before the step-16 checkpoint: on resume from
+    step 8 every step is logged exactly once."""
+    config = smoke.get_config()
+    config.log_every_steps = 4
+    real_write = train.MetricsWriter.write
+
+    def write_then_die(self, step, values):
+        real_write(self, step, values)
+        if step == 12:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train.MetricsWriter, "write", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(config, str(tmp_path))
+    monkeypatch.setattr(train.MetricsWriter, "write", real_write)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [4, 8, 12]
+    train.train_and_evaluate(config, str(tmp_path))
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(4, 65, 4))
+
+
+def test_evaluate_split_is_independent_of_batch_size():
+    """50 sequences in batches of 8, 12, 16 and 64 (all padded) give one answer."""
+    config = smoke.get_config()
+    mesh = parallel.data_mesh()
+    module = model_lib.Transformer(config_lib.model_config(config))
+    params = model_lib.init_params(module, jax.random.PRNGKey(0), 16)
+    examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 50, 16, 16)
+    examples = tasks.Examples(*(np.asarray(a) for a in examples))
+    logits = np.asarray(module.apply({"params": params}, examples.inputs), np.float64)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    targets = np.asarray(examples.targets)
+    nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    correct = logits.argmax(-1) == targets
+    mask = np.asarray(examples.predictable)
+    expected = {
+        "loss": nll.mean(),
+        "accuracy": correct.mean(),
+        "accuracy_predictable": (correct & mask).sum() / mask.sum(),
+    }
+    eval_step = train.make_eval_step(module, mesh)
+    for batch_size in (8, 12, 16, 64):
+        got = train.evaluate_split(eval_step, params, examples, batch_size, mesh)
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=f"{name} {batch_size}")
