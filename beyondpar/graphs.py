@@ -89,3 +89,65 @@ def dag_operator(
         empty = np.flatnonzero(sums == 0).tolist()
         raise ValueError(f"every node needs an incoming edge or self-loop, got none for {empty}")
     return jnp.asarray(adj / sums[:, None], dtype=jnp.result_type(float))
+
+
+def _check_rollout(attn, weights, residual):
+    a = _checks.as_float_array("attn", attn)
+    if a.ndim < 4:
+        raise ValueError(f"attn must have shape (..., L, H, T, T), got shape {a.shape}")
+    if isinstance(residual, bool) or not (
+        isinstance(residual, (int, float, np.floating)) and 0.0 <= residual <= 1.0
+    ):
+        raise ValueError(f"residual must be a number in [0, 1], got {residual!r}")
+    if weights is not None:
+        w = _checks.as_float_array("weights", weights)
+        if w.ndim < 2 or w.shape[-2:] != a.shape[-4:-2]:
+            raise ValueError(
+                f"weights must have shape (..., L, H) = (..., {a.shape[-4]}, {a.shape[-3]}), "
+                f"got shape {w.shape}"
+            )
+    return a
+
+
+def layer_operators(attn, weights=None, residual: float = 0.5) -> jax.Array:
+    """A~_l = residual * I + (1 - residual) * C_l for every layer: ...xLxTxT."""
+    a = _check_rollout(attn, weights, residual)
+    mixed = combine_heads(a, weights)
+    eye = jnp.eye(a.shape[-1], dtype=mixed.dtype)
+    return residual * eye + (1.0 - residual) * mixed
+
+
+def rollout(attn, weights=None, residual: float = 0.5) -> jax.Array:
+    """Attention rollout R = A~_L ... A~_1 of attention `...xLxHxTxT` (Abnar & Zuidema 2020).
+
+    Each layer's heads are mixed (uniform weights when None, else `...xLxH`) and the
+    residual stream is added as `residual * I`; rows stay stochastic. R[i, j] is token
+    j's share in position i after the whole network.
+    """
+    return _rollout(layer_operators(attn, weights, residual))
+
+
+@jax.jit
+def _rollout(ops_LxTxT):
+    ops = jnp.moveaxis(ops_LxTxT, -3, 0)
+    eye = jnp.broadcast_to(jnp.eye(ops.shape[-1], dtype=ops.dtype), ops.shape[1:])
+    step = lambda r, op: (jnp.matmul(op, r, precision=jax.lax.Precision.HIGHEST), None)
+    return jax.lax.scan(step, eye, ops)[0]
+
+
+def rollout_sink(attn, weights=None, residual: float = 0.5) -> jax.Array:
+    """The sink's row e_tau^T R of the rollout, as L vector-matrix products (O(L T^2)):
+    each token's share in what the last position holds after the whole network."""
+    return _rollout_sink(layer_operators(attn, weights, residual))
+
+
+@jax.jit
+def _rollout_sink(ops_LxTxT):
+    ops = jnp.moveaxis(ops_LxTxT, -3, 0)[::-1]  # e_tau^T A~_L first, A~_1 last
+    t = ops.shape[-1]
+    sink = jnp.broadcast_to(jax.nn.one_hot(t - 1, t, dtype=ops.dtype), ops.shape[1:-1])
+    step = lambda v, op: (
+        jnp.einsum("...i,...ij->...j", v, op, precision=jax.lax.Precision.HIGHEST),
+        None,
+    )
+    return jax.lax.scan(step, sink, ops)[0]

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from beyondpar import benchmarks, graphs
+from conftest import DATA
 
 
 def test_combine_heads_is_weighted_mean():
@@ -60,3 +61,61 @@ def test_dag_operator_rows_are_receivers():
 def test_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# ---------------------------------------------------------------- rollout
+
+
+def numpy_rollout(attn_LxHxTxT, weights_LxH, residual):
+    t = attn_LxHxTxT.shape[-1]
+    r = np.eye(t)
+    for a, w in zip(attn_LxHxTxT, weights_LxH, strict=True):
+        mixed = np.einsum("h,hij->ij", w / w.sum(), a)
+        r = (residual * np.eye(t) + (1 - residual) * mixed) @ r
+    return r
+
+
+def test_rollout_of_identity_attention_is_identity():
+    attn = np.broadcast_to(np.eye(6), (3, 2, 6, 6))
+    np.testing.assert_array_equal(graphs.rollout(attn), np.eye(6))
+    np.testing.assert_array_equal(graphs.rollout_sink(attn), np.eye(6)[-1])
+
+
+def test_one_layer_without_residual_is_the_mixed_heads():
+    attn = benchmarks.random_causal_attention(0, (1, 3), 7, dtype=np.float64)
+    w = np.array([[1.0, 2.0, 5.0]])
+    np.testing.assert_allclose(
+        graphs.rollout(attn, w, residual=0.0), graphs.combine_heads(attn[0], w[0]), rtol=1e-14
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
+def test_rollout_matches_numpy_on_pretrained_attention(name):
+    attn = np.load(DATA / "hf" / name / "expected.npz")["attention"].astype(np.float64)
+    rng = np.random.default_rng(1)
+    weights = rng.random(attn.shape[1:3])
+    for residual in (0.0, 0.3, 0.5):
+        got = graphs.rollout(attn, weights, residual)
+        for b in range(attn.shape[0]):
+            ref = numpy_rollout(attn[b], weights, residual)
+            np.testing.assert_allclose(got[b], ref, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(np.sum(got, -1), 1.0, rtol=1e-6)  # float32 rows: stochastic
+        sink = graphs.rollout_sink(attn, weights, residual)
+        np.testing.assert_allclose(sink, got[..., -1, :], rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda a: graphs.rollout(a[0]), r"attn must have shape \(..., L, H, T, T\)"),
+        (lambda a: graphs.rollout(a, residual=1.5), "residual must be a number in"),
+        (
+            lambda a: graphs.rollout_sink(a, np.ones((2, 3))),
+            r"weights must have shape \(..., L, H\) = \(..., 2, 4\), got shape \(2, 3\)",
+        ),
+    ],
+)
+def test_bad_rollout_arguments(call, message):
+    attn = np.broadcast_to(np.eye(5), (2, 4, 5, 5))
+    with pytest.raises(ValueError, match=message):
+        call(attn)

@@ -1,0 +1,25 @@
+"""Reading config.json fields with errors that name the field, the file and the value."""
+
+from __future__ import annotations
+
+
+def field(config: dict, name: str, kind=int, default=...):
+    """config[name] as `kind`; a missing field without default, or a bad value, is an error."""
+    if name not in config or config[name] is None:
+        if default is ...:
+            raise ValueError(f"config.json must set {name!r}, got no value")
+        return default
+    value = config[name]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"config.json field {name!r} must be an integer >= 1, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"config.json field {name!r} must be a number, got {value!r}")
+    return kind(value)
+
+
+def one_of(name: str, value, choices) -> str:
+    if value not in choices:
+        raise ValueError(
+            f"config.json field {name!r} must be one of {sorted(choices)}, got {value!r}"
+        )
+    return value

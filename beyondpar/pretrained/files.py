@@ -1,0 +1,107 @@
+"""Checkpoint folders on disk: cache lookup, config.json, safetensors shards, tokenizer.json.
+
+Nothing is downloaded. A model name is looked up in the local Hugging Face cache, laid
+out as `models--org--name/refs/main` (a commit hash) -> `snapshots/<hash>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+def hub_cache() -> Path:
+    """$HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def resolve(path_or_name: str | os.PathLike) -> Path:
+    """The checkpoint folder of a path, or of a model name in the local cache."""
+    path = Path(path_or_name).expanduser()
+    if path.is_dir():
+        return path
+    name = str(path_or_name)
+    if path.exists() or not _NAME.match(name):
+        raise FileNotFoundError(
+            f"path_or_name must be a checkpoint folder or a model name, got {name!r}"
+        )
+    repo = hub_cache() / f"models--{name.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    snapshot = repo / "snapshots" / ref.read_text().strip() if ref.is_file() else None
+    if snapshot is None or not snapshot.is_dir():
+        raise FileNotFoundError(
+            f"model {name!r} is neither a folder nor in the local Hugging Face cache: looked for "
+            f"{ref} -> {repo / 'snapshots'}/<hash>/ (cache set by HF_HUB_CACHE or HF_HOME); "
+            "nothing is downloaded, see the README for getting weights into the cache"
+        )
+    return snapshot
+
+
+def read_config(folder: Path) -> dict:
+    path = folder / CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint folder must hold {CONFIG}, got none in {folder}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+
+
+def shard_files(folder: Path) -> dict[str, Path]:
+    """tensor name -> file holding it: one model.safetensors or the shards of the index."""
+    index = folder / INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = {name: folder / file for name, file in weight_map.items()}
+        missing = sorted({str(p.name) for p in shards.values() if not p.is_file()})
+        if missing:
+            raise FileNotFoundError(f"{INDEX} in {folder} lists shards that are absent: {missing}")
+        return shards
+    single = folder / WEIGHTS
+    if not single.is_file():
+        raise FileNotFoundError(
+            f"checkpoint folder must hold {WEIGHTS} or {INDEX} with its shards, "
+            f"got neither in {folder}"
+        )
+    from safetensors import safe_open
+
+    with safe_open(single, framework="numpy") as f:
+        return {name: single for name in f.keys()}  # noqa: SIM118 - not a dict
+
+
+def read_tensors(shards: dict[str, Path], names) -> dict[str, np.ndarray]:
+    """The named tensors in their stored dtype (bf16 stays bf16), each shard opened once."""
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(shards[name], []).append(name)
+    out = {}
+    for path, wanted in by_file.items():
+        with safe_open(path, framework="numpy") as f:
+            for name in wanted:
+                out[name] = f.get_tensor(name)
+    return out
+
+
+def read_tokenizer(folder: Path):
+    path = folder / TOKENIZER
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint folder must hold {TOKENIZER}, got none in {folder}")
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
