@@ -163,9 +163,10 @@ def _block_size() -> int | None:
     return CPU_BLOCK if jax.default_backend() == "cpu" else None
 
 
-def _map_batch(block_fn, c_NxTxT):
-    """Apply `block_fn` (b x T x T -> pytree of b x ...) over N operators in cache blocks
-    and across local devices; padding uses identity operators and is dropped."""
+def _map_batch(block_fn, c_NxTxT, *extras):
+    """Apply `block_fn` (b x T x T [, b x ...] -> pytree of b x ...) over N operators in cache
+    blocks and across local devices; `extras` are arrays with the same leading N that travel
+    with their operator. Padding uses identity operators (zero extras) and is dropped."""
     n, t = c_NxTxT.shape[0], c_NxTxT.shape[-1]
     mesh = _local_mesh(n)
     devices = 1 if mesh is None else mesh.size
@@ -176,28 +177,39 @@ def _map_batch(block_fn, c_NxTxT):
     if padded > n:
         pad = jnp.broadcast_to(jnp.eye(t, dtype=c_NxTxT.dtype), (padded - n, t, t))
         c_NxTxT = jnp.concatenate([c_NxTxT, pad])
+        extras = tuple(
+            jnp.concatenate([x, jnp.zeros((padded - n, *x.shape[1:]), x.dtype)]) for x in extras
+        )
 
-    def run_local(c_local):
-        if c_local.shape[0] == block:
-            return block_fn(c_local)
-        out = lax.map(block_fn, c_local.reshape(-1, block, t, t))
+    def run_local(*arrays):
+        if arrays[0].shape[0] == block:
+            return block_fn(*arrays)
+        blocks = tuple(x.reshape(-1, block, *x.shape[1:]) for x in arrays)
+        out = lax.map(lambda xs: block_fn(*xs), blocks)
         return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
 
     if mesh is not None:
         run_local = jax.shard_map(
-            run_local, mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False
+            run_local,
+            mesh=mesh,
+            in_specs=(P("data"),) * (1 + len(extras)),
+            out_specs=P("data"),
+            check_vma=False,
         )
-    out = run_local(c_NxTxT)
+    out = run_local(c_NxTxT, *extras)
     return jax.tree.map(lambda x: x[:n], out)
 
 
-def _batched(block_fn, c):
-    """Flatten leading dimensions of `c`, run `_map_batch`, restore them."""
+def map_blocks(block_fn, c, *extras):
+    """Run `block_fn` over the operators `c` (...xTxT) in cache blocks spread over local
+    devices, as the kernels do; `extras` (... x anything) travel with their operator.
+    For code built on the kernels' batching (see `weighting`)."""
     lead = c.shape[:-2]
     flat = c.reshape(-1, *c.shape[-2:])
     if flat.shape[0] == 0:
         raise ValueError(f"c must hold at least one matrix, got shape {c.shape}")
-    out = _map_batch(block_fn, flat)
+    extras = tuple(x.reshape(flat.shape[0], *x.shape[len(lead) :]) for x in extras)
+    out = _map_batch(block_fn, flat, *extras)
     return jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), out)
 
 
@@ -294,7 +306,7 @@ def _sweep(
     fn = functools.partial(
         _sweep_block, horizon=horizon, walk=walk, max_steps=max_steps, eps=eps, spectral=spectral
     )
-    return _batched(fn, c)
+    return map_blocks(fn, c)
 
 
 # ---------------------------------------------------------------- spectral
@@ -345,7 +357,7 @@ def sink_signal(c, steps: int) -> jax.Array:
     return _sink_signal(c, steps)
 
 
-def _row_powers(v0, mat, steps: int, keep=1):
+def row_powers(v0, mat, steps: int, keep=1):
     """v_t = (v_{t-1} mat) * keep for t = 1..steps, stacked on axis -2."""
 
     def step(v, _):
@@ -359,7 +371,7 @@ def _row_powers(v0, mat, steps: int, keep=1):
 @functools.partial(jax.jit, static_argnames=("steps",))
 def _sink_signal(c, steps: int):
     sink = jax.nn.one_hot(c.shape[-1] - 1, c.shape[-1], dtype=c.dtype)
-    return _row_powers(jnp.broadcast_to(sink, c.shape[:-1]), c, steps)
+    return row_powers(jnp.broadcast_to(sink, c.shape[:-1]), c, steps)
 
 
 def survival(c, steps: int, walk: str = "reference") -> jax.Array:
@@ -376,7 +388,7 @@ def survival(c, steps: int, walk: str = "reference") -> jax.Array:
 def _survival(c, steps: int, walk: str):
     off_sink = 1 - jax.nn.one_hot(c.shape[-1] - 1, c.shape[-1], dtype=c.dtype)
     s0 = jnp.broadcast_to(off_sink, c.shape[:-1])
-    rest = _row_powers(s0, _walk_columns(c, walk), steps, off_sink)
+    rest = row_powers(s0, _walk_columns(c, walk), steps, off_sink)
     return jnp.concatenate([s0[..., None, :], rest], axis=-2)
 
 

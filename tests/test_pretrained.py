@@ -6,7 +6,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -119,7 +118,7 @@ def test_model_name_resolves_in_the_local_cache(tmp_path, monkeypatch):
 
 def test_bf16_stays_bf16_and_attention_is_float32(tmp_path):
     def to_bf16(weights):
-        return {k: v.astype(ml_dtypes.bfloat16) for k, v in weights.items()}
+        return {k: v.astype(jnp.bfloat16) for k, v in weights.items()}
 
     folder = copy_checkpoint("llama-tiny", tmp_path, tensors=to_bf16)
     module, params, _ = pretrained.load(folder)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import benchmarks, metrics, synergy, worked_example
+from beyondpar import benchmarks, graphs, metrics, synergy, worked_example
 
 
 def test_example2_pair_synergy():
@@ -27,3 +27,136 @@ def test_pairwise_synergy_batches_and_matches_amplification():
         np.testing.assert_allclose(got[b, 0, 2], amp["gain"], rtol=1e-12)
     with pytest.raises(ValueError, match=r"attn must have shape \(\.\.\., H, T, T\)"):
         synergy.pairwise_synergy(np.eye(3))
+
+
+def example2_heads():
+    ops = worked_example.operators()
+    return jnp.stack([ops["head1"], ops["head2"]])
+
+
+def test_example2_head_diversity():
+    """Rows of the two heads differ by 0 (u), 1/2 (v), 1/3 (w), 1/3 (tau)."""
+    np.testing.assert_allclose(synergy.head_diversity(example2_heads()), 7 / 24, rtol=1e-12)
+    same = jnp.stack([example2_heads()[0]] * 3)
+    np.testing.assert_allclose(synergy.head_diversity(same), 0.0)
+    disjoint = np.stack([np.eye(3), np.eye(3)[[0, 0, 1]]])  # rows 1, 2 disjoint
+    np.testing.assert_allclose(synergy.head_diversity(disjoint), 2 / 3)
+    np.testing.assert_allclose(synergy.head_diversity(example2_heads()[:1]), 0.0)
+
+
+def test_example2_cross_head_share():
+    """Token v peaks at t = 3 with 0.44965, of which single-head paths carry 0.13021."""
+    share = np.asarray(synergy.cross_head_share(example2_heads(), jnp.array([0.5, 0.5])))
+    np.testing.assert_allclose(share[1], 1 - 0.13020833333 / 0.44965277777, rtol=1e-9)
+    np.testing.assert_allclose(share[1], 0.71042, atol=1e-5)
+    np.testing.assert_array_equal(share[2:], 0.0)  # w and tau peak at t = 1: one edge
+
+
+def test_cross_head_share_is_zero_for_one_head_and_batches():
+    attn = benchmarks.random_causal_attention(3, (2, 3), 8, dtype=np.float64)
+    one = synergy.cross_head_share(attn, np.array([0.0, 1.0, 0.0]), 30)
+    np.testing.assert_allclose(one, 0.0, atol=1e-12)
+    w = np.array([[1.0, 2.0, 3.0], [3.0, 1.0, 1.0]])
+    got = synergy.cross_head_share(attn, w, 30)
+    for b in range(2):
+        mixed = np.einsum("h,hij->ij", w[b] / w[b].sum(), attn[b])
+        signal = np.stack([np.linalg.matrix_power(mixed, t)[-1] for t in range(1, 31)])
+        single = np.stack(
+            [
+                sum(
+                    (w[b, h] / w[b].sum()) ** t * np.linalg.matrix_power(attn[b, h], t)[-1]
+                    for h in range(3)
+                )
+                for t in range(1, 31)
+            ]
+        )
+        peak = signal.argmax(0)
+        cols = np.arange(8)
+        expected = 1 - single[peak, cols] / signal[peak, cols]
+        np.testing.assert_allclose(got[b], expected, rtol=1e-9, atol=1e-12)
+
+
+def test_example2_optimal_fidelity_matches_a_fine_grid():
+    heads = example2_heads()
+    beta = np.arange(0, 1 + 1e-12, 1e-5)
+    grid = metrics.minimax_fidelity(
+        np.einsum("b,hij->bhij", beta, heads)[:, 0] + np.einsum("b,ij->bij", 1 - beta, heads[1]),
+        100,
+    )
+    best = float(np.max(grid))
+    np.testing.assert_allclose(best, 0.429788, atol=1e-6)
+    weights, value = synergy.optimal_weights(heads, "fidelity")
+    assert abs(float(value) - best) < 1e-4
+    np.testing.assert_allclose(weights[0], 0.5787, atol=2e-3)
+    np.testing.assert_allclose(
+        metrics.minimax_fidelity(graphs.combine_heads(heads, weights)), value, rtol=1e-12
+    )  # the value is the exact metric
+
+
+@pytest.mark.parametrize(
+    "walk,head1,head2,mix,best",
+    [
+        ("normalized", 3.25, 2.875, 3.0357142857, 2.875),
+        ("reference", 26.5, 50.375, 26.857142857, 26.5),
+    ],
+)
+def test_example2_optimal_hitting_time_is_the_fastest_head(walk, head1, head2, mix, best):
+    heads = example2_heads()
+    ops = jnp.concatenate([heads, graphs.combine_heads(heads)[None]])
+    np.testing.assert_allclose(metrics.hitting_time(ops, 100, walk), [head1, head2, mix], rtol=1e-9)
+    weights, value = synergy.optimal_weights(heads, "hitting_time", walk)
+    np.testing.assert_allclose(value, best, rtol=1e-9)
+    np.testing.assert_allclose(weights, np.eye(2)[int(best == head2)], atol=1e-6)
+
+
+def test_optimal_weights_never_lose_to_a_start_and_batch_over_layers():
+    attn = benchmarks.random_causal_attention(5, (2, 3, 4), 10, scale=4.0, dtype=np.float64)
+    init = np.array([[1.0, 2.0, 3.0, 4.0], [4.0, 1.0, 1.0, 1.0]])
+    weights, value = synergy.optimal_weights(attn, init=init, horizon=30, steps=30)
+    assert weights.shape == (2, 4) and value.shape == (2,)
+    for layer in range(2):
+        a = attn[layer]
+        fid = lambda w, a=a: float(
+            np.mean(metrics.minimax_fidelity(graphs.combine_heads(a, w), 30))
+        )
+        np.testing.assert_allclose(fid(weights[layer]), value[layer], rtol=1e-12)
+        starts = [np.full(4, 0.25), init[layer], *np.eye(4)]
+        assert value[layer] >= max(fid(w) for w in starts) - 1e-15
+        one, v1 = synergy.optimal_weights(a, init=init[layer], horizon=30, steps=30)
+        np.testing.assert_allclose(v1, value[layer], rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda a: synergy.optimal_weights(a, "speed"),
+            r"objective must be one of \('fidelity', 'hitting_time'\), got 'speed'",
+        ),
+        (lambda a: synergy.optimal_weights(a, walk="lazy"), "walk must be one of"),
+        (lambda a: synergy.optimal_weights(a, horizon=0), "horizon must be an integer >= 1, got 0"),
+        (
+            lambda a: synergy.optimal_weights(a, init=[1.0]),
+            "weights must have last dimension num_heads=2",
+        ),
+        (lambda a: synergy.optimal_weights(a, init=[-1.0, 2.0]), "weights must be non-negative"),
+        (lambda a: synergy.optimal_weights(a, init=[0.0, 0.0]), "weights must not be all zero"),
+        (
+            lambda a: synergy.optimal_weights(a[0, 0]),
+            r"attn must have shape \(N, H, T, T\) or \(H, T, T\)",
+        ),
+        (
+            lambda a: synergy.cross_head_share(a, [1.0, 1.0, 1.0]),
+            "weights must have last dimension num_heads=2",
+        ),
+        (
+            lambda a: synergy.cross_head_share(a, [1.0, 1.0], horizon=0),
+            "horizon must be an integer >= 1",
+        ),
+        (lambda a: synergy.head_diversity(a[0]), r"attn must have shape \(..., H, T, T\)"),
+        (lambda a: synergy.head_diversity(a * 2), "attn rows must sum to 1"),
+    ],
+)
+def test_bad_synergy_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(example2_heads())
