@@ -21,7 +21,17 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from beyondpar import checkpoints, config_lib, graphs, metrics, parallel, synergy, tasks, train
+from beyondpar import (
+    checkpoints,
+    config_lib,
+    graphs,
+    metrics,
+    parallel,
+    pruning,
+    synergy,
+    tasks,
+    train,
+)
 from beyondpar import model as model_lib
 
 RECORDS_FILE = "evaluation.jsonl"
@@ -30,7 +40,11 @@ WALKS = metrics.WALKS
 
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
-    """What an evaluation measures (the `evaluation` block of a run's config)."""
+    """What an evaluation measures (the `evaluation` block of a run's config).
+
+    `optimal_weights` and `pruning` switch off the costlier analyses (the weight search and
+    the masked forward passes); the rest is a few batched kernel calls.
+    """
 
     num_sequences: int = 50
     seed: int = 1234
@@ -38,6 +52,8 @@ class EvalSpec:
     max_steps: int = 100
     eps: float = 0.25
     walk: str = "reference"
+    optimal_weights: bool = True
+    pruning: bool = True
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> EvalSpec:
@@ -51,21 +67,19 @@ def head_importances(params, num_layers: int, num_heads: int) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _operators(module, params, inputs):
-    """Logits and, per sequence and layer, the learned mix, the uniform mix and each head."""
+def _forward(module, params, inputs):
+    """Logits, float32 attention (N, L, H, T, T) and the learned head weights (L, H)."""
     cfg = module.config
     logits, attn = model_lib.apply_with_attention(module, params, inputs)
-    attn = attn.astype(jnp.float32)
-    weights = head_importances(params, cfg.num_layers, cfg.num_heads)
-    operators = jnp.concatenate(
-        [
-            graphs.combine_heads(attn, weights)[:, :, None],
-            graphs.combine_heads(attn)[:, :, None],
-            attn,
-        ],
-        axis=2,
-    )  # N x L x (2 + H) x T x T
-    return logits, operators, weights
+    return logits, attn.astype(jnp.float32), head_importances(params, cfg.num_layers, cfg.num_heads)
+
+
+@jax.jit
+def _operators(attn, mixes_LxMxH):
+    """Per sequence and layer: each weighted mix, the uniform mix, then every head alone."""
+    mixed = jnp.einsum("lmh,nlhij->nlmij", mixes_LxMxH, attn)
+    uniform = jnp.mean(attn, axis=2, keepdims=True)
+    return jnp.concatenate([mixed, uniform, attn], axis=2)  # N x L x (M + 1 + H) x T x T
 
 
 def _split_over_devices(inputs):
@@ -77,35 +91,81 @@ def _split_over_devices(inputs):
     return jax.device_put(np.asarray(inputs), parallel.batch_sharded(mesh))
 
 
+def _optimal(attn, weights, spec: EvalSpec) -> dict:
+    """Per layer: the weights that maximise fidelity and those that minimise hitting time."""
+    if not spec.optimal_weights:
+        return {}
+    # One problem per layer (L x N x H x T x T), from the host: the search splits its own
+    # batch over devices, so sequences split over devices would be moved twice.
+    per_layer = np.swapaxes(np.asarray(attn), 0, 1)
+    settings = dict(walk=spec.walk, horizon=spec.horizon, max_steps=spec.max_steps, init=weights)
+    return {
+        name: synergy.optimal_weights(per_layer, name, **settings)[0] for name in synergy.OBJECTIVES
+    }
+
+
 def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:
-    """Every metric per sequence: arrays (N, L) or (N, L, H), plus accuracies (N,)."""
+    """Every metric per sequence: arrays (N, L), (N, L, H) or (N, L, H, H), accuracies (N,).
+
+    Operators per layer: the learned mix, the optimal mixes (when switched on), the
+    uniform mix and every head; all go through the kernels in one call.
+    """
+    return _per_sequence(module, params, examples, spec)[0]
+
+
+def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
+    """(per-sequence metrics, attention (N, L, H, T, T), learned weights (L, H))."""
     params = jax.device_put(params, parallel.replicated(parallel.data_mesh(jax.local_devices())))
-    logits, operators, weights = _operators(module, params, _split_over_devices(examples.inputs))
+    logits, attn, weights = _forward(module, params, _split_over_devices(examples.inputs))
+    optimal = _optimal(attn, weights, spec)
+    norm = lambda w: w / jnp.sum(w, -1, keepdims=True)
+    mixes = jnp.stack([norm(weights), *optimal.values()], axis=1)  # L x M x H
+    operators = _operators(attn, mixes)
     m = metrics.operator_metrics(operators, spec.horizon, spec.max_steps, spec.eps, spec.walk)
+    k = mixes.shape[1]  # index of the uniform mix; heads follow it
     other = WALKS[1 - WALKS.index(spec.walk)]
-    other_hit = metrics.hitting_time(operators[:, :, 0], spec.max_steps, other)
-    fid = m.minimax_fidelity
-    amp = synergy.amplification(fid[..., 2:], fid[..., 0])
-    correct = np.asarray(jnp.argmax(logits, -1)) == np.asarray(examples.targets)
-    mask = np.asarray(examples.predictable)
+    fid, hit = m.minimax_fidelity, m.hitting_time
+    amp = synergy.amplification(fid[..., k + 1 :], fid[..., 0])
+    share = synergy.cross_head_share(attn, weights, spec.horizon)  # N x L x T
+    worst = jnp.argmin(m.node_fidelity[..., 0, :], axis=-1)
     out = {
-        "hitting_time": m.hitting_time[..., 0],
-        f"hitting_time_{spec.walk}": m.hitting_time[..., 0],
-        f"hitting_time_{other}": other_hit,
+        "hitting_time": hit[..., 0],
+        f"hitting_time_{spec.walk}": hit[..., 0],
+        f"hitting_time_{other}": metrics.hitting_time(operators[:, :, 0], spec.max_steps, other),
+        "hitting_time_uniform": hit[..., k],
+        "hitting_time_best_head": jnp.min(hit[..., k + 1 :], axis=-1),
         "tv_mixing_time": m.tv_mixing_time[..., 0],
         "spectral_radius": m.spectral_radius[..., 0],
         "spectral_mixing_time": m.spectral_mixing_time[..., 0],
         "fidelity": fid[..., 0],
-        "fidelity_uniform": fid[..., 1],
-        "fidelity_per_head": fid[..., 2:],
+        "fidelity_uniform": fid[..., k],
+        "fidelity_per_head": fid[..., k + 1 :],
         "best_individual": amp["best_individual"],
         "gain": amp["gain"],
         "combined_wins": (amp["gain"] > 0).astype(jnp.float32),
+        "head_diversity": synergy.head_diversity(attn),
+        "pairwise_synergy": synergy.pairwise_synergy(attn, spec.horizon),
+        "cross_head_share_minimax": jnp.take_along_axis(share, worst[..., None], -1)[..., 0],
+        "cross_head_share_mean": jnp.mean(share, axis=-1),
+        "head_weights": jnp.broadcast_to(weights, (examples.inputs.shape[0], *weights.shape)),
+        **_accuracies(logits, examples),
+    }
+    if optimal:
+        n = examples.inputs.shape[0]
+        out["fidelity_optimal"] = fid[..., 1]
+        out["hitting_time_optimal"] = hit[..., 2]
+        for name, w in optimal.items():
+            out[f"optimal_weights_{name}"] = jnp.broadcast_to(w, (n, *w.shape))
+    return jax.tree.map(np.asarray, out), attn, weights
+
+
+def _accuracies(logits, examples: tasks.Examples) -> dict:
+    correct = np.asarray(jnp.argmax(logits, -1)) == np.asarray(examples.targets)
+    mask = np.asarray(examples.predictable)
+    return {
         "accuracy": np.mean(correct, -1),
         "accuracy_predictable": np.sum(correct & mask, -1) / np.maximum(np.sum(mask, -1), 1),
-        "head_weights": jnp.broadcast_to(weights, (examples.inputs.shape[0], *weights.shape)),
     }
-    return jax.tree.map(np.asarray, out)
 
 
 def summarize(values: dict) -> dict:
@@ -129,14 +189,18 @@ def eval_examples(config: ml_collections.ConfigDict, spec: EvalSpec) -> tasks.Ex
 def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
     """One record: `info` (run, step, task, ...) plus the summarised metrics."""
     cfg = module.config
-    return {
+    record = {
         **info,
         "heads": cfg.num_heads,
         "layers": cfg.num_layers,
         "num_sequences": int(examples.inputs.shape[0]),
         "walk": spec.walk,
-        "metrics": summarize(per_sequence(module, params, examples, spec)),
     }
+    values, attn, weights = _per_sequence(module, params, examples, spec)
+    record["metrics"] = summarize(values)
+    if spec.pruning and cfg.num_heads > 1:
+        record["pruning"] = pruning.pruning_curves(module, params, examples, weights, attn, spec)
+    return record
 
 
 # ---------------------------------------------------------------- runs on disk

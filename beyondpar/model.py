@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beyondpar import _checks
+
 FLOAT32_EPS = float(np.finfo(np.float32).eps)  # PyTorch's RMSNorm default
 
 
@@ -88,7 +90,9 @@ class CausalSelfAttention(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BxTxD, deterministic: bool):
+    def __call__(self, x_BxTxD, deterministic: bool, head_mask=None):
+        """`head_mask` (H,) or (B, H) multiplies each head's output before the output
+        projection: 0 removes a head, 1 keeps it (None: no multiply at all)."""
         cfg = self.config
         b, t, d = x_BxTxD.shape
         # Heads next to batch: the score and value products become plain batched matmuls.
@@ -103,8 +107,11 @@ class CausalSelfAttention(nn.Module):
         probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
         self.sow("intermediates", "attention", probs_BxHxTxT)
         probs_BxHxTxT = Dropout(cfg.dropout_rate)(probs_BxHxTxT, deterministic=deterministic)
-        out = jnp.einsum("bhqk,bhkd->bqhd", probs_BxHxTxT, v).reshape(b, t, d)
-        return nn.Dense(d, name="out")(out)
+        out = jnp.einsum("bhqk,bhkd->bqhd", probs_BxHxTxT, v)
+        if head_mask is not None:
+            mask = jnp.broadcast_to(head_mask, (b, cfg.num_heads)).astype(out.dtype)
+            out = out * mask[:, None, :, None]
+        return nn.Dense(d, name="out")(out.reshape(b, t, d))
 
 
 class Mlp(nn.Module):
@@ -122,10 +129,10 @@ class Block(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x, deterministic: bool):
+    def __call__(self, x, deterministic: bool, head_mask=None):
         eps = self.config.norm_eps
         x = x + CausalSelfAttention(self.config, name="attn")(
-            nn.RMSNorm(epsilon=eps, name="ln1")(x), deterministic
+            nn.RMSNorm(epsilon=eps, name="ln1")(x), deterministic, head_mask
         )
         return x + Mlp(self.config, name="mlp")(
             nn.RMSNorm(epsilon=eps, name="ln2")(x), deterministic
@@ -133,12 +140,16 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """tokens (B, T) int -> logits (B, T, vocab)."""
+    """tokens (B, T) int -> logits (B, T, vocab).
+
+    `head_mask` (L, H) or per sequence (B, L, H) scales each head's output before its
+    layer's output projection (see `CausalSelfAttention`); None leaves the model as is.
+    """
 
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens_BxT, deterministic: bool = True):
+    def __call__(self, tokens_BxT, deterministic: bool = True, head_mask=None):
         cfg = self.config
         t = tokens_BxT.shape[-1]
         if t > cfg.max_len:
@@ -146,7 +157,8 @@ class Transformer(nn.Module):
         x = nn.Embed(cfg.vocab_size, cfg.embed_dim, name="token_emb")(tokens_BxT)
         x = x + nn.Embed(cfg.max_len, cfg.embed_dim, name="pos_emb")(jnp.arange(t))
         for i in range(cfg.num_layers):
-            x = Block(cfg, name=f"layers_{i}")(x, deterministic)
+            layer_mask = None if head_mask is None else head_mask[..., i, :]
+            x = Block(cfg, name=f"layers_{i}")(x, deterministic, layer_mask)
         return nn.Dense(cfg.vocab_size, name="head")(x)
 
 
@@ -160,10 +172,31 @@ def count_params(params) -> int:
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
-def apply_with_attention(module: Transformer, params, tokens_BxT):
+def check_head_mask(head_mask, config: ModelConfig):
+    """A head mask as a float array of shape (L, H) or (B, L, H) with entries in [0, 1]."""
+    mask = np.asarray(head_mask, np.float64)
+    want = (config.num_layers, config.num_heads)
+    if mask.ndim not in (2, 3) or mask.shape[-2:] != want:
+        raise ValueError(
+            f"head_mask must have shape (L, H) = {want} or (B, L, H), got shape {mask.shape}"
+        )
+    if not np.all((mask >= 0) & (mask <= 1)):
+        raise ValueError(
+            f"head_mask entries must be in [0, 1], got range [{mask.min()}, {mask.max()}]"
+        )
+    return jnp.asarray(head_mask, jnp.result_type(float))
+
+
+def apply_with_attention(module: Transformer, params, tokens_BxT, head_mask=None):
     """Eval-mode logits (B, T, V) and the attention of every layer (B, L, H, T, T)."""
+    if head_mask is not None and _checks.is_concrete(head_mask):
+        head_mask = check_head_mask(head_mask, module.config)
     logits, state = module.apply(
-        {"params": params}, tokens_BxT, deterministic=True, mutable=["intermediates"]
+        {"params": params},
+        tokens_BxT,
+        deterministic=True,
+        head_mask=head_mask,
+        mutable=["intermediates"],
     )
     layers = state["intermediates"]
     attn = [layers[f"layers_{i}"]["attn"]["attention"][0] for i in range(module.config.num_layers)]

@@ -1,0 +1,185 @@
+"""Do the metrics find the heads that matter? Prune heads in the order a score gives and
+measure what the masked model still does (a true ablation, not a proxy).
+
+Orders (least important first, all heads of the model ranked together):
+- `projection`: Frobenius norm of each head's block of the output projection (the paper's);
+- `gradient`: I_h = E_x |dL/d mask_h| at mask = 1 (Michel et al. 2019, "Are Sixteen Heads
+  Really Better than One?");
+- `fidelity`: greedy, the head whose removal costs its layer's minimax fidelity least.
+- `random`: a seeded random order, the baseline any score must beat.
+Projection and gradient scores are divided by their layer's L2 norm, as Michel et al. do,
+so that layers compete on equal terms. A layer always keeps one head.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from beyondpar import graphs, metrics, tasks
+from beyondpar import model as model_lib
+
+ORDERS = ("projection", "gradient", "fidelity", "random")
+MASK_CHUNK = 8  # masked forward passes per jitted call: bounds memory at T x T per head
+
+
+def sequence_losses(module, params, tokens, targets, head_mask):
+    """Mean cross-entropy of each sequence (B,) under a head mask (L, H) or (B, L, H)."""
+    logits = module.apply({"params": params}, tokens, deterministic=True, head_mask=head_mask)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _gradient_importance(module, params, tokens, targets):
+    cfg = module.config
+    ones = jnp.ones((tokens.shape[0], cfg.num_layers, cfg.num_heads), jnp.float32)
+    # One mask per sequence: one backward pass gives every sequence's own gradient.
+    total = lambda m: jnp.sum(sequence_losses(module, params, tokens, targets, m))
+    return jnp.mean(jnp.abs(jax.grad(total)(ones)), axis=0)
+
+
+def gradient_importance(module, params, examples: tasks.Examples) -> jax.Array:
+    """(L, H): E_x |dL/d mask_h| at mask = 1 over the sequences of `examples`."""
+    return _gradient_importance(
+        module, params, jnp.asarray(examples.inputs), jnp.asarray(examples.targets)
+    )
+
+
+def order_from_scores(scores_LxH) -> list[tuple[int, int]]:
+    """(layer, head) pairs, least important first, scores normalised per layer (L2),
+    the most important head of each layer never listed (a layer keeps one head)."""
+    scores = np.asarray(scores_LxH, np.float64)
+    norms = np.linalg.norm(scores, axis=-1, keepdims=True)
+    scaled = scores / np.where(norms > 0, norms, 1)
+    keep = set(enumerate(np.argmax(scaled, axis=-1).tolist()))
+    ranked = sorted(np.ndindex(scores.shape), key=lambda index: scaled[index])
+    return [(int(layer), int(head)) for layer, head in ranked if (layer, head) not in keep]
+
+
+def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
+    """Greedy global order: at each step the head whose removal lowers its layer's mean
+    minimax fidelity least (mix of the remaining heads, learned weights renormalised).
+
+    Layers are independent here, so each layer's greedy sequence is found in H - 1 batched
+    rounds over all layers at once and the sequences are merged by their losses.
+    """
+    attn = jnp.asarray(attn_NxLxHxTxT)
+    num_layers, num_heads = attn.shape[1], attn.shape[2]
+    imp = np.asarray(importances_LxH, np.float64)
+    alive = np.ones((num_layers, num_heads), bool)
+    current = _mixed_fidelity(attn, imp[:, None, :], horizon)[:, 0]
+    per_layer = [[] for _ in range(num_layers)]
+    drop_one = 1.0 - np.eye(num_heads)
+    for _ in range(num_heads - 1):
+        remaining = alive[:, None, :] * drop_one[None]  # L x candidate x H, >= 1 head left
+        weights = imp[:, None, :] * remaining
+        weights = np.where(weights.sum(-1, keepdims=True) > 0, weights, remaining)
+        fid = np.where(alive, _mixed_fidelity(attn, weights, horizon), -np.inf)
+        pick = np.argmax(fid, axis=-1)
+        for layer, head in enumerate(pick.tolist()):
+            per_layer[layer].append((current[layer] - fid[layer, head], layer, head))
+            alive[layer, head] = False
+        current = fid[np.arange(num_layers), pick]
+    return _merge(per_layer)
+
+
+def _mixed_fidelity(attn, weights_LxCxH, horizon):
+    """Mean over sequences of the minimax fidelity of each candidate mix: L x C."""
+    w = graphs.normalize_weights(weights_LxCxH, attn.shape[2]).astype(attn.dtype)
+    mixed = jnp.einsum("lch,nlhij->nlcij", w, attn)
+    return np.asarray(jnp.mean(metrics.minimax_fidelity(mixed, horizon), axis=0))
+
+
+def _merge(per_layer) -> list[tuple[int, int]]:
+    """Global greedy: repeatedly the layer whose next removal loses least."""
+    fronts = [0] * len(per_layer)
+    order = []
+    while any(f < len(seq) for f, seq in zip(fronts, per_layer, strict=True)):
+        layer = min(
+            (i for i, seq in enumerate(per_layer) if fronts[i] < len(seq)),
+            key=lambda i: per_layer[i][fronts[i]][0],
+        )
+        order.append(per_layer[layer][fronts[layer]][1:])
+        fronts[layer] += 1
+    return order
+
+
+def masks_along(order, num_layers: int, num_heads: int) -> np.ndarray:
+    """(len(order) + 1, L, H): all heads, then one more head removed at each point."""
+    masks = np.ones((len(order) + 1, num_layers, num_heads), np.float32)
+    for k, (layer, head) in enumerate(order, start=1):
+        masks[k:, layer, head] = 0.0
+    return masks
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _masked_runs(module, params, examples: tasks.Examples, importances, masks):
+    """Per mask: accuracy on predictable positions and every layer's mix of the remaining
+    heads (learned weights times mask, renormalised), one mask at a time in memory."""
+
+    def one(mask):
+        logits, attn = model_lib.apply_with_attention(module, params, examples.inputs, mask)
+        correct = (jnp.argmax(logits, -1) == examples.targets) & examples.predictable
+        accuracy = jnp.sum(correct) / jnp.maximum(jnp.sum(examples.predictable), 1)
+        return accuracy, graphs.combine_heads(attn.astype(jnp.float32), importances * mask)
+
+    return jax.lax.map(one, masks)
+
+
+def curve(module, params, examples, importances, masks, horizon, max_steps, walk) -> dict:
+    """Accuracy (P,) and mean fidelity / hitting time per layer (P, L) along `masks`."""
+    accuracy, fidelity, hitting = [], [], []
+    for start in range(0, len(masks), MASK_CHUNK):
+        acc, mixed = _masked_runs(
+            module, params, examples, importances, masks[start : start + MASK_CHUNK]
+        )
+        m = metrics.operator_metrics(mixed, horizon, max_steps, walk=walk)
+        accuracy.append(np.asarray(acc))
+        fidelity.append(np.asarray(jnp.mean(m.minimax_fidelity, axis=1)))
+        hitting.append(np.asarray(jnp.mean(m.hitting_time, axis=1)))
+    accuracy = np.concatenate(accuracy)
+    pruned = np.arange(len(masks)) / max(len(masks) - 1, 1)
+    return {
+        "heads_pruned": list(range(len(masks))),
+        "accuracy": accuracy.tolist(),
+        "fidelity": np.concatenate(fidelity).tolist(),
+        "hitting_time": np.concatenate(hitting).tolist(),
+        "auc": float(np.trapezoid(accuracy, pruned)),
+    }
+
+
+def orders(module, params, examples, importances, attn_NxLxHxTxT, horizon, seed=0) -> dict:
+    """Every order of ORDERS as (layer, head) lists, least important first."""
+    cfg = module.config
+    rng = np.random.default_rng(seed)
+    return {
+        "projection": order_from_scores(importances),
+        "gradient": order_from_scores(gradient_importance(module, params, examples)),
+        "fidelity": fidelity_order(attn_NxLxHxTxT, importances, horizon),
+        "random": order_from_scores(rng.random((cfg.num_layers, cfg.num_heads))),
+    }
+
+
+def pruning_curves(module, params, examples, importances, attn_NxLxHxTxT, spec) -> dict:
+    """{order: {"order": [(layer, head)], "accuracy", "fidelity", "hitting_time", "auc"}}
+    for every order, pruning from all heads to one head per layer. `spec` gives horizon,
+    max_steps and walk (an `evaluate.EvalSpec`)."""
+    cfg = module.config
+    params = jax.device_get(params)  # on the default device, with everything else here
+    examples = tasks.Examples(*(np.asarray(a) for a in examples))
+    importances = np.asarray(importances, np.float32)
+    attn_NxLxHxTxT = np.asarray(attn_NxLxHxTxT)
+    out = {}
+    for name, order in orders(
+        module, params, examples, importances, attn_NxLxHxTxT, spec.horizon, spec.seed
+    ).items():
+        masks = jnp.asarray(masks_along(order, cfg.num_layers, cfg.num_heads))
+        result = curve(
+            module, params, examples, importances, masks, spec.horizon, spec.max_steps, spec.walk
+        )
+        out[name] = {"order": [list(p) for p in order], **result}
+    return out
