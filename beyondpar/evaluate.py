@@ -133,6 +133,7 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
         f"hitting_time_{spec.walk}": hit[..., 0],
         f"hitting_time_{other}": metrics.hitting_time(operators[:, :, 0], spec.max_steps, other),
         "hitting_time_uniform": hit[..., k],
+        "hitting_time_per_head": hit[..., k + 1 :],
         "hitting_time_best_head": jnp.min(hit[..., k + 1 :], axis=-1),
         "tv_mixing_time": m.tv_mixing_time[..., 0],
         "spectral_radius": m.spectral_radius[..., 0],

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, evaluate, graphs, metrics, tasks, train
+from beyondpar import checkpoints, evaluate, graphs, metrics, synergy, tasks, train
 from beyondpar import model as model_lib
 from configs import smoke
 from conftest import DATA
@@ -170,3 +170,41 @@ def test_every_record_field_is_the_kernel_on_the_operator_it_names(walk):
         assert np.any(np.asarray(got["tv_mixing_time"]) != np.asarray(uniform_tv))
         uniform_hit = metrics.hitting_time(uniform, 80, walk)
         assert np.abs(np.asarray(got["hitting_time"]) - np.asarray(uniform_hit)).max() > 1e-3
+
+
+def test_synergy_fields_of_a_record_are_the_functions_on_its_attention():
+    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    expected = dict(np.load(DATA / "4_heads_copy.expected.npz"))
+    tokens = expected["tokens"][:, :50]
+    examples = tasks.label("copy", tokens, module.config.vocab_size)
+    spec = evaluate.EvalSpec(horizon=40, max_steps=40, pruning=False)
+    got = evaluate.per_sequence(module, params, examples, spec)
+    _, attn = model_lib.apply_with_attention(module, params, tokens)
+    attn = np.asarray(attn, np.float64)
+    w_fid, w_hit = got["optimal_weights_fidelity"][0], got["optimal_weights_hitting_time"][0]
+    np.testing.assert_allclose(w_fid.sum(-1), 1.0, rtol=1e-5)
+    opt_fid = metrics.minimax_fidelity(graphs.combine_heads(attn, w_fid[None]), 40)
+    np.testing.assert_allclose(got["fidelity_optimal"], opt_fid, rtol=1e-4)
+    opt_hit = metrics.hitting_time(graphs.combine_heads(attn, w_hit[None]), 40)
+    np.testing.assert_allclose(got["hitting_time_optimal"], opt_hit, rtol=1e-4)
+    # One weight vector for all sequences: never worse than the learned mix or any one head
+    # on the mean over sequences.
+    assert np.all(got["fidelity_optimal"].mean(0) >= got["fidelity"].mean(0) - 1e-6)
+    best_head = got["fidelity_per_head"].mean(0).max(-1)
+    assert np.all(got["fidelity_optimal"].mean(0) >= best_head - 1e-6)
+    fastest_head = got["hitting_time_per_head"].mean(0).min(-1)
+    assert np.all(got["hitting_time_optimal"].mean(0) <= fastest_head + 1e-5)
+    np.testing.assert_allclose(got["head_diversity"], synergy.head_diversity(attn), rtol=1e-5)
+    np.testing.assert_allclose(
+        got["pairwise_synergy"], synergy.pairwise_synergy(attn, 40), rtol=1e-3, atol=1e-7
+    )
+    share = np.asarray(synergy.cross_head_share(attn, got["head_weights"][0][None], 40))
+    np.testing.assert_allclose(got["cross_head_share_mean"], share.mean(-1), rtol=1e-4, atol=1e-6)
+    learned = graphs.combine_heads(attn, got["head_weights"][0][None])
+    worst = np.argmin(metrics.node_fidelity(learned, 40), -1)
+    np.testing.assert_allclose(
+        got["cross_head_share_minimax"],
+        np.take_along_axis(share, worst[..., None], -1)[..., 0],
+        rtol=1e-3,
+        atol=1e-6,
+    )

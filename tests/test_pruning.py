@@ -1,0 +1,160 @@
+"""Head masks and pruning: exact equivalences, gradient importance, greedy orders, curves."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from beyondpar import checkpoints, evaluate, graphs, metrics, pruning, tasks
+from beyondpar import model as model_lib
+from conftest import DATA
+
+SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
+
+
+@pytest.fixture(scope="module")
+def small():
+    module = model_lib.Transformer(model_lib.ModelConfig(num_heads=4, **SMALL))
+    params = model_lib.init_params(module, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11)
+    return module, params, tokens
+
+
+def test_all_ones_mask_is_the_model_bit_for_bit(small):
+    module, params, tokens = small
+    plain, attn = model_lib.apply_with_attention(module, params, tokens)
+    masked, attn_masked = model_lib.apply_with_attention(module, params, tokens, np.ones((2, 4)))
+    np.testing.assert_array_equal(masked, plain)
+    np.testing.assert_array_equal(attn_masked, attn)
+    per_sequence = module.apply({"params": params}, tokens, head_mask=jnp.ones((3, 2, 4)))
+    np.testing.assert_array_equal(per_sequence, plain)
+
+
+def scaled_out_kernel(params, layer, head, factor, head_dim=4):
+    """Parameters with head `head`'s rows of layer `layer`'s output projection scaled."""
+    params = jax.tree.map(lambda x: x, params)
+    kernel = params[f"layers_{layer}"]["attn"]["out"]["kernel"]
+    rows = slice(head * head_dim, (head + 1) * head_dim)
+    params[f"layers_{layer}"]["attn"]["out"]["kernel"] = kernel.at[rows].multiply(factor)
+    return params
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.5])
+def test_mask_scales_the_heads_block_of_the_output_projection(small, factor):
+    module, params, tokens = small
+    mask = np.ones((2, 4))
+    mask[1, 2] = factor
+    masked, _ = model_lib.apply_with_attention(module, params, tokens, mask)
+    edited = module.apply({"params": scaled_out_kernel(params, 1, 2, factor)}, tokens)
+    np.testing.assert_allclose(masked, edited, rtol=1e-5, atol=1e-6)
+    assert (
+        np.abs(np.asarray(masked) - np.asarray(module.apply({"params": params}, tokens))).max()
+        > 1e-4
+    )
+
+
+def test_per_sequence_masks_equal_separate_calls(small):
+    module, params, tokens = small
+    masks = np.ones((3, 2, 4))
+    masks[0, 0, 1] = 0.0
+    masks[2, 1, :3] = 0.0
+    together = module.apply({"params": params}, tokens, head_mask=masks)
+    for b in range(3):
+        alone = module.apply({"params": params}, tokens[b : b + 1], head_mask=masks[b])
+        np.testing.assert_allclose(together[b], alone[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "mask,message",
+    [
+        (
+            np.ones((2, 3)),
+            r"head_mask must have shape \(L, H\) = \(2, 4\) or \(B, L, H\), got shape \(2, 3\)",
+        ),
+        (np.full((2, 4), 1.5), r"head_mask entries must be in \[0, 1\], got range \[1.5, 1.5\]"),
+        (-np.ones((2, 4)), r"head_mask entries must be in \[0, 1\]"),
+    ],
+)
+def test_bad_masks(small, mask, message):
+    module, params, tokens = small
+    with pytest.raises(ValueError, match=message):
+        model_lib.apply_with_attention(module, params, tokens, mask)
+
+
+def test_gradient_importance_is_the_finite_difference(small):
+    module, params, tokens = small
+    params64 = jax.tree.map(lambda x: x.astype(jnp.float64), params)
+    examples = tasks.make_examples("shift", jax.random.PRNGKey(2), 3, 12, 11, lag=2)
+    got = np.asarray(pruning.gradient_importance(module, params64, examples))
+    assert got.shape == (2, 4)
+    step = 1e-5
+    for layer, head in [(0, 0), (1, 3)]:
+        bump = np.zeros((2, 4))
+        bump[layer, head] = step
+        loss = lambda m: np.asarray(
+            pruning.sequence_losses(module, params64, examples.inputs, examples.targets, m)
+        )
+        diff = (loss(1 + bump) - loss(1 - bump)) / (2 * step)  # per sequence
+        np.testing.assert_allclose(got[layer, head], np.mean(np.abs(diff)), rtol=1e-3)
+
+
+def test_order_from_scores_normalises_per_layer_and_keeps_a_head():
+    scores = np.array([[1.0, 2.0, 2.0], [10.0, 30.0, 40.0]])
+    # Per layer L2: layer 0 -> (1, 2, 2) / 3; layer 1 -> (10, 30, 40) / 50.9...
+    assert pruning.order_from_scores(scores) == [(1, 0), (0, 0), (1, 1), (0, 2)]
+    masks = pruning.masks_along([(1, 0), (0, 0)], 2, 3)
+    np.testing.assert_array_equal(masks[0], 1.0)
+    np.testing.assert_array_equal(masks[2], [[0, 1, 1], [0, 1, 1]])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 256)
+    _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
+    weights = evaluate.head_importances(params, 4, 4)
+    return module, params, examples, np.asarray(attn, np.float64), np.asarray(weights)
+
+
+def test_greedy_fidelity_order_takes_the_cheapest_head_first(reference):
+    module, params, examples, attn, weights = reference
+    order = pruning.fidelity_order(attn, weights, horizon=50)
+    assert len(order) == 4 * 3 and len(set(order)) == 12
+    for layer in range(4):
+        kept = [h for h in range(4) if (layer, h) not in order]
+        assert len(kept) == 1
+        first = next(h for l_, h in order if l_ == layer)
+        candidates = []
+        for drop in range(4):
+            w = weights[layer] * (np.arange(4) != drop)
+            mixed = graphs.combine_heads(attn[:, layer], w)
+            candidates.append(float(np.mean(metrics.minimax_fidelity(mixed, 50))))
+        assert first == int(np.argmax(candidates))
+
+
+def test_curve_keeps_one_head_and_measures_it(reference):
+    module, params, examples, attn, weights = reference
+    masks = np.ones((2, 4, 4), np.float32)
+    masks[1, 0] = [0, 0, 1, 0]  # layer 0 keeps head 2 only
+    got = pruning.curve(module, params, examples, weights, jnp.asarray(masks), 50, 50, "reference")
+    own = np.mean(metrics.minimax_fidelity(attn[:, 0, 2], 50))
+    np.testing.assert_allclose(got["fidelity"][1][0], own, rtol=1e-4)
+    full = np.mean(metrics.minimax_fidelity(graphs.combine_heads(attn[:, 0], weights[0]), 50))
+    np.testing.assert_allclose(got["fidelity"][0][0], full, rtol=1e-4)
+    # A true ablation: later layers read the masked layer's output, so their maps move.
+    assert np.abs(np.subtract(got["fidelity"][1][1:], got["fidelity"][0][1:])).max() > 1e-6
+    assert got["heads_pruned"] == [0, 1]
+    np.testing.assert_allclose(got["auc"], np.mean(got["accuracy"]))  # two points
+
+
+def test_pruning_curves_cover_every_order(reference):
+    module, params, examples, attn, weights = reference
+    spec = evaluate.EvalSpec(horizon=30, max_steps=30)
+    curves = pruning.pruning_curves(module, params, examples, weights, attn, spec)
+    assert set(curves) == set(pruning.ORDERS)
+    for curve in curves.values():
+        assert len(curve["accuracy"]) == 13 and len(curve["fidelity"][0]) == 4
+        assert 0 <= curve["auc"] <= 1
+        layers = [layer for layer, _ in curve["order"]]
+        assert len(set(map(tuple, curve["order"]))) == 12
+        assert sorted(layers) == sorted(list(range(4)) * 3)
