@@ -40,9 +40,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.distributed = ml_collections.ConfigDict(
         dict(coordinator_address="", num_processes=1, process_id=0)
     )
-    # What evaluation of the run's checkpoints measures.
+    # What evaluation of the run's checkpoints measures; the last two switch off the costlier
+    # analyses (the optimal-weight search and the pruning curves).
     c.evaluation = ml_collections.ConfigDict(
-        dict(num_sequences=50, seed=1234, horizon=100, max_steps=100, eps=0.25, walk="reference")
+        dict(
+            num_sequences=50,
+            seed=1234,
+            horizon=100,
+            max_steps=100,
+            eps=0.25,
+            walk="reference",
+            optimal_weights=True,
+            pruning=True,
+        )
     )
     return c
 

@@ -124,6 +124,9 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
     m = metrics.operator_metrics(operators, spec.horizon, spec.max_steps, spec.eps, spec.walk)
     k = mixes.shape[1]  # index of the uniform mix; heads follow it
     other = WALKS[1 - WALKS.index(spec.walk)]
+    m_other = metrics.operator_metrics(
+        operators[:, :, 0], spec.horizon, spec.max_steps, spec.eps, other
+    )
     fid, hit = m.minimax_fidelity, m.hitting_time
     amp = synergy.amplification(fid[..., k + 1 :], fid[..., 0])
     share = synergy.cross_head_share(attn, weights, spec.horizon)  # N x L x T
@@ -131,13 +134,19 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
     out = {
         "hitting_time": hit[..., 0],
         f"hitting_time_{spec.walk}": hit[..., 0],
-        f"hitting_time_{other}": metrics.hitting_time(operators[:, :, 0], spec.max_steps, other),
+        f"hitting_time_{other}": m_other.hitting_time,
         "hitting_time_uniform": hit[..., k],
         "hitting_time_per_head": hit[..., k + 1 :],
         "hitting_time_best_head": jnp.min(hit[..., k + 1 :], axis=-1),
         "tv_mixing_time": m.tv_mixing_time[..., 0],
         "spectral_radius": m.spectral_radius[..., 0],
         "spectral_mixing_time": m.spectral_mixing_time[..., 0],
+        # Both walks: the reference walk never leaves token 0 of causal attention, so its
+        # TV and spectral times saturate; the normalised walk's do not.
+        f"tv_mixing_time_{spec.walk}": m.tv_mixing_time[..., 0],
+        f"tv_mixing_time_{other}": m_other.tv_mixing_time,
+        f"spectral_mixing_time_{spec.walk}": m.spectral_mixing_time[..., 0],
+        f"spectral_mixing_time_{other}": m_other.spectral_mixing_time,
         "fidelity": fid[..., 0],
         "fidelity_uniform": fid[..., k],
         "fidelity_per_head": fid[..., k + 1 :],
@@ -195,7 +204,9 @@ def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
         "heads": cfg.num_heads,
         "layers": cfg.num_layers,
         "num_sequences": int(examples.inputs.shape[0]),
+        "seq_len": int(examples.inputs.shape[1]),
         "walk": spec.walk,
+        "evaluation": dataclasses.asdict(spec),
     }
     values, attn, weights = _per_sequence(module, params, examples, spec)
     record["metrics"] = summarize(values)

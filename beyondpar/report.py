@@ -15,18 +15,30 @@ from pathlib import Path
 
 import numpy as np
 
-from beyondpar import files
+from beyondpar import files, synergy_report
 
-LAYER_METRICS = (
-    "hitting_time",
-    "tv_mixing_time",
-    "spectral_mixing_time",
-    "fidelity",
-    "fidelity_uniform",
-    "best_individual",
-    "gain",
-    "combined_wins",
-)
+# Per-layer metrics of a record and their units; records written before a metric existed
+# (or with an analysis switched off) simply lack it.
+UNITS = {
+    "hitting_time": "steps",
+    "hitting_time_uniform": "steps",
+    "hitting_time_best_head": "steps",
+    "hitting_time_optimal": "steps",
+    "tv_mixing_time": "steps",
+    "spectral_mixing_time": "steps",
+    "tv_mixing_time_normalized": "steps",
+    "spectral_mixing_time_normalized": "steps",
+    "fidelity": "fraction",
+    "fidelity_uniform": "fraction",
+    "fidelity_optimal": "fraction",
+    "best_individual": "fraction",
+    "gain": "fraction",
+    "combined_wins": "fraction",
+    "head_diversity": "tv",
+    "cross_head_share_minimax": "fraction",
+    "cross_head_share_mean": "fraction",
+}
+LAYER_METRICS = tuple(UNITS)
 PERCENT = {"fidelity", "fidelity_uniform", "best_individual", "gain", "combined_wins"}
 
 
@@ -48,6 +60,8 @@ def aggregate(records: list[dict]) -> dict:
     for key, group in groups.items():
         cell = {}
         for name in (*LAYER_METRICS, "accuracy", "accuracy_predictable"):
+            if not all(name in r["metrics"] for r in group):
+                continue
             means = np.array([r["metrics"][name]["mean"] for r in group], np.float64)
             if len(group) > 1:
                 std = means.std(0, ddof=1)
@@ -80,6 +94,8 @@ def _amplification_table(cells: dict, heads: list[int]) -> list[str]:
         "| heads | layer | best individual (%) | combined (%) | gain (pp) | combined wins |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
+    if not any(h > 1 for h in heads):
+        return ["Single-head models only: nothing to mix."]
     wins = total = 0
     for h in (h for h in heads if h > 1):
         c = cells[h]
@@ -105,13 +121,7 @@ def markdown(records: list[dict]) -> str:
         raise ValueError("records must not be empty, got none")
     runs = latest(records)
     cells = aggregate(records)
-    walks = sorted({r["walk"] for r in runs})
-    lines = [
-        "# beyondpar report",
-        "",
-        f"{len(runs)} runs; walk: {', '.join(walks)}. Cells: mean ± std over seeds "
-        "(over sequences when a cell has one seed), at each run's latest step.",
-    ]
+    lines = ["# beyondpar report", "", *_measured(runs)]
     for task in sorted({t for t, _ in cells}):
         heads = sorted(h for t, h in cells if t == task)
         by_heads = {h: cells[(task, h)] for h in heads}
@@ -119,8 +129,28 @@ def markdown(records: list[dict]) -> str:
         lines += _layer_table(by_heads, heads, "hitting_time")
         lines += ["", "### Minimax fidelity, learned head weights (%)", ""]
         lines += _layer_table(by_heads, heads, "fidelity")
+        if all("tv_mixing_time_normalized" in c for c in by_heads.values()):
+            lines += ["", "### TV mixing time, normalised walk (steps)", ""]
+            lines += _layer_table(by_heads, heads, "tv_mixing_time_normalized")
         lines += ["", "### Amplification: best single head vs heads combined", ""]
         lines += _amplification_table(by_heads, heads)
+        optimal = synergy_report.optimal_table(runs, task)
+        if optimal:
+            lines += ["", "### Optimal vs learned vs uniform vs best head", ""]
+            lines += ["Fidelity in %, hitting time in steps; mean over seeds.", "", *optimal]
+    diversity = synergy_report.diversity_summary(runs)
+    if diversity:
+        lines += ["", "## Head diversity and amplification", "", *diversity]
+        lines += ["", "![diversity against gain](diversity.png)"]
+    pruned = synergy_report.pruning_table(runs)
+    if pruned:
+        lines += ["", "## Pruning: area under the accuracy curve", ""]
+        lines += [
+            "Accuracy on predictable positions, heads pruned from all to one per layer;",
+            "higher keeps accuracy longer.",
+            "",
+            *pruned,
+        ]
     lines += [
         "",
         "## Accuracy",
@@ -138,18 +168,42 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _measured(runs: list[dict]) -> list[str]:
+    """What the numbers are: sequences, length, seed, horizon, step cap, walk."""
+
+    def values(key, default="?"):
+        found = sorted({str(r.get("evaluation", {}).get(key, r.get(key, default))) for r in runs})
+        return ", ".join(found)
+
+    return [
+        f"{len(runs)} runs, each at its latest step. Per record: {values('num_sequences')} "
+        f"held-out sequences of length {values('seq_len')} (seed {values('seed')}); "
+        f"fidelity horizon {values('horizon')}, step cap {values('max_steps')}, "
+        f"walk {values('walk')}.",
+        "Cells: mean ± std over seeds (over sequences when a cell has one seed). "
+        "Layers are numbered from 1 here, in results.csv and in results.json.",
+    ]
+
+
+def column(name: str) -> str:
+    """CSV/JSON column of a metric, with its unit: `fidelity_fraction`, `hitting_time_steps`."""
+    return f"{name}_{UNITS.get(name, 'fraction')}"
+
+
 def rows(records: list[dict]) -> list[dict]:
-    """One flat row per (run, step, layer) with every per-layer metric's mean and std."""
+    """One flat row per (run, step, layer) with every per-layer metric's mean and std;
+    metrics a record lacks are left empty."""
     out = []
     for r in sorted(records, key=lambda r: (r["run"], r["step"])):
         for layer in range(r["layers"]):
             row = {k: r[k] for k in ("run", "step", "task", "heads", "seed", "walk")}
             row["layer"] = layer + 1
             for name in LAYER_METRICS:
-                row[f"{name}_mean"] = r["metrics"][name]["mean"][layer]
-                row[f"{name}_std"] = r["metrics"][name]["std"][layer]
-            row["accuracy"] = r["metrics"]["accuracy"]["mean"]
-            row["accuracy_predictable"] = r["metrics"]["accuracy_predictable"]["mean"]
+                stat = r["metrics"].get(name)
+                row[f"{column(name)}_mean"] = None if stat is None else stat["mean"][layer]
+                row[f"{column(name)}_std"] = None if stat is None else stat["std"][layer]
+            row["accuracy_fraction"] = r["metrics"]["accuracy"]["mean"]
+            row["accuracy_predictable_fraction"] = r["metrics"]["accuracy_predictable"]["mean"]
             out.append(row)
     return out
 
@@ -267,6 +321,15 @@ def write_report(records: list[dict], out_dir: str | os.PathLike) -> list[Path]:
         for run in {r["run"] for r in records}
     ):
         figures["metrics_vs_step.png"] = plot_vs_step
+    runs = latest(records)
+    if len(synergy_report.diversity_points(runs)[0]):
+        figures["diversity.png"] = lambda _: synergy_report.plot_diversity(runs, plt)
+    for r in runs:
+        safe = r["run"].replace("/", "_")
+        if "pairwise_synergy" in r["metrics"] and r["heads"] > 1:
+            figures[f"synergy_{safe}.png"] = lambda _, r=r: synergy_report.plot_pairwise(r, plt)
+        if "pruning" in r:
+            figures[f"pruning_{safe}.png"] = lambda _, r=r: synergy_report.plot_pruning(r, plt)
     for name, plot in figures.items():
         fig = plot(records)
         written.append(files.save_figure(fig, out_dir / name, dpi=110))

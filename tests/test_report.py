@@ -46,7 +46,41 @@ def record(run, task, heads, seed, step, offset):
             "combined_wins": stat([1.0 * (heads > 1), 0.0]),
             "accuracy": stat(0.9 + 0.01 * heads + offset),
             "accuracy_predictable": stat(0.95 + 0.001 * heads),
+            "tv_mixing_time_normalized": stat([12.0 - heads, 8.0]),
+            "fidelity_optimal": stat([f + 0.001 for f in fid]),
+            "hitting_time_optimal": stat([9.0 / heads + seed, 4.5 + seed]),
+            "hitting_time_uniform": stat([11.0 / heads + seed, 5.5 + seed]),
+            "hitting_time_best_head": stat([9.5 / heads + seed, 4.8 + seed]),
+            "head_diversity": stat([0.1 * heads + 0.01 * seed + offset, 0.2 + 0.01 * seed]),
+            "pairwise_synergy": stat([np.eye(heads).tolist()] * 2),
         },
+        "seq_len": 32,
+        "evaluation": {
+            "num_sequences": 4,
+            "seed": 1234,
+            "horizon": 100,
+            "max_steps": 100,
+            "walk": "reference",
+        },
+        **({"pruning": pruning(heads, offset)} if heads > 1 else {}),
+    }
+
+
+def pruning(heads, offset):
+    accuracy = [1.0 - 0.1 * k * (1 + offset) for k in range(2 * heads - 1)]
+    curve = {
+        "heads_pruned": list(range(len(accuracy))),
+        "accuracy": accuracy,
+        "fidelity": [[0.1, 0.1]] * len(accuracy),
+        "hitting_time": [[3.0, 3.0]] * len(accuracy),
+        "order": [[0, h] for h in range(len(accuracy) - 1)],
+    }
+    return {
+        "projection": {
+            **curve,
+            "auc": float(np.trapezoid(accuracy, np.linspace(0, 1, len(accuracy)))),
+        },
+        "random": {**curve, "auc": 0.5},
     }
 
 
@@ -84,21 +118,33 @@ def test_files_and_plots(tmp_path):
     records = synthetic_records()
     written = report.write_report(records, tmp_path)
     names = sorted(p.name for p in written)
-    assert names == [
-        "amplification.png",
-        "metrics_vs_heads.png",
-        "metrics_vs_step.png",
-        "report.md",
-        "results.csv",
-        "results.json",
+    multi = [
+        f"{kind}_{task}-h4-s{seed}.png"
+        for kind in ("pruning", "synergy")
+        for task in ("copy", "cycle")
+        for seed in (0, 1)
     ]
+    assert names == sorted(
+        [
+            "amplification.png",
+            "diversity.png",
+            "metrics_vs_heads.png",
+            "metrics_vs_step.png",
+            "report.md",
+            "results.csv",
+            "results.json",
+            *multi,
+        ]
+    )
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert len(rows) == len(records) * 2
     assert json.loads((tmp_path / "results.json").read_text())[0]["layer"] == 1
     first = next(
         r for r in rows if r["run"] == "copy-h4-s1" and r["step"] == "20" and r["layer"] == "2"
     )
-    assert float(first["fidelity_mean"]) == pytest.approx(0.143)
+    assert float(first["fidelity_fraction_mean"]) == pytest.approx(0.143)
+    assert float(first["hitting_time_steps_mean"]) == pytest.approx(6.0)
+    assert float(first["tv_mixing_time_normalized_steps_mean"]) == pytest.approx(8.0)
     for name in names:
         if name.endswith(".png"):
             assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"

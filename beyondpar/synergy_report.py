@@ -1,0 +1,137 @@
+"""Report sections for the synergy analyses: optimal weights, diversity against gain,
+pairwise synergy and pruning. Each takes the latest record of every run."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+OPTIMAL_COLUMNS = (
+    ("fidelity_optimal", "fidelity"),
+    ("fidelity", "fidelity"),
+    ("fidelity_uniform", "fidelity"),
+    ("best_individual", "fidelity"),
+    ("hitting_time_optimal", "hitting"),
+    ("hitting_time", "hitting"),
+    ("hitting_time_uniform", "hitting"),
+    ("hitting_time_best_head", "hitting"),
+)
+
+
+def _mean(record: dict, name: str) -> np.ndarray:
+    return np.asarray(record["metrics"][name]["mean"], np.float64)
+
+
+def optimal_table(runs: list[dict], task: str) -> list[str]:
+    """Per head count and layer: fidelity (%) and hitting time (steps) under the optimal,
+    learned and uniform weights and of the best single head (mean over seeds)."""
+    rows = [r for r in runs if r["task"] == task and "fidelity_optimal" in r["metrics"]]
+    if not rows:
+        return []
+    lines = [
+        "| heads | layer | fidelity optimal | learned | uniform | best head "
+        "| hitting time optimal | learned | uniform | best head |",
+        "|---:|---:|" + "---:|" * 8,
+    ]
+    for heads in sorted({r["heads"] for r in rows if r["heads"] > 1}):
+        group = [r for r in rows if r["heads"] == heads]
+        values = {name: np.mean([_mean(r, name) for r in group], 0) for name, _ in OPTIMAL_COLUMNS}
+        for layer in range(group[0]["layers"]):
+            cells = [
+                f"{100 * values[name][layer]:.2f}"
+                if kind == "fidelity"
+                else f"{values[name][layer]:.2f}"
+                for name, kind in OPTIMAL_COLUMNS
+            ]
+            lines.append(f"| {heads} | {layer + 1} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def diversity_points(runs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(diversity, gain) for every (run, layer) of every multi-head run."""
+    div, gain = [], []
+    for r in runs:
+        if r["heads"] > 1 and "head_diversity" in r["metrics"]:
+            div.extend(_mean(r, "head_diversity"))
+            gain.extend(_mean(r, "gain"))
+    return np.asarray(div), np.asarray(gain)
+
+
+def diversity_summary(runs: list[dict]) -> list[str]:
+    """Spearman's rank correlation of head diversity with the amplification gain."""
+    div, gain = diversity_points(runs)
+    if len(div) < 3:
+        return []
+    rho, p = stats.spearmanr(div, gain)
+    return [
+        f"Over {len(div)} (run, layer) points, Spearman's rank correlation of head diversity "
+        f"with the amplification gain is rho = {rho:+.3f} (p = {p:.3g}). Positive: layers "
+        "whose heads attend more differently gain more from mixing them (the paper's "
+        "head-diversity condition).",
+    ]
+
+
+def pruning_table(runs: list[dict]) -> list[str]:
+    """Area under the accuracy curve per run and order: which order keeps accuracy longest."""
+    rows = [r for r in runs if "pruning" in r]
+    if not rows:
+        return []
+    orders = list(rows[0]["pruning"])
+    lines = ["| run | heads | " + " | ".join(orders) + " |", "|---|---:|" + "---:|" * len(orders)]
+    for r in rows:
+        aucs = [f"{r['pruning'][o]['auc']:.3f}" for o in orders]
+        lines.append(f"| {r['run']} | {r['heads']} | " + " | ".join(aucs) + " |")
+    return lines
+
+
+def plot_diversity(runs: list[dict], plt):
+    div, gain = diversity_points(runs)
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter(div, 100 * gain, s=14)
+    ax.axhline(0, color="k", lw=0.8)
+    if len(div) >= 3:
+        rho, p = stats.spearmanr(div, gain)
+        ax.set_title(f"Spearman rho = {rho:+.2f} (p = {p:.2g})")
+    ax.set(xlabel="head diversity (mean TV distance of rows)", ylabel="gain over best head (pp)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_pairwise(record: dict, plt):
+    """One heatmap per layer: fidelity of each 50/50 pair minus its better head (pp)."""
+    mats = 100 * np.asarray(record["metrics"]["pairwise_synergy"]["mean"], np.float64)
+    layers = len(mats)
+    fig, axes = plt.subplots(1, layers, figsize=(3.2 * layers, 3.2), squeeze=False)
+    bound = max(float(np.abs(mats).max()), 1e-9)
+    for layer, ax in enumerate(axes[0]):
+        image = ax.imshow(mats[layer], cmap="RdBu", vmin=-bound, vmax=bound)
+        ax.set(title=f"layer {layer + 1}", xlabel="head", ylabel="head")
+    fig.colorbar(image, ax=axes[0].tolist(), label="pair - better head (pp)", shrink=0.8)
+    fig.suptitle(f"pairwise synergy: {record['run']}")
+    return fig
+
+
+def plot_pruning(record: dict, plt):
+    """Accuracy and layer-mean fidelity as heads are pruned, a line per order."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, curve in record["pruning"].items():
+        pruned = curve["heads_pruned"]
+        axes[0].plot(
+            pruned,
+            100 * np.asarray(curve["accuracy"]),
+            marker="o",
+            ms=3,
+            label=f"{name} (AUC {curve['auc']:.3f})",
+        )
+        axes[1].plot(pruned, 100 * np.mean(curve["fidelity"], axis=1), marker="o", ms=3, label=name)
+    axes[0].set(xlabel="heads pruned", ylabel="accuracy, predictable positions (%)")
+    axes[1].set(
+        xlabel="heads pruned", ylabel="minimax fidelity of remaining heads,\nlayer mean (%)"
+    )
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"pruning: {record['run']}")
+    fig.tight_layout()
+    return fig
