@@ -1,0 +1,225 @@
+"""The analysis of one text through a pretrained model, or of attention computed elsewhere.
+
+Per analysed layer: every head's minimax fidelity, hitting time (both walks), TV and
+spectral mixing (normalised walk: the reference walk saturates on causal attention), the
+mixes with output-projection and uniform weights, best head, amplification gain, head
+diversity, cross-head share, pairwise synergy and, when asked, optimal weights. For the
+whole network: attention rollout and the sink's share of every token.
+
+Layers are taken one at a time: a layer's metrics are computed before the next layer's
+attention exists, and only one mixed T x T operator per layer is kept (for the rollout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from beyondpar import graphs, metrics, pretrained, synergy
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysisSpec:
+    """What is measured. `layers` None: every layer. `pairwise` and `optimal_weights`
+    switch off the costly parts (H^2 / 2 extra operators; a gradient search)."""
+
+    horizon: int = 100
+    max_steps: int = 100
+    eps: float = 0.25
+    residual: float = 0.5
+    layers: tuple[int, ...] | None = None
+    pairwise: bool = True
+    optimal_weights: bool = False
+
+
+class Timer:
+    """Wall time per named part, summed over calls."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def part(self, name: str):
+        timer = self
+
+        class _Part:
+            def __enter__(self):
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                elapsed = time.perf_counter() - self.start
+                timer.seconds[name] = timer.seconds.get(name, 0.0) + elapsed
+
+        return _Part()
+
+
+def analyze_layer(attn_BxHxTxT, weights_H, spec: AnalysisSpec, timer: Timer | None = None) -> dict:
+    """Every per-layer number, arrays with a leading sequence axis B."""
+    timer = timer or Timer()
+    attn = metrics.check_operator(jnp.asarray(attn_BxHxTxT, jnp.float32), "attention")
+    b, h = attn.shape[:2]
+    learned = None if weights_H is None else graphs.normalize_weights(weights_H, h)
+    mixes = [jnp.full((h,), 1.0 / h)] if learned is None else [learned, jnp.full((h,), 1.0 / h)]
+    ops = jnp.concatenate([jnp.einsum("mh,bhij->bmij", jnp.stack(mixes), attn), attn], axis=1)
+    with timer.part("per-head and mixed metrics"):
+        norm = metrics.operator_metrics(ops, spec.horizon, spec.max_steps, spec.eps, "normalized")
+        ref = metrics.hitting_time(ops, spec.max_steps, "reference")
+        fid = np.asarray(norm.minimax_fidelity)
+    k = len(mixes)
+    fields = {
+        "fidelity": fid,
+        "hitting_time_reference": np.asarray(ref),
+        "hitting_time_normalized": np.asarray(norm.hitting_time),
+        "tv_mixing_time_normalized": np.asarray(norm.tv_mixing_time),
+        "spectral_mixing_time_normalized": np.asarray(norm.spectral_mixing_time),
+    }
+    names = (["learned"] if learned is not None else []) + ["uniform"]
+    out = {
+        "heads": {name: v[:, k:] for name, v in fields.items()},
+        "mixes": {
+            mix: {name: v[:, i] for name, v in fields.items()} for i, mix in enumerate(names)
+        },
+        "best_head": np.argmax(fid[:, k:], axis=-1),
+        "best_head_fidelity": fid[:, k:].max(-1),
+    }
+    for i, mix in enumerate(names):
+        out["mixes"][mix]["gain"] = fid[:, i] - fid[:, k:].max(-1)
+    weights = mixes[0]
+    with timer.part("synergy analyses"):
+        out["head_diversity"] = np.asarray(synergy.head_diversity(attn))
+        share = np.asarray(synergy.cross_head_share(attn, weights, spec.horizon))
+        out["cross_head_share_mean"] = share.mean(-1)
+    if spec.pairwise:
+        with timer.part("pairwise synergy"):
+            out["pairwise_synergy"] = np.asarray(synergy.pairwise_synergy(attn, spec.horizon))
+    if spec.optimal_weights:
+        with timer.part("optimal weights"):
+            w, value = synergy.optimal_weights(attn, "fidelity", horizon=spec.horizon, init=weights)
+            out["optimal_weights"] = np.asarray(w)
+            out["fidelity_optimal"] = float(value)
+    return out
+
+
+def _rollout(mixed_LxBxTxT: list, spec: AnalysisSpec) -> dict:
+    """The sink's row of the rollout from the kept per-layer mixes (heads already mixed)."""
+    layers = jnp.stack(mixed_LxBxTxT, axis=1)[:, :, None]  # B x L x 1 x T x T
+    shares = np.asarray(graphs.rollout_sink(layers, residual=spec.residual))
+    return {"sink_share": shares, "network_fidelity": shares.min(-1)}
+
+
+def _selected(spec: AnalysisSpec, num_layers: int) -> tuple[int, ...]:
+    layers = tuple(range(num_layers)) if spec.layers is None else spec.layers
+    bad = [layer for layer in layers if not 0 <= layer < num_layers]
+    if bad:
+        raise ValueError(f"layers must be in [0, {num_layers}), got {bad}")
+    return layers
+
+
+def analyze_tokens(module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer | None = None):
+    """Record of a pretrained model on token ids: per analysed layer, then the rollout."""
+    timer = timer or Timer()
+    fam = pretrained.family(module)
+    cfg = module.config
+    layers = _selected(spec, cfg.num_layers)
+    out, kept = {}, []
+    run = pretrained.layer_by_layer(module, params, tokens_BxT)
+    for layer in range(cfg.num_layers):
+        with timer.part("forward"):
+            _, attn = next(run)
+            attn.block_until_ready()
+        weights = graphs.head_importance(
+            fam.out_kernel(params, layer).astype(jnp.float32), cfg.num_heads
+        )
+        kept.append(graphs.combine_heads(attn, weights))
+        if layer in layers:
+            out[layer] = analyze_layer(attn, weights, spec, timer)
+    with timer.part("rollout"):
+        rollout = _rollout(kept, spec)
+    return {"layers": out, "rollout": rollout}
+
+
+def analyze_attention(attn, spec: AnalysisSpec, timer: Timer | None = None) -> dict:
+    """Record of attention from anywhere: L x H x T x T or B x L x H x T x T (uniform
+    weights, since no output projection is known)."""
+    attn = np.asarray(attn)
+    if attn.ndim == 4:
+        attn = attn[None]
+    if attn.ndim != 5:
+        raise ValueError(
+            f"attention must have shape (L, H, T, T) or (B, L, H, T, T), got shape {attn.shape}"
+        )
+    attn = np.asarray(metrics.check_operator(attn.astype(np.float32), "attention"))
+    timer = timer or Timer()
+    layers = _selected(spec, attn.shape[1])
+    out = {layer: analyze_layer(attn[:, layer], None, spec, timer) for layer in layers}
+    with timer.part("rollout"):
+        rollout = _rollout(
+            [jnp.asarray(attn[:, i].mean(1), jnp.float32) for i in range(attn.shape[1])], spec
+        )
+    return {"layers": out, "rollout": rollout}
+
+
+def tokenize(tokenizer, text: str, module) -> list[int]:
+    """Token ids of `text`; an empty text or one longer than the context is an error."""
+    if not text or not text.strip():
+        raise ValueError("text must not be empty, got an empty text")
+    ids = tokenizer.encode(text).ids
+    if not ids:
+        raise ValueError(f"text must give at least one token, got none for {text[:40]!r}")
+    if len(ids) > module.config.max_len:
+        raise ValueError(
+            f"text must fit the model's context of {module.config.max_len} tokens, got "
+            f"{len(ids)} tokens (texts are never cut silently: shorten it)"
+        )
+    return ids
+
+
+def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None) -> dict:
+    """Load a checkpoint, tokenise `text`, analyse it: the record `analysis_report` writes."""
+    timer = Timer()
+    with timer.part("load"):
+        module, params, tokenizer = pretrained.load(path_or_name, dtype)
+    ids = tokenize(tokenizer, text, module)
+    record = analyze_tokens(module, params, np.asarray([ids]), spec, timer)
+    return {
+        "source": str(path_or_name),
+        "model_type": type(module.config).__name__,
+        "num_layers": module.config.num_layers,
+        "num_heads": module.config.num_heads,
+        "num_sequences": 1,
+        "seq_len": len(ids),
+        "tokens": ids,
+        "token_labels": [tokenizer.decode([i]) for i in ids],
+        "spec": dataclasses.asdict(spec),
+        **record,
+        "timings_s": timer.seconds,
+    }
+
+
+def attention_record(path, spec: AnalysisSpec) -> dict:
+    """Analyse attention saved by any framework: an .npz with key `attention`."""
+    try:
+        with np.load(path) as data:
+            if "attention" not in data.files:
+                raise ValueError(f"must hold the key 'attention', got keys {data.files}")
+            attn = np.asarray(data["attention"])
+    except (OSError, ValueError) as err:
+        raise ValueError(f"attention file {path}: {err}") from err
+    timer = Timer()
+    try:
+        record = analyze_attention(attn, spec, timer)
+    except ValueError as err:
+        raise ValueError(f"attention file {path}: {err}") from err
+    batch = attn[None] if attn.ndim == 4 else attn
+    return {
+        "source": str(path),
+        "num_layers": batch.shape[1],
+        "num_heads": batch.shape[2],
+        "num_sequences": batch.shape[0],
+        "seq_len": batch.shape[-1],
+        "spec": dataclasses.asdict(spec),
+        **record,
+        "timings_s": timer.seconds,
+    }

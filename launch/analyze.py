@@ -1,0 +1,66 @@
+"""Analyse the heads of a pretrained model on one text, or attention computed elsewhere:
+
+python launch/analyze.py --model=gpt2 --text="The heads of a layer ..." --out=out/analysis
+python launch/analyze.py --model=path/to/checkpoint --text_file=notes.txt --layers=0,5,11
+python launch/analyze.py --attention=attn.npz        # key 'attention': L x H x T x T or B x ...
+
+--model is a folder (config.json, *.safetensors, tokenizer.json) or a name in the local
+Hugging Face cache; nothing is downloaded.
+"""
+
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+
+from beyondpar import analysis, analysis_report, parallel
+
+MODEL = flags.DEFINE_string("model", None, "Checkpoint folder or cached model name.")
+TEXT = flags.DEFINE_string("text", None, "The text to analyse.")
+TEXT_FILE = flags.DEFINE_string("text_file", None, "A file holding the text.")
+ATTENTION = flags.DEFINE_string("attention", None, ".npz with attention from elsewhere.")
+LAYERS = flags.DEFINE_list("layers", None, "Layers to analyse (from 0); default all.")
+OUT = flags.DEFINE_string("out", "out/analysis", "Report folder.")
+DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"], "Cast weights.")
+HORIZON = flags.DEFINE_integer("horizon", 100, "Fidelity horizon K.")
+MAX_STEPS = flags.DEFINE_integer("max_steps", 100, "Step cap of the walks.")
+RESIDUAL = flags.DEFINE_float("residual", 0.5, "Residual share of each layer in the rollout.")
+PAIRWISE = flags.DEFINE_bool("pairwise", True, "Pairwise synergy (H^2/2 extra operators).")
+OPTIMAL = flags.DEFINE_bool("optimal_weights", False, "Search optimal head weights (slow).")
+
+
+def spec() -> analysis.AnalysisSpec:
+    layers = None if LAYERS.value is None else tuple(int(x) for x in LAYERS.value)
+    return analysis.AnalysisSpec(
+        horizon=HORIZON.value,
+        max_steps=MAX_STEPS.value,
+        residual=RESIDUAL.value,
+        layers=layers,
+        pairwise=PAIRWISE.value,
+        optimal_weights=OPTIMAL.value,
+    )
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    if bool(MODEL.value) == bool(ATTENTION.value):
+        raise app.UsageError("give exactly one of --model or --attention")
+    if MODEL.value and bool(TEXT.value) == bool(TEXT_FILE.value):
+        raise app.UsageError("--model needs exactly one of --text or --text_file")
+    try:
+        if ATTENTION.value:
+            record = analysis.attention_record(ATTENTION.value, spec())
+        else:
+            text = TEXT.value if TEXT.value else Path(TEXT_FILE.value).read_text()
+            record = analysis.text_record(MODEL.value, text, spec(), DTYPE.value)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    for path in analysis_report.write(record, OUT.value):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    parallel.use_all_cpu_cores()
+    app.run(main)
