@@ -100,11 +100,19 @@ def numpy_exact(c: np.ndarray, k: int = 100):
 # ---------------------------------------------------------------- suites
 
 
-def metrics_suite(repeats: int = 5, sequences: int = 50, layers: int = 4, operators: int = 17):
+def metrics_suite(
+    repeats: int = 5,
+    sequences: int = 50,
+    layers: int = 4,
+    operators: int = 17,
+    plain_session: bool = True,
+):
     """Fidelity + hitting time on a batch shaped like the paper's 16-head evaluation.
 
     The headline kernel time takes the batch split over the local devices, as
-    `evaluate` hands it over; `fused_from_one_device` includes splitting it first.
+    `evaluate` hands it over; `fused_from_one_device` includes splitting it first;
+    `fidelity_plain_session` is the fidelity kernel in a fresh Python process with JAX's
+    default single CPU device (a notebook), measured in the same run.
     """
     from beyondpar import parallel
 
@@ -148,6 +156,12 @@ def metrics_suite(repeats: int = 5, sequences: int = 50, layers: int = 4, operat
         "fraction_of_matmul": flop / kernel_s / rate,
         "fraction_of_matmul_normalized_walk": flop / timings["fused_normalized_walk"] / rate,
     }
+    if plain_session:
+        from beyondpar import benchmarks_analysis
+
+        plain = benchmarks_analysis.plain_session_fidelity_us(sequences, layers, operators)
+        us["fidelity_plain_session"] = plain
+        result["plain_session_vs_launcher"] = plain / us["fidelity"]
     _print_metrics(result)
     return result
 
@@ -170,6 +184,8 @@ def _print_metrics(r: dict) -> None:
     print(f"effective rate         {r['effective_gflops']:10.1f} GFLOP/s")
     print(f"fraction of matmul     {r['fraction_of_matmul']:10.1%}")
     print(f"  (normalised walk)    {r['fraction_of_matmul_normalized_walk']:10.1%}")
+    if "plain_session_vs_launcher" in r:
+        print(f"plain session / launcher (fidelity) {r['plain_session_vs_launcher']:6.2f}x")
     print(json.dumps(r))
 
 
@@ -229,4 +245,18 @@ def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int =
     return result
 
 
-SUITES: dict[str, Callable[..., dict]] = {"metrics": metrics_suite, "train": train_suite}
+def _analysis_suite(name: str) -> Callable[..., dict]:
+    def run(**kwargs):
+        from beyondpar import benchmarks_analysis
+
+        return getattr(benchmarks_analysis, name)(**kwargs)
+
+    return run
+
+
+SUITES: dict[str, Callable[..., dict]] = {
+    "metrics": metrics_suite,
+    "train": train_suite,
+    "synergy": _analysis_suite("synergy_suite"),
+    "pretrained": _analysis_suite("pretrained_suite"),
+}

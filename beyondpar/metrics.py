@@ -14,7 +14,10 @@ the matrix, since both are row vectors times `c`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import math
+import os
 from typing import NamedTuple
 
 import jax
@@ -83,7 +86,8 @@ def check_operator(c, name: str = "c") -> jax.Array:
     if c.shape[-1] < 2:
         raise ValueError(f"{name} must have at least T=2 tokens, got T={c.shape[-1]}")
     if c.size and _checks.is_concrete(c):
-        finite, minimum, row_error = (float(v) for v in _operator_stats(c))
+        stats = np.asarray(_in_threads(_operator_stats, c), np.float64)  # parts x 3
+        finite, minimum, row_error = stats[:, 0].all(), stats[:, 1].min(), stats[:, 2].max()
         if not finite:
             raise ValueError(f"{name} must be finite, got NaN or Inf entries")
         if minimum < 0:
@@ -302,8 +306,45 @@ def _iterate(rows, scale, mats, horizon, max_steps, eps):
     return (best if horizon else None), hit, tv
 
 
+def _sweep(c, **settings) -> _Sweep:
+    """`_sweep_jit`, with the batch split over threads when JAX has one CPU device."""
+    outs = _in_threads(functools.partial(_sweep_jit, **settings), c)
+    if len(outs) == 1:
+        return outs[0]
+    joined = jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
+    return jax.tree.map(lambda x: x.reshape(*c.shape[:-2], *x.shape[1:]), joined)
+
+
+def _in_threads(fn, c) -> list:
+    """[fn(c)], or fn of one part of the flattened batch per thread.
+
+    A plain Python session or notebook that never asked for one device per core gets one
+    CPU device, and one XLA call on it runs on one core. Executions on one CPU device do run
+    concurrently, so a batch cut into one part per core and dispatched from that many
+    threads uses the whole machine, as the launchers' per-core devices do.
+    """
+    parts = _thread_parts(c)
+    if parts < 2:
+        return [fn(c)]
+    # NumPy views of the CPU buffer: slicing a jax.Array would copy the whole batch first.
+    chunks = np.array_split(np.asarray(c).reshape(-1, *c.shape[-2:]), parts)
+    with concurrent.futures.ThreadPoolExecutor(parts) as pool:
+        return list(pool.map(lambda x: jax.block_until_ready(fn(x)), chunks))
+
+
+def _thread_parts(c) -> int:
+    """Threads worth using for a batch: one per core, each with at least two cache blocks."""
+    if not _checks.is_concrete(c) or jax.default_backend() != "cpu":
+        return 1
+    if len(jax.local_devices()) > 1:
+        return 1  # the batch is already spread over per-core devices
+    n = math.prod(c.shape[:-2])
+    block = _block_size(c.shape[-1] ** 2 * c.dtype.itemsize) or 1
+    return max(1, min(os.cpu_count() or 1, n // (2 * block)))
+
+
 @functools.partial(jax.jit, static_argnames=("horizon", "walk", "max_steps", "eps", "spectral"))
-def _sweep(
+def _sweep_jit(
     c, *, horizon: int, walk: str, max_steps: int, eps: float = 0.25, spectral: bool = False
 ) -> _Sweep:
     """One pass over `c` for what is asked: horizon 0 skips fidelity, max_steps 0 the walk."""

@@ -13,7 +13,9 @@ so that layers compete on equal terms. A layer always keeps one head.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -73,15 +75,19 @@ def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
     alive = np.ones((num_layers, num_heads), bool)
     current = _mixed_fidelity(attn, imp[:, None, :], horizon)[:, 0]
     per_layer = [[] for _ in range(num_layers)]
-    drop_one = 1.0 - np.eye(num_heads)
     for _ in range(num_heads - 1):
-        remaining = alive[:, None, :] * drop_one[None]  # L x candidate x H, >= 1 head left
+        # Every layer has the same number of heads left: candidates are L x left.
+        left = np.stack([np.flatnonzero(row) for row in alive])
+        remaining = np.repeat(alive[:, None, :], left.shape[1], axis=1)
+        np.put_along_axis(remaining, left[..., None], False, axis=-1)
         weights = imp[:, None, :] * remaining
         weights = np.where(weights.sum(-1, keepdims=True) > 0, weights, remaining)
-        fid = np.where(alive, _mixed_fidelity(attn, weights, horizon), -np.inf)
+        fid = _mixed_fidelity(attn, weights, horizon)
         pick = np.argmax(fid, axis=-1)
-        for layer, head in enumerate(pick.tolist()):
-            per_layer[layer].append((current[layer] - fid[layer, head], layer, head))
+        for layer, (i, head) in enumerate(
+            zip(pick, left[np.arange(num_layers), pick], strict=True)
+        ):
+            per_layer[layer].append((current[layer] - fid[layer, i], layer, int(head)))
             alive[layer, head] = False
         current = fid[np.arange(num_layers), pick]
     return _merge(per_layer)
@@ -132,15 +138,17 @@ def _masked_runs(module, params, examples: tasks.Examples, importances, masks):
 
 def curve(module, params, examples, importances, masks, horizon, max_steps, walk) -> dict:
     """Accuracy (P,) and mean fidelity / hitting time per layer (P, L) along `masks`."""
-    accuracy, fidelity, hitting = [], [], []
-    for start in range(0, len(masks), MASK_CHUNK):
-        acc, mixed = _masked_runs(
-            module, params, examples, importances, masks[start : start + MASK_CHUNK]
-        )
+
+    def chunk(masks_chunk):
+        acc, mixed = _masked_runs(module, params, examples, importances, masks_chunk)
         m = metrics.operator_metrics(mixed, horizon, max_steps, walk=walk)
-        accuracy.append(np.asarray(acc))
-        fidelity.append(np.asarray(jnp.mean(m.minimax_fidelity, axis=1)))
-        hitting.append(np.asarray(jnp.mean(m.hitting_time, axis=1)))
+        fid, hit = jnp.mean(m.minimax_fidelity, axis=1), jnp.mean(m.hitting_time, axis=1)
+        return np.asarray(acc), np.asarray(fid), np.asarray(hit)
+
+    chunks = [masks[s : s + MASK_CHUNK] for s in range(0, len(masks), MASK_CHUNK)]
+    # Forward passes on one device leave cores idle; chunks from several threads run at once.
+    with concurrent.futures.ThreadPoolExecutor(min(len(chunks), os.cpu_count() or 1)) as pool:
+        accuracy, fidelity, hitting = zip(*pool.map(chunk, chunks), strict=True)
     accuracy = np.concatenate(accuracy)
     pruned = np.arange(len(masks)) / max(len(masks) - 1, 1)
     return {

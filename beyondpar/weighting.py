@@ -31,7 +31,7 @@ def optimal_weights(
     horizon: int = 100,
     max_steps: int = 100,
     init=None,
-    steps: int = 100,
+    steps: int = 80,
     learning_rate: float = 0.1,
 ):
     """(weights (H,), value): the head mix maximising the mean minimax fidelity, or
@@ -41,8 +41,8 @@ def optimal_weights(
     Extra leading axes (e.g. L x N x H x T x T for every layer of a model) are independent
     problems solved in one batch: weights (..., H) and values (...). Candidates scored
     exactly: uniform, `init` (e.g. the learned importances, shape (..., H)) when given,
-    every single head, and the results of the descent from uniform, `init` and the two
-    best single heads.
+    every single head, and the results of the descent from uniform, `init` and the best
+    single head.
     """
     objective = _checks.one_of("objective", objective, OBJECTIVES)
     walk = _checks.one_of("walk", walk, metrics.WALKS)
@@ -79,7 +79,7 @@ def _base_candidates(num_heads: int, init, lead: tuple, dtype) -> jax.Array:
     return jnp.concatenate([rows[..., :1, :], learned, rows[..., 1:, :]], axis=-2)
 
 
-def _descent_starts(base, scores, objective: str, has_init: bool, heads_kept: int = 2):
+def _descent_starts(base, scores, objective: str, has_init: bool, heads_kept: int = 1):
     """Uniform, learned, and the best `heads_kept` single heads: the descent from every
     head would cost H times more, and every head is scored exactly anyway."""
     fixed = 2 if has_init else 1

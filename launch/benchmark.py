@@ -2,6 +2,8 @@
 
 python launch/benchmark.py metrics [--repeats 5]
 python launch/benchmark.py train   [--repeats 5]
+python launch/benchmark.py synergy [--repeats 1]     # one 16-head checkpoint, every analysis
+python launch/benchmark.py pretrained [--repeats 1]  # GPT-2-small shape, 1,024 tokens
 """
 
 from absl import app, flags
