@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,11 +14,25 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+_warned_float64 = False
+
+
 def as_float_array(name: str, x) -> jax.Array:
-    """Float array of `x`; integer and bool inputs become the default float dtype."""
+    """Float array of `x`; integer and bool inputs become the default float dtype.
+
+    float64 input while JAX runs in float32 mode is computed in float32: said once.
+    """
+    global _warned_float64
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
     dtype = getattr(x, "dtype", None)
+    if dtype == np.float64 and not jax.config.jax_enable_x64 and not _warned_float64:
+        _warned_float64 = True
+        warnings.warn(
+            f"{name} is float64 but JAX runs in float32 mode, so it is computed in float32; "
+            "enable float64 with jax.config.update('jax_enable_x64', True)",
+            stacklevel=3,
+        )
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         x = jnp.asarray(x, dtype=jnp.result_type(float))
     return jnp.asarray(x)

@@ -134,7 +134,7 @@ def plot_pairwise(record: dict, plt):
     bound = max(max(float(np.abs(m).max()) for m in mats), 1e-9)
     for ax, layer, mat in zip(axes.flat, layers, mats, strict=False):
         image = ax.imshow(mat, cmap="RdBu", vmin=-bound, vmax=bound)
-        ax.set(title=f"layer {layer}", xlabel="head", ylabel="head")
+        ax.set(title=f"layer {layer}", xlabel="head")
     for ax in list(axes.flat)[len(layers) :]:
         ax.axis("off")
     fig.colorbar(image, ax=axes.ravel().tolist(), label="pair - better head (pp)", shrink=0.8)

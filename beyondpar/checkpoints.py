@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import logging
 import os
 from pathlib import Path
 
@@ -9,7 +13,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from beyondpar import files
 from beyondpar import model as model_lib
+
+CHECKSUMS = "checksums.json"
 
 # ---------------------------------------------------------------- orbax
 
@@ -30,15 +37,105 @@ def manager(
     )
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or does not match its checksum."""
+
+
+def checksum(state) -> str:
+    """SHA-256 of every leaf's shape, dtype and bytes, in tree order (this process's copy
+    of replicated arrays)."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        array = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
+        digest.update(f"{jax.tree_util.keystr(path)}{array.shape}{array.dtype}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def _checksums(directory: Path) -> dict[str, str]:
+    path = directory / CHECKSUMS
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}  # unverifiable, not unreadable: the checkpoints themselves may be fine
+
+
 def save(mgr: ocp.CheckpointManager, step: int, state, force: bool = False) -> bool:
+    """Save `state` at `step` (synchronously) and record its checksum beside it."""
     saved = mgr.save(step, args=ocp.args.StandardSave(state), force=force)
     mgr.wait_until_finished()
+    if saved and jax.process_index() == 0:
+        directory = Path(mgr.directory)
+        kept = {str(s) for s in mgr.all_steps()}
+        sums = {k: v for k, v in _checksums(directory).items() if k in kept}
+        sums[str(step)] = checksum(state)
+        files.write_json(directory / CHECKSUMS, sums)
     return saved
 
 
+def _verify(directory: Path, step: int, state) -> None:
+    expected = _checksums(directory).get(str(step))
+    if expected is not None and checksum(state) != expected:
+        raise CheckpointError(f"step {step} does not match its checksum (damaged on disk)")
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax logs every failed read of its async machinery at length; we report one line."""
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "orbax")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def restore(mgr: ocp.CheckpointManager, step: int, like):
-    """The state saved at `step`, with the structure, dtypes and shardings of `like`."""
-    return mgr.restore(step, args=ocp.args.StandardRestore(like))
+    """The state saved at `step`, with the structure, dtypes and shardings of `like`;
+    CheckpointError (one line) when it cannot be read or fails its checksum."""
+    try:
+        with _quiet_orbax():
+            state = mgr.restore(step, args=ocp.args.StandardRestore(like))
+    except Exception as err:  # noqa: BLE001 - orbax raises many kinds; the caller names the step
+        raise CheckpointError(f"step {step} is unreadable: {_first_line(err)}") from err
+    _verify(Path(mgr.directory), step, state)
+    return state
+
+
+def restore_newest_readable(mgr: ocp.CheckpointManager, like):
+    """(step, state, skipped) from the newest checkpoint that reads and verifies; skipped
+    lists (step, reason) of newer ones. (0, None, skipped) when none does."""
+    skipped = []
+    for step in sorted(mgr.all_steps(), reverse=True):
+        try:
+            return step, restore(mgr, step, like), skipped
+        except CheckpointError as err:
+            skipped.append((step, str(err)))
+    return 0, None, skipped
+
+
+def set_aside(mgr: ocp.CheckpointManager, step: int) -> Path:
+    """Move a damaged step out of the manager's sight (kept for inspection), so the run
+    can save that step again."""
+    directory = Path(mgr.directory)
+    target = directory / f"damaged_{step}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = directory / f"damaged_{step}_{n}"
+    (directory / str(step)).rename(target)
+    mgr.reload()
+    return target
+
+
+def _first_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0][:300]
 
 
 def load(directory: str | os.PathLike, step: int | None = None) -> tuple[int, dict]:
@@ -55,11 +152,15 @@ def load(directory: str | os.PathLike, step: int | None = None) -> tuple[int, di
         if step not in mgr.all_steps():
             raise ValueError(f"step must be one of {sorted(mgr.all_steps())}, got {step}")
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        try:
+            with _quiet_orbax():
+                metadata = mgr.item_metadata(step)
+        except Exception as err:  # noqa: BLE001
+            raise CheckpointError(f"step {step} is unreadable: {_first_line(err)}") from err
         target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-            mgr.item_metadata(step),
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata
         )
-        return step, mgr.restore(step, args=ocp.args.StandardRestore(target))
+        return step, restore(mgr, step, target)
 
 
 def list_steps(directory: str | os.PathLike) -> list[int]:

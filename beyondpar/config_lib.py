@@ -113,3 +113,22 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for name, value in positive.items():
         if not value > 0:
             raise ValueError(f"{name} must be > 0, got {value!r}")
+    validate_evaluation(config.evaluation)
+
+
+def validate_evaluation(evaluation: ml_collections.ConfigDict) -> None:
+    """The `evaluation` block, checked when the config is made rather than after training."""
+    from beyondpar import metrics
+
+    e = evaluation
+    for name in ("num_sequences", "horizon", "max_steps"):
+        value = e[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"evaluation.{name} must be an integer >= 1, got {value!r}")
+    if not 0 < e.eps < 1:
+        raise ValueError(f"evaluation.eps must be in the open interval (0, 1), got {e.eps!r}")
+    if e.walk not in metrics.WALKS:
+        raise ValueError(f"evaluation.walk must be one of {metrics.WALKS}, got {e.walk!r}")
+    for name in ("optimal_weights", "pruning"):
+        if not isinstance(e[name], bool):
+            raise ValueError(f"evaluation.{name} must be True or False, got {e[name]!r}")

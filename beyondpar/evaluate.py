@@ -33,6 +33,7 @@ from beyondpar import (
     train,
 )
 from beyondpar import model as model_lib
+from beyondpar import workdir as workdir_lib
 
 RECORDS_FILE = "evaluation.jsonl"
 WALKS = metrics.WALKS
@@ -219,8 +220,8 @@ def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
 
 
 def read_config(run_dir: str | os.PathLike) -> ml_collections.ConfigDict:
-    data = json.loads((Path(run_dir) / train.CONFIG_FILE).read_text())
-    return ml_collections.ConfigDict(data)
+    """A run's config; a garbled config.json is a ValueError naming the file."""
+    return ml_collections.ConfigDict(workdir_lib.read_config(run_dir))
 
 
 def evaluate_checkpoint(run_dir: str | os.PathLike, step: int | None = None, root=None) -> dict:
@@ -254,17 +255,30 @@ def find_runs(root: str | os.PathLike) -> list[Path]:
     return sorted(found)
 
 
-def read_records(path: str | os.PathLike) -> list[dict]:
-    """Records of a JSON-lines file; a torn last line (a killed writer) is ignored."""
+RECORD_KEYS = ("run", "step", "task", "heads", "layers", "metrics")
+
+
+def read_records(path: str | os.PathLike, problems: list[str] | None = None) -> list[dict]:
+    """Records of a JSON-lines file. A torn last line (a killed writer) is ignored; any
+    other line that is not a record is skipped and, with `problems`, named there."""
     path = Path(path)
     if not path.exists():
         return []
     records = []
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
+            if number < len(lines) and problems is not None:
+                problems.append(f"{path}:{number}: not valid JSON; skipped")
             continue
+        missing = [k for k in RECORD_KEYS if not isinstance(record, dict) or k not in record]
+        if missing:
+            if problems is not None:
+                problems.append(f"{path}:{number}: not a record (no {', '.join(missing)}); skipped")
+            continue
+        records.append(record)
     return records
 
 
@@ -291,11 +305,22 @@ def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"runs directory must exist, got {str(root)!r}")
+    runs = find_runs(root)
+    if not runs:
+        raise FileNotFoundError(
+            f"no runs under {root}: looked for folders holding {train.CONFIG_FILE} and "
+            f"{train.CHECKPOINT_DIR}/"
+        )
+    with workdir_lib.lock(root):
+        return _evaluate_runs(root, runs, steps, progress)
+
+
+def _evaluate_runs(root: Path, runs: list[Path], steps: str, progress: bool):
     out = root / RECORDS_FILE
     done = {(r["run"], r["step"]) for r in read_records(out)}
     todo = [
         (run, step)
-        for run, step in _pairs(find_runs(root), steps)
+        for run, step in _pairs(runs, steps)
         if (str(run.relative_to(root)), step) not in done
     ]
     records, failures = [], []
@@ -348,6 +373,35 @@ def evaluate_reference(
     examples = tasks.make_examples(
         task, key, spec.num_sequences, seq_len or cfg.max_len, cfg.vocab_size
     )
+    # Released weights have no training step or seed: recorded as None, shown as "-".
     return evaluate_params(
-        module, params, examples, spec, run=path.name, step=0, task=task, seed=-1
+        module, params, examples, spec, run=path.name, step=None, task=task, seed=None
     )
+
+
+def reference_files(folder: str | os.PathLike) -> list[Path]:
+    """`<H>_heads_<task>.npz|.pt` in a folder (a .pt beside its .npz is the same weights)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"reference folder must exist, got {str(folder)!r}")
+    paths = sorted(
+        p
+        for p in folder.iterdir()
+        if "_heads_" in p.name and p.suffix in (".npz", ".pt") and ".expected" not in p.name
+    )
+    paths = [p for p in paths if not (p.suffix == ".pt" and p.with_suffix(".npz") in paths)]
+    if not paths:
+        raise FileNotFoundError(f"no <H>_heads_<task>.npz or .pt files in {folder}")
+    return paths
+
+
+def evaluate_reference_folder(folder, spec: EvalSpec = EvalSpec()):
+    """(records, failures) of every released checkpoint in `folder`; an unreadable file is
+    named in failures and the others are evaluated."""
+    records, failures = [], []
+    for path in reference_files(folder):
+        try:
+            records.append(evaluate_reference(path, spec))
+        except Exception as err:  # noqa: BLE001 - zip, pickle and shape errors alike
+            failures.append((path.name, f"unreadable: {type(err).__name__}: {err}".splitlines()[0]))
+    return records, failures

@@ -45,10 +45,12 @@ PERCENT = {"fidelity", "fidelity_uniform", "best_individual", "gain", "combined_
 def latest(records: list[dict]) -> list[dict]:
     """The record of each run's latest evaluated step."""
     best: dict[str, dict] = {}
+    step = lambda r: -1 if r["step"] is None else r["step"]  # released weights: no step
     for r in records:
-        if r["run"] not in best or r["step"] > best[r["run"]]["step"]:
+        if r["run"] not in best or step(r) > step(best[r["run"]]):
             best[r["run"]] = r
-    return sorted(best.values(), key=lambda r: (r["task"], r["heads"], r["seed"], r["run"]))
+    order = lambda r: (r["task"], r["heads"], -1 if r["seed"] is None else r["seed"], r["run"])
+    return sorted(best.values(), key=order)
 
 
 def aggregate(records: list[dict]) -> dict:
@@ -137,7 +139,13 @@ def markdown(records: list[dict]) -> str:
         optimal = synergy_report.optimal_table(runs, task)
         if optimal:
             lines += ["", "### Optimal vs learned vs uniform vs best head", ""]
-            lines += ["Fidelity in %, hitting time in steps; mean over seeds.", "", *optimal]
+            lines += [
+                "Fidelity in %, hitting time in steps; mean over seeds. Optimal: one weight "
+                "vector per layer for all sequences; best head: the one head with the best "
+                "mean over sequences.",
+                "",
+                *optimal,
+            ]
     diversity = synergy_report.diversity_summary(runs)
     if diversity:
         lines += ["", "## Head diversity and amplification", "", *diversity]
@@ -161,10 +169,19 @@ def markdown(records: list[dict]) -> str:
     for r in runs:
         acc = 100 * r["metrics"]["accuracy"]["mean"]
         pred = 100 * r["metrics"]["accuracy_predictable"]["mean"]
+        step, seed = ("-" if r[k] is None else r[k] for k in ("step", "seed"))
         lines.append(
-            f"| {r['run']} | {r['step']} | {r['task']} | {r['heads']} | {r['seed']} "
+            f"| {r['run']} | {step} | {r['task']} | {r['heads']} | {seed} "
             f"| {acc:.2f} | {pred:.2f} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def _failed(failures) -> str:
+    if not failures:
+        return ""
+    lines = ["", "## Failed", "", "Not in the tables above:", ""]
+    lines += [f"- {name}: {message}" for name, message in failures]
     return "\n".join(lines) + "\n"
 
 
@@ -194,7 +211,7 @@ def rows(records: list[dict]) -> list[dict]:
     """One flat row per (run, step, layer) with every per-layer metric's mean and std;
     metrics a record lacks are left empty."""
     out = []
-    for r in sorted(records, key=lambda r: (r["run"], r["step"])):
+    for r in sorted(records, key=lambda r: (r["run"], -1 if r["step"] is None else r["step"])):
         for layer in range(r["layers"]):
             row = {k: r[k] for k in ("run", "step", "task", "heads", "seed", "walk")}
             row["layer"] = layer + 1
@@ -233,11 +250,15 @@ def plot_vs_heads(records: list[dict]):
     plt = _pyplot()
     cells = aggregate(records)
     task_names = sorted({t for t, _ in cells})
+    walk = ", ".join(sorted({r["walk"] for r in records}))
     fig, axes = plt.subplots(2, len(task_names), figsize=(5 * len(task_names), 7), squeeze=False)
     for col, task in enumerate(task_names):
         heads = sorted(h for t, h in cells if t == task)
         for row, (name, label) in enumerate(
-            [("fidelity", "minimax fidelity (%)"), ("hitting_time", "hitting time (steps)")]
+            [
+                ("fidelity", "minimax fidelity (%)"),
+                ("hitting_time", f"hitting time, {walk} walk (steps)"),
+            ]
         ):
             ax = axes[row, col]
             scale = 100 if name in PERCENT else 1
@@ -250,11 +271,19 @@ def plot_vs_heads(records: list[dict]):
                 )
             ax.set_xscale("log", base=2)
             ax.set_xticks(heads, [str(h) for h in heads])
-            ax.set(xlabel="heads", ylabel=label, title=f"{task}")
+            _log_if_spread(ax, name)
+            ax.set(xlabel="heads", ylabel=label, title=f"{task} (bars: ± 1 std)")
             ax.grid(alpha=0.3)
     axes[0, 0].legend()
     fig.tight_layout()
     return fig
+
+
+def _log_if_spread(ax, name: str) -> None:
+    """A hitting time at the step cap next to a few steps flattens a linear axis."""
+    low, high = ax.get_ylim()
+    if name.startswith("hitting_time") and low > 0 and high / low > 10:
+        ax.set_yscale("log")
 
 
 def plot_amplification(records: list[dict]):
@@ -283,35 +312,45 @@ def plot_amplification(records: list[dict]):
 
 
 def plot_vs_step(records: list[dict]):
-    """Layer-mean fidelity and hitting time against training step, a line per run."""
+    """Layer-mean fidelity and hitting time against training step: a column per task, a
+    line per run, runs ordered by head count."""
     plt = _pyplot()
     by_run = defaultdict(list)
     for r in records:
         by_run[r["run"]].append(r)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for run, recs in sorted(by_run.items()):
+    task_names = sorted({r["task"] for r in records})
+    fig, axes = plt.subplots(2, len(task_names), figsize=(5 * len(task_names), 7), squeeze=False)
+    ordered = sorted(by_run.items(), key=lambda item: (item[1][0]["heads"], item[0]))
+    for run, recs in ordered:
+        col = task_names.index(recs[0]["task"])
         recs.sort(key=lambda r: r["step"])
         steps = [r["step"] for r in recs]
+        label = f"H={recs[0]['heads']}: {run}"
         fid = [100 * np.mean(r["metrics"]["fidelity"]["mean"]) for r in recs]
         hit = [np.mean(r["metrics"]["hitting_time"]["mean"]) for r in recs]
-        axes[0].plot(steps, fid, marker="o", ms=3, label=run)
-        axes[1].plot(steps, hit, marker="o", ms=3, label=run)
-    axes[0].set(xlabel="step", ylabel="minimax fidelity, layer mean (%)")
-    axes[1].set(xlabel="step", ylabel="hitting time, layer mean (steps)")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
+        axes[0, col].plot(steps, fid, marker="o", ms=3, label=label)
+        axes[1, col].plot(steps, hit, marker="o", ms=3, label=label)
+    for col, task in enumerate(task_names):
+        axes[0, col].set(title=task, ylabel="minimax fidelity, layer mean (%)")
+        axes[1, col].set(xlabel="step", ylabel="hitting time, layer mean (steps)")
+        _log_if_spread(axes[1, col], "hitting_time")
+        axes[0, col].legend(fontsize=7)
+        for ax in axes[:, col]:
+            ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
 
-def write_report(records: list[dict], out_dir: str | os.PathLike) -> list[Path]:
-    """report.md, results.csv, results.json and the PNG plots; returns their paths."""
+def write_report(
+    records: list[dict], out_dir: str | os.PathLike, failures: list[tuple[str, str]] = ()
+) -> list[Path]:
+    """report.md, results.csv, results.json and the PNG plots; returns their paths.
+    `failures` (name, message) are listed at the end of report.md."""
     plt = _pyplot()
     out_dir = Path(out_dir)
     table = rows(records)
     written = [
-        files.write_text(out_dir / "report.md", markdown(records)),
+        files.write_text(out_dir / "report.md", markdown(records) + _failed(failures)),
         files.write_text(out_dir / "results.csv", csv_text(table)),
         files.write_json(out_dir / "results.json", table),
     ]

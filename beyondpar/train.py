@@ -8,9 +8,11 @@ exactly the parameters of an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -23,10 +25,11 @@ import tqdm
 
 from beyondpar import checkpoints, config_lib, files, parallel, tasks
 from beyondpar import model as model_lib
+from beyondpar import workdir as workdir_lib
 
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.json"
+CONFIG_FILE = workdir_lib.CONFIG_FILE
 
 
 # ---------------------------------------------------------------- data
@@ -164,6 +167,14 @@ def evaluate_split(eval_step, params, examples: tasks.Examples, batch_size: int,
 # ---------------------------------------------------------------- the loop
 
 
+def _logged_step(line: str) -> float:
+    """The step of a metrics line; a torn or foreign line counts as after any step."""
+    try:
+        return float(json.loads(line)["step"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return float("inf")
+
+
 class MetricsWriter:
     """JSON lines, one per logged step, from process 0 only."""
 
@@ -174,7 +185,7 @@ class MetricsWriter:
         """Drop lines logged after `step` (by a run killed before its next checkpoint)."""
         if not (self.active and self.path.exists()):
             return
-        kept = [ln for ln in self.path.read_text().splitlines() if json.loads(ln)["step"] <= step]
+        kept = [ln for ln in self.path.read_text().splitlines() if _logged_step(ln) <= step]
         files.write_text(self.path, "".join(f"{ln}\n" for ln in kept))
 
     def write(self, step: int, values: dict) -> None:
@@ -188,14 +199,33 @@ def _check_finite(pending: list[tuple[int, jax.Array]], last_saved: int | None) 
     for (step, _), loss in zip(pending, losses, strict=True):
         if not np.isfinite(loss):
             raise FloatingPointError(
-                f"training loss is {loss} at step {step}; stopped, the last good checkpoint "
-                f"is step {last_saved}"
+                f"training loss is {loss} at step {step}; stopped, {_last_good(last_saved)}"
             )
     return losses
 
 
+def _last_good(last_saved: int | None) -> str:
+    if last_saved is None:
+        return "no checkpoint saved yet"
+    return f"the last good checkpoint is step {last_saved}"
+
+
+@jax.jit
+def _all_finite(state) -> jax.Array:
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(state)
+        if jnp.issubdtype(x.dtype, jnp.floating)
+    ]
+    return jnp.all(jnp.stack(leaves))
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Train (or resume) the run of `config` in `workdir`; returns the final state."""
+    """Train (or resume) the run of `config` in `workdir`; returns the final state.
+
+    The workdir is locked for the run (one process at a time; in a multi-process run the
+    main process holds it), and a resumed run must keep the config that made it.
+    """
     config_lib.validate(config)
     d = config.distributed
     parallel.initialize(d.coordinator_address, d.num_processes, d.process_id)
@@ -203,23 +233,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     parallel.check_batch_size(config.optim.batch_size, mesh)
     workdir = Path(workdir)
     main = parallel.is_main_process()
-    if main:
-        files.write_json(workdir / CONFIG_FILE, config.to_dict())
+    with workdir_lib.lock(workdir) if main else contextlib.nullcontext():
+        return _train(config, workdir, mesh, main)
 
+
+def _train(config, workdir: Path, mesh, main: bool) -> dict:
+    started = time.perf_counter()
     module = model_lib.Transformer(config_lib.model_config(config))
     tx = optax.adam(config.optim.learning_rate)
     k = keys(config.seed)
-    train_set, eval_set = make_datasets(config)
     last_step = total_steps(config)
     state = jax.device_put(
         create_state(module, k["init"], tx, config.task.seq_len), parallel.replicated(mesh)
     )
+    saved = checkpoints.list_steps(workdir / CHECKPOINT_DIR)
+    if main:  # refuses a changed experiment before anything is written
+        workdir_lib.prepare(workdir, config, saved[-1] if saved else 0)
     mgr = checkpoints.manager(
         workdir / CHECKPOINT_DIR, config.checkpoint_every_steps, config.keep_checkpoints
     )
-    start = mgr.latest_step() or 0
-    if start:
-        state = checkpoints.restore(mgr, start, state)
+    start, restored, skipped = checkpoints.restore_newest_readable(mgr, state)
+    for step, reason in skipped:
+        print(f"{workdir}: checkpoint {reason}; skipped", file=sys.stderr)
+        if main:
+            checkpoints.set_aside(mgr, step)
+    if skipped:
+        print(f"{workdir}: resuming from step {start or 'none (a fresh start)'}", file=sys.stderr)
+    state = restored if restored is not None else state
+    train_set, eval_set = make_datasets(config)
     writer = MetricsWriter(workdir / METRICS_FILE, main)
     writer.truncate_after(start)
     train_step = make_train_step(module, tx, mesh, k["dropout"])
@@ -233,6 +274,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         disable=not (main and config.progress_bar),
         unit="step",
     )
+    values = {}
     for step in range(start, last_step):
         batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(step)))
         state, loss = train_step(state, batch)
@@ -258,10 +300,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             )
         writer.write(done, values)
         if save_now:
+            if not bool(_all_finite(state)):
+                raise FloatingPointError(
+                    f"parameters or optimiser state are not finite at step {done}; stopped "
+                    f"before saving them, {_last_good(last_saved)}"
+                )
             checkpoints.save(mgr, done, state, force=done == last_step)
             last_saved = done
         bar.update(len(losses))
     bar.n = last_step
     bar.close()
     mgr.close()
+    if main:
+        print(_summary(config, workdir, start, last_step, values, time.perf_counter() - started))
     return state
+
+
+def _summary(config, workdir, start, last_step, values, seconds) -> str:
+    """One line a person reads at the end of a run."""
+    if start >= last_step:
+        return f"{workdir}: already trained to step {last_step}; nothing to do"
+    loss = values.get("train/loss", float("nan"))
+    acc = values.get("eval/accuracy_predictable", float("nan"))
+    resumed = f" (resumed from {start})" if start else ""
+    return (
+        f"trained {config.task.name} H={config.model.num_heads} to step {last_step}{resumed} "
+        f"in {seconds:.1f} s: train loss {loss:.4f}, eval accuracy (predictable) {acc:.4f}; "
+        f"workdir {workdir}"
+    )

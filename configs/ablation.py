@@ -11,8 +11,9 @@
 from pathlib import Path
 
 import ml_collections
+from ml_collections import config_dict
 
-from beyondpar import config_lib
+from beyondpar import ablation, config_lib, workdir
 
 
 def get_config(arg=None):
@@ -26,6 +27,13 @@ def get_config(arg=None):
     c.levels = ml_collections.ConfigDict(
         {"task": ("copy", "cycle"), "heads": (1, 4, 8, 16), "seed": tuple(range(args.seeds))}
     )
-    c.overrides = ml_collections.ConfigDict()
+    # Every field of the base config, unset: `--config.overrides.optim__learning_rate=1e-2`
+    # sets one for every run (dotted names written with `__`).
+    c.overrides = ml_collections.ConfigDict(
+        {
+            name.replace(".", "__"): config_dict.placeholder(type(value))
+            for name, value in workdir.flatten(ablation.load_config_file(c.base).to_dict()).items()
+        }
+    )
     c.steps = "latest"  # or "all": every saved step, for metrics over training
     return c

@@ -8,7 +8,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from beyondpar import ablation, parallel
+from beyondpar import ablation, parallel, workdir
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Ablation config file[:arg].")
 WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the runs, records and report.")
@@ -21,13 +21,20 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     base = ablation.load_config_file(CONFIG.value.base, CONFIG.value.base_arg or None)
     parallel.use_all_cpu_cores(base.optim.batch_size)
-    if DRY_RUN.value:
-        print("\n".join(ablation.dry_run(CONFIG.value, WORKDIR.value)))
-        return
-    written, failures = ablation.run(CONFIG.value, WORKDIR.value)
-    print("report: " + ", ".join(str(p) for p in written))
+    try:
+        if DRY_RUN.value:
+            print("\n".join(ablation.dry_run(CONFIG.value, WORKDIR.value)))
+            return
+        written, failures = ablation.run(CONFIG.value, WORKDIR.value)
+    except (ValueError, FileNotFoundError, workdir.WorkdirBusy) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    for path in written:
+        print(f"wrote {path}")
+    for name, message in failures:
+        print(f"FAILED {name}: {message}")
     if failures:
-        print(f"{len(failures)} checkpoint(s) failed: " + "; ".join(n for n, _ in failures))
+        print(f"{len(failures)} run(s) or checkpoint(s) failed; the report lists them")
         sys.exit(1)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from beyondpar import evaluate, files, parallel, report
+from beyondpar import evaluate, files, parallel, report, workdir
 
 RUNS = flags.DEFINE_string("runs", None, "Folder holding runs (config.json + checkpoints).")
 STEPS = flags.DEFINE_enum("steps", "latest", ["latest", "all"], "Which saved steps.")
@@ -21,36 +21,36 @@ flags.mark_flags_as_required([])
 
 def evaluate_runs(root: Path) -> int:
     new, failures = evaluate.evaluate_tree(root, STEPS.value)
-    records = evaluate.read_records(root / evaluate.RECORDS_FILE)
-    print(f"{len(new)} new record(s), {len(records)} in {root / evaluate.RECORDS_FILE}")
+    problems: list[str] = []
+    records = evaluate.read_records(root / evaluate.RECORDS_FILE, problems)
+    for problem in problems:
+        print(f"skipped {problem}")
+    print(
+        f"evaluated {len(new)} checkpoint(s), skipped {len(records) - len(new)} already "
+        f"recorded, failed {len(failures)}; {len(records)} record(s) in "
+        f"{root / evaluate.RECORDS_FILE}"
+    )
     if records:
-        written = report.write_report(records, Path(OUT.value or root / "report"))
-        print("report: " + ", ".join(str(p) for p in written))
+        for path in report.write_report(records, Path(OUT.value or root / "report"), failures):
+            print(f"wrote {path}")
     for name, message in failures:
         print(f"FAILED {name}: {message}")
     return 1 if failures else 0
 
 
 def evaluate_reference(folder: Path) -> int:
-    paths = sorted(
-        p for p in folder.iterdir() if "_heads_" in p.name and p.suffix in (".npz", ".pt")
-    )
-    paths = [p for p in paths if not p.name.endswith(".expected.npz")]
-    records, status = [], 0
-    for path in paths:
-        if path.suffix == ".pt" and path.with_suffix(".npz") in paths:
-            continue  # the same weights; .npz needs no torch
-        try:
-            records.append(evaluate.evaluate_reference(path))
-        except (ImportError, ValueError) as err:
-            print(f"FAILED {path.name}: {err}")
-            status = 1
+    records, failures = evaluate.evaluate_reference_folder(folder)
     out = Path(OUT.value or "out/reference")
-    files.write_text(out / "records.jsonl", "".join(f"{json.dumps(r)}\n" for r in records))
+    print(f"evaluated {len(records)} checkpoint(s), failed {len(failures)}")
     if records:
-        written = report.write_report(records, out)
-        print("report: " + ", ".join(str(p) for p in written))
-    return status
+        lines = "".join(f"{json.dumps(r)}\n" for r in records)
+        written = [files.write_text(out / "records.jsonl", lines)]
+        written += report.write_report(records, out, failures)
+        for path in written:
+            print(f"wrote {path}")
+    for name, message in failures:
+        print(f"FAILED {name}: {message}")
+    return 1 if failures else 0
 
 
 def main(argv):
@@ -58,9 +58,16 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     if bool(RUNS.value) == bool(REFERENCE.value):
         raise app.UsageError("give exactly one of --runs or --reference")
-    sys.exit(
-        evaluate_runs(Path(RUNS.value)) if RUNS.value else evaluate_reference(Path(REFERENCE.value))
-    )
+    try:
+        status = (
+            evaluate_runs(Path(RUNS.value))
+            if RUNS.value
+            else evaluate_reference(Path(REFERENCE.value))
+        )
+    except (FileNotFoundError, ValueError, workdir.WorkdirBusy) as err:
+        print(f"error: {err}", file=sys.stderr)
+        status = 2
+    sys.exit(status)
 
 
 if __name__ == "__main__":

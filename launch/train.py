@@ -5,10 +5,12 @@
 Overrides: --config.optim.learning_rate=3e-4 (a misspelt field is an error).
 """
 
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from beyondpar import parallel, train
+from beyondpar import parallel, train, workdir
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].", lock_config=True)
 WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if present).")
@@ -19,7 +21,11 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax reports every save at INFO
     parallel.use_all_cpu_cores(CONFIG.value.optim.batch_size)
-    train.train_and_evaluate(CONFIG.value, WORKDIR.value)
+    try:
+        train.train_and_evaluate(CONFIG.value, WORKDIR.value)
+    except (ValueError, FloatingPointError, workdir.WorkdirBusy) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@ def record(run, task, heads, seed, step, offset):
             "hitting_time_optimal": stat([9.0 / heads + seed, 4.5 + seed]),
             "hitting_time_uniform": stat([11.0 / heads + seed, 5.5 + seed]),
             "hitting_time_best_head": stat([9.5 / heads + seed, 4.8 + seed]),
+            "hitting_time_per_head": stat([[9.5 / heads + seed] * heads, [4.8 + seed] * heads]),
+            "fidelity_per_head": stat([[b] * heads for b in best]),
             "head_diversity": stat([0.1 * heads + 0.01 * seed + offset, 0.2 + 0.01 * seed]),
             "pairwise_synergy": stat([np.eye(heads).tolist()] * 2),
         },
