@@ -42,14 +42,27 @@ class CheckpointError(RuntimeError):
 
 
 def checksum(state) -> str:
-    """SHA-256 of every leaf's shape, dtype and bytes, in tree order (this process's copy
-    of replicated arrays)."""
+    """SHA-256 of every leaf's path, shape, dtype and bytes (this process's copy of
+    replicated arrays). Paths are compared by their names alone, sorted, so a state read
+    back with dicts where it had tuples or named tuples hashes the same."""
+    leaves = {
+        "/".join(str(_key_name(k)) for k in path): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+    }
     digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    for name in sorted(leaves):
+        leaf = leaves[name]
         array = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
-        digest.update(f"{jax.tree_util.keystr(path)}{array.shape}{array.dtype}".encode())
+        digest.update(f"{name}{array.shape}{array.dtype}".encode())
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
+
+
+def _key_name(key):
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return getattr(key, attr)
+    return key
 
 
 def _checksums(directory: Path) -> dict[str, str]:

@@ -102,5 +102,5 @@ def test_ablate_cli(tmp_path):
     assert dry.stdout.count("launch/train.py") == 1 and not (tmp_path / "report").exists()
     result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "report:" in result.stdout
+    assert f"wrote {tmp_path / 'report' / 'report.md'}" in result.stdout
     assert "## Task: cycle" in (tmp_path / "report" / "report.md").read_text()
