@@ -81,7 +81,8 @@ def validated_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_colle
     """{run name: config} for every point of the grid; a ValueError lists every invalid
     point with its error before anything is trained."""
     configs, errors = {}, []
-    for point in grid(ablation):
+    points = grid(ablation)
+    for point in points:
         name = run_name(point)
         try:
             configs[name] = run_config(ablation, point)
@@ -90,7 +91,7 @@ def validated_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_colle
             errors.append(f"  {name}: {err}")
     if errors:
         raise ValueError(
-            f"{len(errors)} of {len(configs) + len(errors)} grid points "
+            f"{len(errors)} of {len(points)} grid points "
             "are invalid; nothing was trained:\n" + "\n".join(errors)
         )
     return configs

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -17,6 +19,7 @@ from beyondpar import files
 from beyondpar import model as model_lib
 
 CHECKSUMS = "checksums.json"
+DAMAGED_DIR = "damaged_checkpoints"
 
 # ---------------------------------------------------------------- orbax
 
@@ -96,14 +99,19 @@ def _verify(directory: Path, step: int, state) -> None:
 
 @contextlib.contextmanager
 def _quiet_orbax():
-    """Orbax logs every failed read of its async machinery at length; we report one line."""
+    """Orbax logs a failed read at length, and its abandoned coroutines print thousands of
+    lines when collected; the caller reports one line instead."""
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "orbax")]
     levels = [lg.level for lg in loggers]
+    hook = sys.unraisablehook
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
     try:
         yield
     finally:
+        gc.collect()  # collect the abandoned coroutines while their noise is muted
+        sys.unraisablehook = hook
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
@@ -133,22 +141,24 @@ def restore_newest_readable(mgr: ocp.CheckpointManager, like):
 
 
 def set_aside(mgr: ocp.CheckpointManager, step: int) -> Path:
-    """Move a damaged step out of the manager's sight (kept for inspection), so the run
-    can save that step again."""
+    """Move a damaged step out of the manager's folder (orbax reads any name ending in a
+    number as a step) into `damaged_checkpoints/` beside it, kept for inspection, so the
+    run can save that step again."""
     directory = Path(mgr.directory)
-    target = directory / f"damaged_{step}"
+    target = directory.parent / DAMAGED_DIR / f"step{step}"
     n = 1
     while target.exists():
         n += 1
-        target = directory / f"damaged_{step}_{n}"
+        target = directory.parent / DAMAGED_DIR / f"step{step}-{n}"
+    target.parent.mkdir(exist_ok=True)
     (directory / str(step)).rename(target)
     mgr.reload()
     return target
 
 
 def _first_line(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".strip()
-    return text.splitlines()[0][:300]
+    text = f"{type(err).__name__}: {err}".strip().splitlines()[0]
+    return text.split(". See full TensorStore details")[0][:300]
 
 
 def load(directory: str | os.PathLike, step: int | None = None) -> tuple[int, dict]:

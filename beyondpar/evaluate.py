@@ -231,7 +231,7 @@ def evaluate_checkpoint(run_dir: str | os.PathLike, step: int | None = None, roo
     step, state = checkpoints.load(run_dir / train.CHECKPOINT_DIR, step)
     module = model_lib.Transformer(config_lib.model_config(config))
     spec = EvalSpec.from_config(config)
-    name = str(run_dir.relative_to(root)) if root else run_dir.name
+    name = run_name(run_dir, root)
     return evaluate_params(
         module,
         state["params"],
@@ -242,6 +242,12 @@ def evaluate_checkpoint(run_dir: str | os.PathLike, step: int | None = None, roo
         task=config.task.name,
         seed=int(config.seed),
     )
+
+
+def run_name(run_dir: Path, root=None) -> str:
+    """A run's name in records: its path under `root` (its folder name when it is `root`)."""
+    relative = Path(run_dir).relative_to(root) if root else Path(".")
+    return Path(run_dir).name if str(relative) == "." else str(relative)
 
 
 def find_runs(root: str | os.PathLike) -> list[Path]:
@@ -319,13 +325,11 @@ def _evaluate_runs(root: Path, runs: list[Path], steps: str, progress: bool):
     out = root / RECORDS_FILE
     done = {(r["run"], r["step"]) for r in read_records(out)}
     todo = [
-        (run, step)
-        for run, step in _pairs(runs, steps)
-        if (str(run.relative_to(root)), step) not in done
+        (run, step) for run, step in _pairs(runs, steps) if (run_name(run, root), step) not in done
     ]
     records, failures = [], []
     for run, step in tqdm.tqdm(todo, desc="evaluating", unit="ckpt", disable=not progress):
-        name = f"{run.relative_to(root)}@{step if step is not None else '?'}"
+        name = f"{run_name(run, root)}@{step if step is not None else '?'}"
         try:
             if step is None:
                 raise FileNotFoundError("no checkpoint saved")
