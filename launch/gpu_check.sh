@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # One short prepared check for a GPU machine: the parallel-path tests, both benchmarks
 # and a 2,000-step run of the paper's config, then a table of the figures.
-# Usage: bash launch/gpu_check.sh   (needs jax with CUDA: pip install 'jax[cuda12]')
+# Usage: bash launch/gpu_check.sh   (installs the cuda12 extra into .venv; TPU: EXTRA=tpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source launch/setup_env.sh "${EXTRA:-cuda12}"
 out="${OUT:-out/gpu_check}"
 mkdir -p "$out"
 python -c 'import jax; print(jax.devices())' | tee "$out/devices.txt"
 python -m pytest -q tests/test_train.py -k "data_parallel or nan or resumes" 2>&1 | tail -3 | tee "$out/tests.txt"
 python launch/benchmark.py metrics --repeats 5 | tee "$out/metrics.txt"
 python launch/benchmark.py train --repeats 5 | tee "$out/train.txt"
+python launch/benchmark.py synergy | tee "$out/synergy.txt"
+python launch/benchmark.py pretrained | tee "$out/pretrained.txt"
 start=$(date +%s)
 python launch/train.py --config=configs/paper.py:task=cycle,heads=8 \
   --config.optim.num_epochs=20 --config.progress_bar=False --workdir="$out/run"
