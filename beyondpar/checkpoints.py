@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import io
 import json
 import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -99,19 +102,24 @@ def _verify(directory: Path, step: int, state) -> None:
 
 @contextlib.contextmanager
 def _quiet_orbax():
-    """Orbax logs a failed read at length, and its abandoned coroutines print thousands of
-    lines when collected; the caller reports one line instead."""
+    """Orbax logs a failed read at length, and its abandoned reads print thousands of lines
+    of tracebacks as they finish or are collected; the caller reports one line instead."""
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "orbax")]
     levels = [lg.level for lg in loggers]
-    hook = sys.unraisablehook
+    hooks = sys.unraisablehook, threading.excepthook, sys.stderr
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
-    sys.unraisablehook = lambda unraisable: None
+    sys.unraisablehook = threading.excepthook = lambda *_: None
+    sys.stderr = io.StringIO()
+    failed = True
     try:
         yield
+        failed = False
     finally:
-        gc.collect()  # collect the abandoned coroutines while their noise is muted
-        sys.unraisablehook = hook
+        if failed:
+            time.sleep(0.5)  # let the abandoned reads finish while muted
+        gc.collect()
+        sys.unraisablehook, threading.excepthook, sys.stderr = hooks
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 

@@ -17,6 +17,7 @@ def smoke_ablation():
     config.levels.heads = (1, 2)
     config.levels.task = ("copy",)
     config.overrides.optim__num_epochs = 2
+    config.overrides.evaluation__pruning = False  # tested on their own
     return config
 
 
@@ -95,6 +96,8 @@ def test_ablate_cli(tmp_path):
         "--config=configs/ablation.py:base=smoke",
         "--config.levels.heads=(2,)",
         "--config.levels.task=('cycle',)",
+        "--config.overrides.evaluation__pruning=False",
+        "--config.overrides.evaluation__optimal_weights=False",
         f"--workdir={tmp_path}",
     ]
     dry = subprocess.run([*args, "--dry_run"], capture_output=True, text=True, cwd=ROOT)

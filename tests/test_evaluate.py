@@ -58,6 +58,7 @@ def tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("tree")
     config = smoke.get_config()
     config.optim.num_epochs = 2
+    config.evaluation.update(optimal_weights=False, pruning=False)  # tested on their own
     train.train_and_evaluate(config, str(root / "a"))
     shutil.copytree(root / "a", root / "group" / "b")
     return root
