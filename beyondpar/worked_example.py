@@ -56,15 +56,17 @@ def plot_operator(name: str, op, steps: int = STEPS):
     signal = 100 * np.asarray(metrics.sink_signal(op, steps))  # steps x nodes
     t = np.arange(1, steps + 1)
     running = np.maximum.accumulate(signal, axis=0).min(axis=1)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     for j, node in enumerate(NODES):
         ax.plot(t, signal[:, j], marker="o", ms=3, label=node)
     ax.plot(t, running, "k--", label=f"minimax fidelity ({running[-1]:.1f}%)")
     ax.set(xlabel="diffusion step t", ylabel="share at the sink (%)", title=f"Example 2: {name}")
     ax.set_ylim(0, 100)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlim(0.5, steps + 0.5)
+    ticks = sorted({1, *range(5, steps + 1, 5)})  # t = 1 is the first step, not t = 0
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # off the curves
     fig.tight_layout()
     return fig
 

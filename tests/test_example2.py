@@ -47,3 +47,15 @@ def test_launcher_writes_figures_and_summary(tmp_path):
     assert summary["mixed"]["minimax_fidelity"] == pytest.approx(5 / 12, rel=1e-12)
     assert summary["head1"]["node_fidelity"]["v"] == pytest.approx(0.375, rel=1e-12)
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def test_figure_keeps_the_legend_off_the_curves_and_ticks_t1():
+    import matplotlib.pyplot as plt
+
+    fig = worked_example.plot_operator("mixed", worked_example.operators()["mixed"])
+    ax = fig.axes[0]
+    assert ax.get_xticks()[0] == 1
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1  # right of the plotting area
+    plt.close(fig)
