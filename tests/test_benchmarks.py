@@ -34,3 +34,15 @@ def test_suites_report_their_ratios(capsys):
     assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith('{"devices"')
+
+
+def test_analysis_suites_report_every_part(capsys):
+    from beyondpar import benchmarks_analysis
+
+    tiny = dict(model_type="gpt2", vocab_size=50, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+    p = benchmarks_analysis.pretrained_suite(t=32, config=tiny)
+    assert set(p["seconds"]) >= {"load (build + random init)", "forward", "rollout", "report"}
+    assert p["speedup_vs_paper_fidelity"] > 0 and p["peak_rss_gb_without_pairwise"] > 0
+    s = benchmarks_analysis.synergy_suite(sequences=2, heads=2)
+    assert set(s["seconds_warm"]) == set(s["share"]) and abs(sum(s["share"].values()) - 1) < 1e-9
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"heads": 2')
