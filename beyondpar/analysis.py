@@ -12,6 +12,7 @@ attention exists, and only one mixed T x T operator per layer is kept (for the r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -41,18 +42,14 @@ class Timer:
     def __init__(self):
         self.seconds: dict[str, float] = {}
 
+    @contextlib.contextmanager
     def part(self, name: str):
-        timer = self
-
-        class _Part:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                elapsed = time.perf_counter() - self.start
-                timer.seconds[name] = timer.seconds.get(name, 0.0) + elapsed
-
-        return _Part()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
 
 
 def analyze_layer(attn_BxHxTxT, weights_H, spec: AnalysisSpec, timer: Timer | None = None) -> dict:

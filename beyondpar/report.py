@@ -219,6 +219,8 @@ def rows(records: list[dict]) -> list[dict]:
                 stat = r["metrics"].get(name)
                 row[f"{column(name)}_mean"] = None if stat is None else stat["mean"][layer]
                 row[f"{column(name)}_std"] = None if stat is None else stat["std"][layer]
+            for order, curve in r.get("pruning", {}).items():
+                row[f"pruning_auc_{order}_fraction"] = curve["auc"]
             row["accuracy_fraction"] = r["metrics"]["accuracy"]["mean"]
             row["accuracy_predictable_fraction"] = r["metrics"]["accuracy_predictable"]["mean"]
             out.append(row)
@@ -227,7 +229,8 @@ def rows(records: list[dict]) -> list[dict]:
 
 def csv_text(table: list[dict]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(table[0]), lineterminator="\n")
+    names = list(dict.fromkeys(k for row in table for k in row))  # rows may differ in columns
+    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
     writer.writeheader()
     writer.writerows(table)
     return buf.getvalue()

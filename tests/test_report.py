@@ -147,6 +147,9 @@ def test_files_and_plots(tmp_path):
     assert float(first["fidelity_fraction_mean"]) == pytest.approx(0.143)
     assert float(first["hitting_time_steps_mean"]) == pytest.approx(6.0)
     assert float(first["tv_mixing_time_normalized_steps_mean"]) == pytest.approx(8.0)
+    assert float(first["pruning_auc_random_fraction"]) == pytest.approx(0.5)
+    one_head = next(r for r in rows if r["run"] == "copy-h1-s0")
+    assert one_head["pruning_auc_random_fraction"] == ""  # no heads to prune
     for name in names:
         if name.endswith(".png"):
             assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
