@@ -163,8 +163,9 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
     }
     if optimal:
         n = examples.inputs.shape[0]
-        out["fidelity_optimal"] = fid[..., 1]
-        out["hitting_time_optimal"] = hit[..., 2]
+        mix = {name: 1 + i for i, name in enumerate(optimal)}  # after the learned mix
+        out["fidelity_optimal"] = fid[..., mix["fidelity"]]
+        out["hitting_time_optimal"] = hit[..., mix["hitting_time"]]
         for name, w in optimal.items():
             out[f"optimal_weights_{name}"] = jnp.broadcast_to(w, (n, *w.shape))
     return jax.tree.map(np.asarray, out), attn, weights

@@ -22,6 +22,13 @@ from conftest import DATA
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def launch(script: str, *flags) -> subprocess.CompletedProcess:
+    """Run `launch/<script>` with `flags` as a user would, output captured."""
+    return subprocess.run(
+        [sys.executable, f"launch/{script}", *flags], capture_output=True, text=True, cwd=ROOT
+    )
+
+
 def short():
     config = smoke.get_config()
     config.optim.num_epochs = 1  # 8 steps, checkpoints at 8
@@ -103,17 +110,7 @@ def test_a_busy_workdir_stops_a_second_process_at_once(tmp_path):
             train.train_and_evaluate(short(), str(tmp_path))
         assert time.perf_counter() - start < 5
         assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
-        cli = subprocess.run(
-            [
-                sys.executable,
-                "launch/train.py",
-                "--config=configs/smoke.py",
-                f"--workdir={tmp_path}",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
+        cli = launch("train.py", "--config=configs/smoke.py", f"--workdir={tmp_path}")
         assert cli.returncode == 2 and "is in use by another process" in cli.stderr
     finally:
         holder.send_signal(signal.SIGKILL)  # a killed holder releases the lock
@@ -181,18 +178,12 @@ def test_a_failed_run_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch):
 
 
 def test_overrides_from_the_command_line(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "launch/ablate.py",
-            "--config=configs/ablation.py:base=smoke",
-            "--config.overrides.optim__learning_rate=1e-2",
-            f"--workdir={tmp_path}",
-            "--dry_run",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
+    result = launch(
+        "ablate.py",
+        "--config=configs/ablation.py:base=smoke",
+        "--config.overrides.optim__learning_rate=1e-2",
+        f"--workdir={tmp_path}",
+        "--dry_run",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("--config.optim.learning_rate=0.01") == 8
@@ -247,12 +238,7 @@ def test_evaluation_names_damaged_files_and_goes_on(run, tmp_path):
     (root / "bad_config" / "config.json").write_text('{"model": ')
     for data in (root / "bad_checkpoint" / "checkpoints" / "8").rglob("d/*"):
         data.write_bytes(data.read_bytes()[:20])
-    result = subprocess.run(
-        [sys.executable, "launch/evaluate.py", f"--runs={root}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    result = launch("evaluate.py", f"--runs={root}")
     assert result.returncode == 1
     out = result.stdout
     assert "evaluated 1 checkpoint(s), skipped 0 already recorded, failed 2" in out
@@ -266,23 +252,13 @@ def test_evaluation_names_damaged_files_and_goes_on(run, tmp_path):
     # A valid JSON line that is not a record: named, skipped, the rest reported.
     with (root / evaluate.RECORDS_FILE).open("a") as f:
         f.write('{"hello": 1}\n')
-    again = subprocess.run(
-        [sys.executable, "launch/evaluate.py", f"--runs={root}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    again = launch("evaluate.py", f"--runs={root}")
     assert f"skipped {root / evaluate.RECORDS_FILE}:2: not a record" in again.stdout
     assert "skipped 1 already recorded" in again.stdout
 
 
 def test_nothing_to_evaluate_is_an_error(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "launch/evaluate.py", f"--runs={tmp_path}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    result = launch("evaluate.py", f"--runs={tmp_path}")
     assert result.returncode == 2
     assert (
         f"no runs under {tmp_path}: looked for folders holding config.json and checkpoints/"
@@ -338,18 +314,12 @@ def jax_tree_where(bad, tree):
 
 
 def test_train_cli_ends_with_one_summary_line(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "launch/train.py",
-            "--config=configs/smoke.py",
-            f"--workdir={tmp_path}",
-            "--config.optim.num_epochs=1",
-            "--config.progress_bar=False",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
+    result = launch(
+        "train.py",
+        "--config=configs/smoke.py",
+        f"--workdir={tmp_path}",
+        "--config.optim.num_epochs=1",
+        "--config.progress_bar=False",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     last = result.stdout.strip().splitlines()[-1]
