@@ -14,7 +14,7 @@ from beyondpar import pretrained
 from conftest import DATA
 
 HF = DATA / "hf"
-FAMILIES = ("gpt2-tiny", "llama-tiny", "llama3-rope")
+FAMILIES = ("gpt2-tiny", "llama-tiny", "llama3-rope", "neox-tiny", "qwen3-tiny", "mistral-window")
 
 
 def expected(name):
@@ -286,16 +286,162 @@ def test_wrong_tensor_shape_is_named(tmp_path):
         pretrained.load(folder)
 
 
-def test_texts_longer_than_the_context_or_window_are_errors(tmp_path):
+def test_texts_longer_than_the_context_are_errors():
     module, params, _ = pretrained.load(HF / "gpt2-tiny")
     with pytest.raises(ValueError, match="at most the model's context of 64 tokens, got 65"):
         pretrained.apply_with_attention(module, params, np.zeros((1, 65), int))
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 300\), got \[0, 300\]"):
         pretrained.apply_with_attention(module, params, np.array([[0, 300]]))
+
+
+def window_band(t, window):
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    return (j <= i) & (i - j < window)
+
+
+def test_mistral_window_reads_itself_and_the_keys_before_it():
+    _, attn = logits_and_attention(HF / "mistral-window", expected("mistral-window")["tokens"])
+    outside = ~window_band(64, 8)
+    assert np.all(np.asarray(attn)[..., outside] == 0)
+    assert np.all(np.asarray(attn)[..., 20, 13:21] > 0)  # all 8 keys of the window
+
+
+@pytest.mark.parametrize(
+    "config,windowed",
+    [
+        ({"use_sliding_window": True, "max_window_layers": 1, "layer_types": None}, [0, 1]),
+        ({"use_sliding_window": True, "max_window_layers": 0, "layer_types": None}, [1, 1]),
+        ({"use_sliding_window": False, "max_window_layers": 0, "layer_types": None}, [0, 0]),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, [1, 0]),
+    ],
+)
+def test_qwen_windows_follow_layer_types_and_max_window_layers(tmp_path, config, windowed):
+    """Qwen2/Qwen3 window the layers `layer_types` names (transformers 5 writes them, and
+    they win), else those from `max_window_layers` on when `use_sliding_window`."""
     folder = copy_checkpoint(
-        "llama-tiny", tmp_path, {"model_type": "mistral", "sliding_window": 16}
+        "qwen3-tiny", tmp_path, {**config, "sliding_window": 6, "model_type": "qwen3"}
     )
-    module, params, _ = pretrained.load(folder)
-    pretrained.apply_with_attention(module, params, np.zeros((1, 16), int))
-    with pytest.raises(ValueError, match="'sliding_window'=16 .*got 17 tokens"):
-        pretrained.apply_with_attention(module, params, np.zeros((1, 17), int))
+    _, attn = logits_and_attention(folder, expected("qwen3-tiny")["tokens"])
+    outside = ~window_band(64, 6) & np.tril(np.ones((64, 64), bool))
+    for layer, want in enumerate(windowed):
+        reads_outside = np.asarray(attn)[:, layer][..., outside].max() > 0
+        assert reads_outside != bool(want), layer
+    if not any(windowed):
+        np.testing.assert_allclose(attn, expected("qwen3-tiny")["attention"], atol=1e-5)
+
+
+def test_qwen3_needs_its_qk_norms(tmp_path):
+    def drop_norms(weights):
+        return {k: v for k, v in weights.items() if "q_norm" not in k}
+
+    folder = copy_checkpoint("qwen3-tiny", tmp_path, tensors=drop_norms)
+    with pytest.raises(ValueError, match=r"missing tensors .*self_attn.q_norm.weight.* \(of 2\)"):
+        pretrained.load(folder)
+
+
+def reference_rotary(x, inv_freq):
+    """Rotary on the first 2 * len(inv_freq) features, halves paired (NumPy, float64)."""
+    t, rot = x.shape[0], 2 * len(inv_freq)
+    angles = np.arange(t)[:, None] * inv_freq[None]
+    cos, sin = np.cos(np.tile(angles, 2))[:, None], np.sin(np.tile(angles, 2))[:, None]
+    x1, x2 = x[..., : rot // 2], x[..., rot // 2 : rot]
+    rotated = x[..., :rot] * cos + np.concatenate([-x2, x1], -1) * sin
+    return np.concatenate([rotated, x[..., rot:]], -1)
+
+
+@pytest.mark.parametrize("factor,where", [(0.5, "top"), (0.25, "rope_parameters"), (1.0, "top")])
+def test_llama_partial_rotary_matches_a_numpy_reference(tmp_path, factor, where):
+    """Layer 0's attention of llama-tiny with `partial_rotary_factor` recomputed in NumPy:
+    RMSNorm, q/k projections, rotary on the first factor * head_dim features."""
+    config = json.loads((HF / "llama-tiny" / "config.json").read_text())
+    rope = dict(config["rope_parameters"])
+    change = {"partial_rotary_factor": factor}
+    if where == "rope_parameters":
+        change = {"rope_parameters": {**rope, "partial_rotary_factor": factor}}
+    folder = copy_checkpoint("llama-tiny", tmp_path, change)
+    tokens = expected("llama-tiny")["tokens"][:1]
+    _, attn = logits_and_attention(folder, tokens)
+    w = {k: v.astype(np.float64) for k, v in load_file(folder / "model.safetensors").items()}
+    x = w["model.embed_tokens.weight"][tokens[0]]
+    h = x / np.sqrt((x * x).mean(-1, keepdims=True) + config["rms_norm_eps"])
+    h = h * w["model.layers.0.input_layernorm.weight"]
+    q = (h @ w["model.layers.0.self_attn.q_proj.weight"].T).reshape(64, 4, 8)
+    k = (h @ w["model.layers.0.self_attn.k_proj.weight"].T).reshape(64, 2, 8)
+    rot = int(8 * factor)
+    inv = 1.0 / rope["rope_theta"] ** (np.arange(0, rot, 2) / rot)
+    q, k = reference_rotary(q, inv), reference_rotary(k, inv)
+    scores = np.einsum("qhd,khd->hqk", q, np.repeat(k, 2, axis=1)) / np.sqrt(8)
+    scores = np.where(np.tril(np.ones((64, 64), bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    np.testing.assert_allclose(attn[0, 0], probs, atol=2e-5)
+
+
+def test_neox_legacy_rotary_fields_and_sequential_residual(tmp_path):
+    """Before transformers 5 GPT-NeoX configs named the rotary share `rotary_pct` and the
+    base `rotary_emb_base`: same model. Sequential residual differs from parallel, and
+    equals it when the attention output is zero (then both add only the MLP of ln2(x))."""
+    legacy = {"rope_parameters": None, "rotary_pct": 0.25, "rotary_emb_base": 10000.0}
+    folder = copy_checkpoint("neox-tiny", tmp_path, legacy)
+    tokens = expected("neox-tiny")["tokens"]
+    logits, _ = logits_and_attention(folder, tokens)
+    np.testing.assert_allclose(logits, expected("neox-tiny")["logits"], atol=1e-4)
+
+    def silence_attention(weights):
+        return {k: (0 * v if ".attention.dense." in k else v) for k, v in weights.items()}
+
+    runs = {}
+    for parallel in (True, False):
+        for silent in (True, False):
+            sub = tmp_path / f"{parallel}-{silent}"
+            sub.mkdir()
+            change = {"use_parallel_residual": parallel}
+            f = copy_checkpoint("neox-tiny", sub, change, silence_attention if silent else None)
+            runs[parallel, silent] = np.asarray(logits_and_attention(f, tokens)[0])
+    np.testing.assert_allclose(runs[True, True], runs[False, True], atol=1e-6)
+    assert np.abs(runs[True, False] - runs[False, False]).max() > 1e-2
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "neox-tiny", "qwen3-tiny"])
+def test_head_mask_of_ones_is_the_model_and_zero_removes_the_head(tmp_path, name):
+    """All ones: the same logits to the bit. A zero for head h of layer 0 equals zeroing
+    the output projection's input features of that head in the checkpoint."""
+    module, params, _ = pretrained.load(HF / name)
+    tokens = expected(name)["tokens"]
+    cfg = module.config
+    plain, attn = pretrained.apply_with_attention(module, params, tokens)
+    ones = np.ones((cfg.num_layers, cfg.num_heads))
+    masked, attn_ones = pretrained.apply_with_attention(module, params, tokens, ones)
+    np.testing.assert_array_equal(plain, masked)
+    mask = ones.copy()
+    mask[0, 1] = 0
+    got, _ = pretrained.apply_with_attention(module, params, tokens, mask)
+    fam = pretrained.family(module)
+    kernel = np.array(fam.out_kernel(params, 0))
+    d = kernel.shape[0] // cfg.num_heads
+    kernel[d : 2 * d] = 0
+    edited = jax.tree.map(lambda x: x, params)
+    layer = pretrained.layer_name(module, 0)
+    out_name = {"gpt2-tiny": "c_proj", "neox-tiny": "dense", "qwen3-tiny": "o_proj"}[name]
+    edited[layer] = {**params[layer], out_name: {**params[layer][out_name], "kernel": kernel}}
+    want, _ = pretrained.apply_with_attention(module, edited, tokens)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.abs(np.asarray(got) - np.asarray(plain)).max() > 1e-3
+    per_sequence = np.stack([ones, mask])
+    both, _ = pretrained.apply_with_attention(module, params, tokens, per_sequence)
+    np.testing.assert_allclose(both[0], plain[0], atol=1e-6)
+    np.testing.assert_allclose(both[1], want[1], atol=1e-5)
+    layers = pretrained.layer_by_layer(module, params, tokens, mask)
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            next(layers)
+    np.testing.assert_allclose(stop.value.value, want, atol=1e-5)
+
+
+def test_bad_head_masks_are_named():
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    tokens = expected("llama-tiny")["tokens"]
+    with pytest.raises(ValueError, match=r"head_mask must have shape \(L, H\) = \(2, 4\)"):
+        pretrained.apply_with_attention(module, params, tokens, np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"head_mask entries must be in \[0, 1\], got range"):
+        pretrained.apply_with_attention(module, params, tokens, 2 * np.ones((2, 4)))

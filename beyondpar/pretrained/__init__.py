@@ -1,14 +1,16 @@
-"""Hugging Face checkpoints (GPT-2, Llama, Mistral, Qwen2) read from local files into JAX.
+"""Pretrained checkpoints (GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Qwen2, Qwen3) in JAX.
 
-`load` reads config.json, safetensors weights and tokenizer.json, without torch or
-transformers; `apply_with_attention` returns logits and every layer's attention like
-`beyondpar.model.apply_with_attention`; `layer_by_layer` yields one layer's attention at a
-time, for texts too long to keep every layer's T x T maps.
+`load` reads a Hugging Face folder (config.json, safetensors weights, tokenizer.json) or
+a GGUF file (llama.cpp, Ollama), without torch or transformers; `apply_with_attention`
+returns logits and every layer's attention like `beyondpar.model.apply_with_attention`,
+with the same head mask; `layer_by_layer` yields one layer's attention at a time, for
+texts too long to keep every layer's T x T maps.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from collections.abc import Iterator
 from types import ModuleType
@@ -17,14 +19,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from beyondpar.pretrained import files, gpt2, llama
+from beyondpar.pretrained import files, gguf_file, gpt2, gpt_neox, llama
 
-FAMILIES: dict[str, ModuleType] = {"gpt2": gpt2, **{kind: llama for kind in llama.MODEL_TYPES}}
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+FAMILIES: dict[str, ModuleType] = {
+    kind: fam for fam in (gpt2, gpt_neox, llama) for kind in fam.MODEL_TYPES
+}
 
 
 def family(module) -> ModuleType:
-    return gpt2 if isinstance(module, gpt2.Gpt2) else llama
+    """The family module (gpt2, gpt_neox, llama) a Flax model class comes from."""
+    return importlib.import_module(type(module).__module__)
 
 
 def build(config: dict):
@@ -34,44 +38,71 @@ def build(config: dict):
         raise ValueError(
             f"config.json field 'model_type' must be one of {sorted(FAMILIES)}, got {kind!r}"
         )
-    if kind == "gpt2":
-        return gpt2.Gpt2(gpt2.Gpt2Config.from_hf(config))
-    return llama.Llama(llama.LlamaConfig.from_hf(config))
+    return FAMILIES[kind].build(config)
 
 
 def load(path_or_name: str | os.PathLike, dtype=None):
-    """(module, params, tokenizer) of a local checkpoint folder or a cached model name.
+    """(module, params, tokenizer) of a local checkpoint folder, a cached model name, or a
+    GGUF file (or a folder holding one).
 
-    Parameters keep the checkpoint's dtype unless `dtype` is given; every tensor's shape is
-    checked against the config.
+    Parameters keep the checkpoint's dtype unless `dtype` is given (GGUF tensors are
+    dequantised to float32); every tensor's shape is checked against the config.
     """
+    gguf_path = gguf_file.find(path_or_name)
+    if gguf_path is not None:
+        return load_gguf(gguf_path, dtype)
     folder = files.resolve(path_or_name)
     module = build(files.read_config(folder))
     tokenizer = files.read_tokenizer(folder)
-    params = _read_params(module, files.shard_files(folder), dtype)
+    shards = files.shard_files(folder)
+    prefix = _prefix(module, shards)
+    params = _read_params(
+        module, set(shards), lambda names: files.read_tensors(shards, names), dtype, prefix
+    )
     return module, params, tokenizer
 
 
-def _read_params(module, shards: dict, dtype) -> dict:
+def load_gguf(path: str | os.PathLike, dtype=None):
+    """(module, params, tokenizer) of a GGUF file, dequantised tensor by tensor."""
+    source = gguf_file.GgufFile(gguf_file.find(path) or _not_gguf(path))
+    module = build(source.config())
+    tokenizer = source.tokenizer()
+    names = source.hf_names()
+    params = _read_params(module, set(names), source.read_tensors, dtype, "")
+    return module, params, tokenizer
+
+
+def _not_gguf(path):
+    raise ValueError(f"path must be a GGUF file or a folder holding one, got {str(path)!r}")
+
+
+def _prefix(module, names) -> str:
+    """GPT-2 checkpoints saved from GPT2LMHeadModel name the body `transformer.*` (and may
+    add an unprefixed `lm_head.weight`); the original `gpt2` upload has no prefix."""
+    if not isinstance(module, gpt2.Gpt2):
+        return ""
+    return "transformer." if any(n.startswith("transformer.h.") for n in names) else ""
+
+
+def _read_params(module, available: set, read, dtype, prefix: str) -> dict:
+    """Parameters named as `module` wants them; `read(names)` yields (name, array) one at a
+    time, so only one tensor beyond the parameters themselves is alive at once."""
     fam = family(module)
     like = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), int)))
-    prefix = "transformer." if any(n.startswith("transformer.") for n in shards) else ""
-    names = {}
+    wanted = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(like["params"]):
         keys = tuple(p.key for p in path)
         name, transpose = fam.hf_name(keys)
-        names[keys] = (prefix + name, transpose, leaf.shape)
-    wanted = [n for n, _, _ in names.values()]
-    missing = [n for n in wanted if n not in shards]
+        wanted[prefix + name] = (keys, transpose, tuple(leaf.shape))
+    missing = [n for n in wanted if n not in available]
     if missing:
         raise ValueError(f"checkpoint is missing tensors {missing[:5]} (of {len(missing)})")
-    tensors = files.read_tensors(shards, wanted)
     flat = {}
-    for keys, (name, transpose, shape) in names.items():
-        array = tensors.pop(name)
+    for name, array in read(list(wanted)):
+        keys, transpose, shape = wanted[name]
         array = array.T if transpose else array
-        if array.shape != tuple(shape):
-            raise ValueError(f"tensor {name!r} must have shape {tuple(shape)}, got {array.shape}")
+        if array.shape != shape:
+            raise ValueError(f"tensor {name!r} must have shape {shape}, got {array.shape}")
         flat[keys] = jnp.asarray(array, dtype=dtype)
     return _unflatten(flat)
 
@@ -103,14 +134,38 @@ def check_tokens(module, tokens_BxT) -> np.ndarray:
     return tokens
 
 
-def apply_with_attention(module, params, tokens_BxT):
-    """Logits (B, T, V) and float32 attention of every layer and query head (B, L, H, T, T)."""
-    return _apply(module, params, check_tokens(module, tokens_BxT))
+def check_head_mask(module, head_mask):
+    """A head mask as float32 (L, H) or (B, L, H) with entries in [0, 1]; None stays None."""
+    if head_mask is None:
+        return None
+    mask = np.asarray(head_mask, np.float64)
+    want = (module.config.num_layers, module.config.num_heads)
+    if mask.ndim not in (2, 3) or mask.shape[-2:] != want:
+        raise ValueError(
+            f"head_mask must have shape (L, H) = {want} or (B, L, H), got shape {mask.shape}"
+        )
+    if not np.all((mask >= 0) & (mask <= 1)):
+        raise ValueError(
+            f"head_mask entries must be in [0, 1], got range [{mask.min()}, {mask.max()}]"
+        )
+    return jnp.asarray(mask, jnp.float32)
+
+
+def apply_with_attention(module, params, tokens_BxT, head_mask=None):
+    """Logits (B, T, V) and float32 attention of every layer and query head (B, L, H, T, T).
+
+    `head_mask` (L, H) or per sequence (B, L, H) scales each head's output before its
+    layer's output projection (0 removes the head); None leaves the model as is.
+    """
+    tokens = check_tokens(module, tokens_BxT)
+    return _apply(module, params, tokens, check_head_mask(module, head_mask))
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _apply(module, params, tokens):
-    logits, state = module.apply({"params": params}, tokens, mutable=["intermediates"])
+def _apply(module, params, tokens, head_mask=None):
+    logits, state = module.apply(
+        {"params": params}, tokens, head_mask=head_mask, mutable=["intermediates"]
+    )
     blocks = state["intermediates"]
     attn = [blocks[layer_name(module, i)]["attention"][0] for i in range(module.config.num_layers)]
     return logits, jnp.stack(attn, axis=1)
@@ -120,14 +175,16 @@ def layer_name(module, index: int) -> str:
     return f"{module.layer_prefix}_{index}"
 
 
-def layer_by_layer(module, params, tokens_BxT) -> Iterator[tuple[int, jax.Array]]:
+def layer_by_layer(module, params, tokens_BxT, head_mask=None) -> Iterator[tuple[int, jax.Array]]:
     """Yield (layer, attention B x H x T x T) one layer at a time, then return the logits
     (as StopIteration.value): only one layer's T x T maps are alive at once."""
     tokens = check_tokens(module, tokens_BxT)
+    mask = check_head_mask(module, head_mask)
     x = _embed(module, params, tokens)
     for i in range(module.config.num_layers):
         block = family(module).block_module(module.config, i)
-        x, attn = _block(block, params[layer_name(module, i)], x)
+        layer_mask = None if mask is None else mask[..., i, :]
+        x, attn = _block(block, params[layer_name(module, i)], x, layer_mask)
         yield i, attn
     return _unembed(module, params, x)
 
@@ -143,6 +200,6 @@ def _unembed(module, params, x):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _block(block, params, x):
-    out, state = block.apply({"params": params}, x, mutable=["intermediates"])
+def _block(block, params, x, head_mask=None):
+    out, state = block.apply({"params": params}, x, head_mask, mutable=["intermediates"])
     return out, state["intermediates"]["attention"][0]

@@ -6,9 +6,11 @@ out as `models--org--name/refs/main` (a commit hash) -> `snapshots/<hash>/`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +57,16 @@ def read_config(folder: Path) -> dict:
     path = folder / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint folder must hold {CONFIG}, got none in {folder}")
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _read_json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
 
 
@@ -65,7 +74,9 @@ def shard_files(folder: Path) -> dict[str, Path]:
     """tensor name -> file holding it: one model.safetensors or the shards of the index."""
     index = folder / INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} must map tensor names to files under 'weight_map'")
         shards = {name: folder / file for name, file in weight_map.items()}
         missing = sorted({str(p.name) for p in shards.values() if not p.is_file()})
         if missing:
@@ -77,25 +88,38 @@ def shard_files(folder: Path) -> dict[str, Path]:
             f"checkpoint folder must hold {WEIGHTS} or {INDEX} with its shards, "
             f"got neither in {folder}"
         )
-    from safetensors import safe_open
-
-    with safe_open(single, framework="numpy") as f:
+    with _open_safetensors(single) as f:
         return {name: single for name in f.keys()}  # noqa: SIM118 - not a dict
 
 
-def read_tensors(shards: dict[str, Path], names) -> dict[str, np.ndarray]:
-    """The named tensors in their stored dtype (bf16 stays bf16), each shard opened once."""
-    from safetensors import safe_open
-
+def read_tensors(shards: dict[str, Path], names) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, tensor) in its stored dtype (bf16 stays bf16), one at a time, each shard
+    opened once; a damaged file is a ValueError naming it."""
     by_file: dict[Path, list[str]] = {}
     for name in names:
         by_file.setdefault(shards[name], []).append(name)
-    out = {}
     for path, wanted in by_file.items():
-        with safe_open(path, framework="numpy") as f:
+        with _open_safetensors(path) as f:
             for name in wanted:
-                out[name] = f.get_tensor(name)
-    return out
+                try:
+                    tensor = f.get_tensor(name)
+                except Exception as err:  # safetensors raises its own error types
+                    message = f"weights file {path}: tensor {name!r} cannot be read: {err}"
+                    raise ValueError(message) from err
+                yield name, tensor
+
+
+@contextlib.contextmanager
+def _open_safetensors(path: Path):
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(path, framework="numpy")
+    except Exception as err:  # SafetensorError, OSError: a cut or overwritten file
+        message = f"weights file {path} cannot be read (damaged or cut short?): {err}"
+        raise ValueError(message) from err
+    with handle as f:
+        yield f
 
 
 def read_tokenizer(folder: Path):
@@ -104,4 +128,7 @@ def read_tokenizer(folder: Path):
         raise FileNotFoundError(f"checkpoint folder must hold {TOKENIZER}, got none in {folder}")
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception on bad JSON
+        raise ValueError(f"{path} is not a valid tokenizer file: {err}") from err

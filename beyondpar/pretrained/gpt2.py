@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from beyondpar.pretrained import layers
 from beyondpar.pretrained.config_fields import field, one_of
 
+MODEL_TYPES = ("gpt2",)
+
 ACTIVATIONS = {
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
@@ -72,7 +74,7 @@ class Gpt2Block(nn.Module):
     layer_index: int = 0
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, head_mask=None):
         cfg = self.config
         b, t, d = x.shape
         h = nn.LayerNorm(epsilon=cfg.eps, name="ln_1")(x)
@@ -80,7 +82,8 @@ class Gpt2Block(nn.Module):
         scale = 1 / math.sqrt(cfg.head_dim) if cfg.scale_attn_weights else 1.0
         if cfg.scale_by_inverse_layer_idx:
             scale /= self.layer_index + 1
-        attn = layers.causal_attention(self, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], scale)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        attn = layers.causal_attention(self, q, k, v, scale, head_mask=head_mask)
         x = x + nn.Dense(d, name="c_proj")(attn)
         h = nn.LayerNorm(epsilon=cfg.eps, name="ln_2")(x)
         h = ACTIVATIONS[cfg.activation](nn.Dense(cfg.mlp_dim, name="c_fc")(h))
@@ -106,10 +109,10 @@ class Gpt2(nn.Module):
     def unembed(self, x):
         return self.wte.attend(self.ln_f(x))
 
-    def __call__(self, tokens_BxT):
+    def __call__(self, tokens_BxT, head_mask=None):
         x = self.embed(tokens_BxT)
-        for block in self.h:
-            x = block(x)
+        for i, block in enumerate(self.h):
+            x = block(x, None if head_mask is None else head_mask[..., i, :])
         return self.unembed(x)
 
 
@@ -135,3 +138,7 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
 def out_kernel(params, layer: int):
     """The attention output projection of a layer as a Dense kernel (in x out)."""
     return params[f"h_{layer}"]["c_proj"]["kernel"]
+
+
+def build(config: dict) -> Gpt2:
+    return Gpt2(Gpt2Config.from_hf(config))

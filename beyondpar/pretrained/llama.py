@@ -1,8 +1,10 @@
-"""Llama, Mistral and Qwen2 (one architecture, as Hugging Face stores it).
+"""Llama, Mistral, Qwen2 and Qwen3 (one architecture, as Hugging Face stores it).
 
-RMSNorm, SwiGLU, rotary embeddings with the feature halves paired, grouped-query
-attention (query head h reads kv head h // (H / H_kv)); q/k/v biases for Qwen2 or when
-`attention_bias` is set; tied or separate output head; explicit `head_dim` honoured.
+RMSNorm, SwiGLU, rotary embeddings with the feature halves paired (on the first
+`partial_rotary_factor` of each head), grouped-query attention (query head h reads kv
+head h // (H / H_kv)); q/k/v biases for Qwen2 or when `attention_bias` is set; Qwen3's
+RMSNorm over each head's q and k; sliding windows per layer; tied or separate output
+head; explicit `head_dim` honoured.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from beyondpar.pretrained import layers
 from beyondpar.pretrained.config_fields import field, one_of
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "llama3")
 ACTIVATIONS = {"silu": jax.nn.silu, "swish": jax.nn.silu, "gelu": jax.nn.gelu}
 
@@ -30,24 +32,29 @@ class Rope:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_len: int = 8192
+    partial_factor: float = 1.0
+    freq_factors: tuple[float, ...] | None = None  # llama.cpp's rope_freqs (GGUF)
 
     @classmethod
     def from_hf(cls, c: dict) -> Rope:
-        """`rope_parameters` (transformers 5) or `rope_scaling` + top-level `rope_theta`."""
+        """`rope_parameters` (transformers 5) or `rope_scaling` + top-level `rope_theta`;
+        `partial_rotary_factor` in either place."""
         params = c.get("rope_parameters") or c.get("rope_scaling") or {}
         theta = params.get("rope_theta", c.get("rope_theta", 10000.0))
         kind = one_of(
             "rope_type", params.get("rope_type", params.get("type", "default")), ROPE_TYPES
         )
-        if float(c.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError(
-                "config.json field 'partial_rotary_factor' must be 1.0, "
-                f"got {c['partial_rotary_factor']!r}"
-            )
+        partial = partial_rotary_factor(params, c, "partial_rotary_factor")
+        factors = c.get("rope_freq_factors")
         if kind == "default":
-            return cls(theta=float(theta))
+            return cls(
+                theta=float(theta),
+                partial_factor=partial,
+                freq_factors=None if factors is None else tuple(factors),
+            )
         return cls(
             theta=float(theta),
+            partial_factor=partial,
             kind=kind,
             factor=field(params, "factor", float),
             low_freq_factor=field(params, "low_freq_factor", float),
@@ -56,9 +63,16 @@ class Rope:
         )
 
     def inverse_frequencies(self, head_dim: int) -> np.ndarray:
-        """(head_dim / 2,) rotation rates; `llama3` slows the long wavelengths smoothly."""
-        exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
-        inv = 1.0 / self.theta**exponents
+        """(rotary_dim / 2,) rotation rates; `llama3` slows the long wavelengths smoothly."""
+        inv = layers.inverse_frequencies(
+            self.theta, layers.rotary_dim(head_dim, self.partial_factor)
+        )
+        if self.freq_factors is not None:
+            if len(self.freq_factors) != len(inv):
+                raise ValueError(
+                    f"rope frequency factors must number {len(inv)}, got {len(self.freq_factors)}"
+                )
+            inv = inv / np.asarray(self.freq_factors)
         if self.kind == "llama3":
             wavelen = 2 * math.pi / inv
             low_wavelen = self.original_max_len / self.low_freq_factor
@@ -71,6 +85,14 @@ class Rope:
             medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
             inv = np.where(medium, smoothed, scaled)
         return inv.astype(np.float32)
+
+
+def partial_rotary_factor(params: dict, config: dict, name: str) -> float:
+    """The share of each head's features that rotate, in (0, 1]."""
+    value = params.get(name, config.get(name, 1.0))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"config.json field {name!r} must be a number in (0, 1], got {value!r}")
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +113,12 @@ class LlamaConfig:
     mlp_bias: bool = False
     tied: bool = False
     activation: str = "silu"
-    sliding_window: int | None = None
+    qk_norm: bool = False
+    layer_windows: tuple[int | None, ...] = ()
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of a layer (None: full causal attention)."""
+        return self.layer_windows[layer] if self.layer_windows else None
 
     @classmethod
     def from_hf(cls, c: dict) -> LlamaConfig:
@@ -112,12 +139,13 @@ class LlamaConfig:
                 )
             head_dim = embed // heads
         bias = bool(c.get("attention_bias", False))
+        num_layers = field(c, "num_hidden_layers")
         return cls(
             model_type=kind,
             vocab_size=field(c, "vocab_size"),
             max_len=field(c, "max_position_embeddings"),
             embed_dim=embed,
-            num_layers=field(c, "num_hidden_layers"),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv,
             head_dim=head_dim,
@@ -129,39 +157,57 @@ class LlamaConfig:
             mlp_bias=bool(c.get("mlp_bias", False)),
             tied=bool(c.get("tie_word_embeddings", False)),
             activation=one_of("hidden_act", c.get("hidden_act", "silu"), ACTIVATIONS),
-            sliding_window=_sliding_window(c, kind),
+            qk_norm=kind == "qwen3",
+            layer_windows=_layer_windows(c, kind, num_layers),
         )
 
 
-def _sliding_window(c: dict, kind: str) -> int | None:
-    """The window attention is limited to, when the config turns one on."""
-    if kind == "qwen2" and not c.get("use_sliding_window", False):
-        return None
-    window = c.get("sliding_window")
-    return None if window is None else int(window)
+def _layer_windows(c: dict, kind: str, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window, as transformers decides it: `layer_types` when the
+    config lists them; else Mistral windows every layer, and Qwen2/Qwen3 (with
+    `use_sliding_window`) the layers from `max_window_layers` on."""
+    window = field(c, "sliding_window", default=None)
+    types = c.get("layer_types")
+    if types is not None:
+        if len(types) != num_layers:
+            raise ValueError(
+                f"config.json field 'layer_types' must list {num_layers} layers, got {len(types)}"
+            )
+        if "sliding_attention" in types and window is None:
+            raise ValueError("config.json must set 'sliding_window' for its sliding layers")
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if window is None or kind == "llama":
+        return ()
+    if kind == "mistral":
+        return (window,) * num_layers
+    if not c.get("use_sliding_window", False):
+        return ()
+    first = int(c.get("max_window_layers") or 0)
+    return tuple(window if i >= first else None for i in range(num_layers))
 
 
 class LlamaBlock(nn.Module):
     config: LlamaConfig
+    layer_index: int = 0
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, head_mask=None):
         cfg = self.config
         b, t, _ = x.shape
-        if cfg.sliding_window is not None and t > cfg.sliding_window:
-            raise ValueError(
-                f"text length must be <= config.json field 'sliding_window'="
-                f"{cfg.sliding_window} (windowed attention is not supported), got {t} tokens"
-            )
         h = layers.RMSNorm(cfg.eps, name="input_layernorm")(x)
         heads = lambda n, name: nn.Dense(n * cfg.head_dim, use_bias=cfg.qkv_bias, name=name)(
             h
         ).reshape(b, t, n, cfg.head_dim)
+        q, k = heads(cfg.num_heads, "q_proj"), heads(cfg.num_kv_heads, "k_proj")
+        if cfg.qk_norm:
+            q = layers.RMSNorm(cfg.eps, name="q_norm")(q)
+            k = layers.RMSNorm(cfg.eps, name="k_norm")(k)
         inv_freq = cfg.rope.inverse_frequencies(cfg.head_dim)
-        q = layers.rotate_half_split(heads(cfg.num_heads, "q_proj"), inv_freq)
-        k = layers.rotate_half_split(heads(cfg.num_kv_heads, "k_proj"), inv_freq)
+        q, k = layers.rotate_half_split(q, inv_freq), layers.rotate_half_split(k, inv_freq)
         v = heads(cfg.num_kv_heads, "v_proj")
-        attn = layers.causal_attention(self, q, k, v, 1 / math.sqrt(cfg.head_dim))
+        window = cfg.window(self.layer_index)
+        scale = 1 / math.sqrt(cfg.head_dim)
+        attn = layers.causal_attention(self, q, k, v, scale, window, head_mask)
         x = x + nn.Dense(cfg.embed_dim, use_bias=cfg.out_bias, name="o_proj")(attn)
         h = layers.RMSNorm(cfg.eps, name="post_attention_layernorm")(x)
         dense = lambda n, name: nn.Dense(n, use_bias=cfg.mlp_bias, name=name)
@@ -178,7 +224,7 @@ class Llama(nn.Module):
     def setup(self):
         cfg = self.config
         self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
-        self.layers = [LlamaBlock(cfg) for _ in range(cfg.num_layers)]
+        self.layers = [LlamaBlock(cfg, i) for i in range(cfg.num_layers)]
         self.norm = layers.RMSNorm(cfg.eps)
         if not cfg.tied:
             self.lm_head = nn.Dense(cfg.vocab_size, use_bias=False)
@@ -190,17 +236,16 @@ class Llama(nn.Module):
         x = self.norm(x)
         return self.embed_tokens.attend(x) if self.config.tied else self.lm_head(x)
 
-    def __call__(self, tokens_BxT):
+    def __call__(self, tokens_BxT, head_mask=None):
         x = self.embed(tokens_BxT)
-        for block in self.layers:
-            x = block(x)
+        for i, block in enumerate(self.layers):
+            x = block(x, None if head_mask is None else head_mask[..., i, :])
         return self.unembed(x)
 
 
 def block_module(config: LlamaConfig, index: int) -> LlamaBlock:
-    """Layer `index` alone (every layer runs the same code), to go one layer at a time."""
-    del index
-    return LlamaBlock(config)
+    """Layer `index` alone (its window may differ), to go one layer at a time."""
+    return LlamaBlock(config, index if config.layer_windows else 0)
 
 
 def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
@@ -213,7 +258,7 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
     for m in mods:
         if m.startswith("layers_"):
             names.append(f"layers.{m.removeprefix('layers_')}")
-        elif m in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        elif m in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
             names.append(f"self_attn.{m}")
         elif m in ("gate_proj", "up_proj", "down_proj"):
             names.append(f"mlp.{m}")
@@ -225,3 +270,7 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
 def out_kernel(params, layer: int):
     """The attention output projection of a layer as a Dense kernel (in x out)."""
     return params[f"layers_{layer}"]["o_proj"]["kernel"]
+
+
+def build(config: dict) -> Llama:
+    return Llama(LlamaConfig.from_hf(config))

@@ -1,0 +1,291 @@
+"""GGUF files (llama.cpp, Ollama, LM Studio) read into the Hugging Face layout.
+
+The metadata becomes the config.json the family modules already read, every tensor gets
+its Hugging Face name and layout (Linear weights stay out x in; llama.cpp's row
+permutation of Llama q/k for its interleaved rotary is undone) and is dequantised by the
+`gguf` package one tensor at a time; the tokenizer is rebuilt from the stored vocabulary
+and merges with `tokenizers`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
+_LLAMA_LIKE = ("llama", "qwen2", "qwen3")
+
+_LLAMA_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GPT2_BLOCK = {
+    "attn_norm": "ln_1",
+    "attn_qkv": "attn.c_attn",
+    "attn_output": "attn.c_proj",
+    "ffn_norm": "ln_2",
+    "ffn_up": "mlp.c_fc",
+    "ffn_down": "mlp.c_proj",
+}
+_GPT2_TOP = {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f"}
+_CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2 stores these in x out
+_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_TOP = re.compile(r"^(\w+)\.(weight|bias)$")
+
+# Pre-tokenizer split patterns of the byte-level BPE families (tokenizer.ggml.pre).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+PRE_TOKENIZERS = ("default", "gpt-2", "smollm", "llama-bpe", "llama3", "qwen2")
+
+
+def find(path: str | os.PathLike) -> Path | None:
+    """The GGUF file of a path (a .gguf file, an Ollama blob, or a folder holding exactly
+    one .gguf), or None when the path is not one."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) > 1:
+            raise ValueError(f"folder {path} must hold one .gguf file, got {len(found)}")
+        return found[0] if found else None
+    if path.is_file() and (path.suffix == ".gguf" or _has_magic(path)):
+        return path
+    return None
+
+
+def _has_magic(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+class GgufFile:
+    """One opened GGUF file: metadata, Hugging Face config, tensors, tokenizer."""
+
+    def __init__(self, path: Path):
+        from gguf import GGUFReader
+
+        self.path = path
+        try:
+            self.reader = GGUFReader(path)
+        except Exception as err:  # the reader raises many kinds on damaged files
+            message = f"GGUF file {path} cannot be read (damaged or cut short?): {err}"
+            raise ValueError(message) from err
+        self.arch = self.value("general.architecture")
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(
+                f"GGUF file {path}: general.architecture must be one of {list(ARCHITECTURES)}, "
+                f"got {self.arch!r}"
+            )
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def value(self, key: str, default=...):
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is ...:
+                raise ValueError(f"GGUF file {self.path} must hold metadata {key!r}, got none")
+            return default
+        return field.contents()
+
+    def arch_value(self, key: str, default=...):
+        return self.value(f"{self.arch}.{key}", default)
+
+    # ------------------------------------------------------------------ config
+
+    def config(self) -> dict:
+        """The config.json a Hugging Face folder of this model would hold."""
+        if self.arch == "gpt2":
+            return self._gpt2_config()
+        heads = self.arch_value("attention.head_count")
+        embed = self.arch_value("embedding_length")
+        head_dim = self.arch_value("attention.key_length", embed // heads)
+        rotary = self.arch_value("rope.dimension_count", head_dim)
+        scaling = self.arch_value("rope.scaling.type", "none")
+        if scaling not in ("none", "linear") or (
+            scaling == "linear" and self.arch_value("rope.scaling.factor", 1.0) != 1.0
+        ):
+            raise ValueError(
+                f"GGUF file {self.path}: {self.arch}.rope.scaling.type must be 'none', "
+                f"got {scaling!r}"
+            )
+        config = {
+            "model_type": self.arch,
+            "vocab_size": self.arch_value("vocab_size", len(self.value("tokenizer.ggml.tokens"))),
+            "max_position_embeddings": self.arch_value("context_length"),
+            "hidden_size": embed,
+            "num_hidden_layers": self.arch_value("block_count"),
+            "intermediate_size": self.arch_value("feed_forward_length"),
+            "num_attention_heads": heads,
+            "num_key_value_heads": self.arch_value("attention.head_count_kv", heads),
+            "head_dim": head_dim,
+            "rms_norm_eps": self.arch_value("attention.layer_norm_rms_epsilon"),
+            "rope_theta": self.arch_value("rope.freq_base", 10000.0),
+            "partial_rotary_factor": rotary / head_dim,
+            "tie_word_embeddings": "output.weight" not in self.tensors,
+            "attention_bias": self.arch == "llama" and "blk.0.attn_q.bias" in self.tensors,
+        }
+        window = self.arch_value("attention.sliding_window", None)
+        if window:
+            config["sliding_window"] = window
+            config["model_type"] = "mistral" if self.arch == "llama" else self.arch
+            config["use_sliding_window"] = True
+        if "rope_freqs.weight" in self.tensors:
+            config["rope_freq_factors"] = self._dequantize("rope_freqs.weight").tolist()
+        return config
+
+    def _gpt2_config(self) -> dict:
+        return {
+            "model_type": "gpt2",
+            "vocab_size": self.arch_value("vocab_size", len(self.value("tokenizer.ggml.tokens"))),
+            "n_positions": self.arch_value("context_length"),
+            "n_embd": self.arch_value("embedding_length"),
+            "n_layer": self.arch_value("block_count"),
+            "n_head": self.arch_value("attention.head_count"),
+            "n_inner": self.arch_value("feed_forward_length"),
+            "layer_norm_epsilon": self.arch_value("attention.layer_norm_epsilon"),
+            "activation_function": "gelu_new",
+        }
+
+    # ----------------------------------------------------------------- tensors
+
+    def hf_names(self) -> dict[str, str]:
+        """Hugging Face name -> GGUF name of every tensor the model reads."""
+        out = {}
+        block, top = (_GPT2_BLOCK, _GPT2_TOP) if self.arch == "gpt2" else (_LLAMA_BLOCK, _LLAMA_TOP)
+        prefix = "h" if self.arch == "gpt2" else "model.layers"
+        for name in self.tensors:
+            if m := _BLOCK.match(name):
+                layer, part, leaf = m.groups()
+                if part in block:
+                    out[f"{prefix}.{layer}.{block[part]}.{leaf}"] = name
+            elif (m := _TOP.match(name)) and m.group(1) in top:
+                out[f"{top[m.group(1)]}.{m.group(2)}"] = name
+        return out
+
+    def read_tensors(self, hf_names, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
+        """(Hugging Face name, array in its layout), dequantised one tensor at a time."""
+        names = self.hf_names()
+        config = self.config() if self.arch == "llama" else None
+        for hf in hf_names:
+            gguf_name = names[hf]
+            array = self._dequantize(gguf_name)
+            if config is not None:
+                array = _unpermute_llama(gguf_name, array, config)
+            if self.arch == "gpt2" and _block_part(gguf_name) in _CONV1D:
+                array = array.T
+            yield hf, array if dtype is None else array.astype(dtype)
+
+    def _dequantize(self, name: str) -> np.ndarray:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        tensor = self.tensors[name]
+        kind = GGMLQuantizationType(tensor.tensor_type)
+        try:
+            flat = dequantize(tensor.data, kind)
+        except NotImplementedError as err:
+            raise ValueError(
+                f"GGUF file {self.path}: tensor {name!r} has quantisation type {kind.name}, "
+                f"which the gguf package cannot dequantise ({err})"
+            ) from err
+        except Exception as err:
+            message = f"GGUF file {self.path}: tensor {name!r} cannot be read: {err}"
+            raise ValueError(message) from err
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists ne0 (inner) first
+        return np.ascontiguousarray(flat.reshape(shape), dtype=np.float32)
+
+    # --------------------------------------------------------------- tokenizer
+
+    def tokenizer(self):
+        """A `tokenizers.Tokenizer` equal to the model's own byte-level BPE."""
+        from tokenizers import (
+            AddedToken,
+            Regex,
+            Tokenizer,
+            decoders,
+            models,
+            normalizers,
+            processors,
+        )
+        from tokenizers import pre_tokenizers as pre
+
+        kind = self.value("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ValueError(
+                f"GGUF file {self.path}: tokenizer.ggml.model must be 'gpt2' (byte-level BPE), "
+                f"got {kind!r}"
+            )
+        style = self.value("tokenizer.ggml.pre", "default")
+        if style not in PRE_TOKENIZERS:
+            raise ValueError(
+                f"GGUF file {self.path}: tokenizer.ggml.pre must be one of "
+                f"{list(PRE_TOKENIZERS)}, got {style!r}"
+            )
+        tokens = self.value("tokenizer.ggml.tokens")
+        merges = [tuple(m.split(" ", 1)) for m in self.value("tokenizer.ggml.merges")]
+        vocab = {token: i for i, token in enumerate(tokens)}
+        llama3 = style in ("llama-bpe", "llama3")
+        tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=llama3))
+        byte_level = pre.ByteLevel(add_prefix_space=False, use_regex=style not in _SPLITS)
+        steps = [byte_level]
+        if style in _SPLITS:
+            steps.insert(0, pre.Split(Regex(_SPLITS[style]), behavior="isolated"))
+        if style == "smollm":
+            steps.insert(0, pre.Digits(individual_digits=True))
+        tok.pre_tokenizer = pre.Sequence(steps)
+        if style == "qwen2":
+            tok.normalizer = normalizers.NFC()
+        tok.decoder = decoders.ByteLevel()
+        types = self.value("tokenizer.ggml.token_type", [1] * len(tokens))
+        special = [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, types, strict=True)
+            if k in (3, 4)  # control and user-defined tokens are never split
+        ]
+        tok.add_special_tokens(special)
+        if self.value("tokenizer.ggml.add_bos_token", False):
+            bos_id = self.value("tokenizer.ggml.bos_token_id")
+            bos = tokens[bos_id]
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+            )
+        return tok
+
+
+_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+
+
+def _block_part(name: str) -> str | None:
+    """`attn_q` of `blk.3.attn_q.weight`; None for tensors outside the blocks."""
+    m = _BLOCK.match(name)
+    return m.group(2) if m else None
+
+
+def _unpermute_llama(name: str, array: np.ndarray, config: dict) -> np.ndarray:
+    """Undo llama.cpp's q/k row order: it stores each head's rows as interleaved pairs
+    (for its rotary), Hugging Face as two halves."""
+    part = _block_part(name)
+    if part not in ("attn_q", "attn_k"):
+        return array
+    heads = config["num_attention_heads" if part == "attn_q" else "num_key_value_heads"]
+    rest = array.shape[1:]
+    return (
+        array.reshape(heads, array.shape[0] // heads // 2, 2, *rest)
+        .swapaxes(1, 2)
+        .reshape(array.shape)
+    )

@@ -1,0 +1,154 @@
+"""GGUF files: every supported architecture against the Hugging Face fixtures, exported
+the way llama.cpp lays them out, at several quantisation types; damaged and unsupported
+files."""
+
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+
+from beyondpar import pretrained
+from beyondpar.pretrained import gguf_file
+from conftest import DATA
+from gguf_export import export
+
+HF = DATA / "hf"
+Q = gguf.GGMLQuantizationType
+# Round-off of each type on these weights: the logits' worst deviation it allows.
+TOLERANCE = {Q.F32: 1e-4, Q.F16: 5e-3, Q.BF16: 5e-2, Q.Q8_0: 0.1}
+
+
+def expected(name):
+    return dict(np.load(HF / name / "expected.npz"))
+
+
+@pytest.mark.parametrize(
+    "name,qtype",
+    [
+        ("llama-tiny", Q.F32),
+        ("llama-tiny", Q.Q8_0),
+        ("llama3-rope", Q.F16),
+        ("gpt2-tiny", Q.F32),
+        ("gpt2-tiny", Q.BF16),
+        ("qwen3-tiny", Q.F32),
+    ],
+)
+def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
+    path = export(HF / name, tmp_path / "model.gguf", qtype)
+    exp = expected(name)
+    module, params, tokenizer = pretrained.load(path)
+    assert tokenizer.encode(str(exp["text"])).ids[:64] == list(exp["tokens"][0])
+    logits, attn = pretrained.apply_with_attention(module, params, exp["tokens"])
+    np.testing.assert_allclose(logits, exp["logits"], atol=TOLERANCE[qtype])
+    np.testing.assert_allclose(attn, exp["attention"], atol=TOLERANCE[qtype])
+    if qtype != Q.F32:  # quantised, so not bit-equal: the test would pass on any load
+        assert np.abs(np.asarray(logits) - exp["logits"]).max() > 1e-7
+
+
+def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
+    """llama.cpp interleaves the rotary pairs of Llama's q/k rows and leaves Qwen's (its
+    NEOX rotary) alone: reading the Llama file without undoing it gives other attention."""
+    path = export(HF / "llama-tiny", tmp_path / "llama.gguf")
+    source = gguf_file.GgufFile(path)
+    names = source.hf_names()
+    q = dict(source.read_tensors(["model.layers.0.self_attn.q_proj.weight"]))
+    raw = source._dequantize(names["model.layers.0.self_attn.q_proj.weight"])
+    from safetensors.numpy import load_file
+
+    hf = load_file(HF / "llama-tiny" / "model.safetensors")
+    np.testing.assert_array_equal(q["model.layers.0.self_attn.q_proj.weight"], hf[
+        "model.layers.0.self_attn.q_proj.weight"
+    ])
+    assert not np.array_equal(raw, hf["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_a_folder_or_an_ollama_blob_holding_a_gguf_loads(tmp_path):
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf")
+    blob = tmp_path / "blobs" / "sha256-0123abcd"
+    blob.parent.mkdir()
+    shutil.copy(path, blob)
+    exp = expected("llama-tiny")
+    for where in (tmp_path, blob):
+        module, params, _ = pretrained.load(where)
+        logits, _ = pretrained.apply_with_attention(module, params, exp["tokens"])
+        np.testing.assert_allclose(logits, exp["logits"], atol=1e-4)
+    shutil.copy(path, tmp_path / "other.gguf")
+    with pytest.raises(ValueError, match="must hold one .gguf file, got 2"):
+        pretrained.load(tmp_path)
+
+
+def test_dtype_casts_dequantised_tensors(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf", Q.F16)
+    _, params, _ = pretrained.load(path, jnp.bfloat16)
+    assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_a_gguf_cut_short_is_one_error_naming_the_file(tmp_path):
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf")
+    data = path.read_bytes()
+    for size in (len(data) // 2, 64):
+        cut = tmp_path / f"cut{size}.gguf"
+        cut.write_bytes(data[:size])
+        with pytest.raises(ValueError, match=rf"GGUF file {cut} cannot be read"):
+            pretrained.load(cut)
+
+
+def rewrite(path, tmp_path, change) -> object:
+    """A copy of a GGUF file with metadata changed: `change(reader_fields) -> {key: value}`."""
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    overrides = change(reader)
+    out = tmp_path / "changed.gguf"
+    writer = gguf.GGUFWriter(out, overrides.pop("general.architecture", arch))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = overrides.pop(key, field.contents())
+        if value is None:
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, kind, sub_type=sub)
+    for tensor in reader.tensors:
+        qtype = Q(tensor.tensor_type)
+        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            {"general.architecture": "falcon"},
+            r"general.architecture must be one of \['llama', 'qwen2', 'qwen3', 'gpt2'\], "
+            "got 'falcon'",
+        ),
+        ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.model must be 'gpt2'.*got 'llama'"),
+        ({"tokenizer.ggml.pre": "chatglm-bpe"}, "tokenizer.ggml.pre must be one of .*chatglm"),
+        ({"llama.attention.head_count": None}, "must hold metadata 'llama.attention.head_count'"),
+    ],
+)
+def test_unsupported_gguf_files_are_named(tmp_path, change, message):
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf")
+    changed = rewrite(path, tmp_path, lambda reader: dict(change))
+    with pytest.raises(ValueError, match=message):
+        pretrained.load(changed)
+
+
+def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path, monkeypatch):
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf", Q.Q8_0)
+
+    def refuse(data, qtype):
+        raise NotImplementedError(f"Dequantization for {qtype.name} is not yet implemented")
+
+    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
+    with pytest.raises(ValueError, match=r"tensor '.*' has quantisation type (Q8_0|F32)"):
+        pretrained.load(path)
