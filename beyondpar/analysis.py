@@ -34,6 +34,21 @@ class AnalysisSpec:
     layers: tuple[int, ...] | None = None
     pairwise: bool = True
     optimal_weights: bool = False
+    sink_tokens: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int):
+            raise ValueError(f"sink_tokens must be an integer >= 0, got {self.sink_tokens!r}")
+        if self.sink_tokens < 0:
+            raise ValueError(f"sink_tokens must be an integer >= 0, got {self.sink_tokens}")
+
+    def check_length(self, num_tokens: int) -> None:
+        """The window must keep at least two tokens once the sink tokens are dropped."""
+        if self.sink_tokens and self.sink_tokens >= num_tokens - 1:
+            raise ValueError(
+                f"--sink_tokens must be less than the window minus 1 ({num_tokens - 1}), "
+                f"got {self.sink_tokens}"
+            )
 
 
 class Timer:
@@ -52,26 +67,57 @@ class Timer:
             self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
 
 
-def analyze_layer(attn_BxHxTxT, weights_H, spec: AnalysisSpec, timer: Timer | None = None) -> dict:
-    """Every per-layer number, arrays with a leading sequence axis B."""
-    timer = timer or Timer()
-    attn = metrics.check_operator(jnp.asarray(attn_BxHxTxT, jnp.float32), "attention")
-    b, h = attn.shape[:2]
-    learned = None if weights_H is None else graphs.normalize_weights(weights_H, h)
-    mixes = [jnp.full((h,), 1.0 / h)] if learned is None else [learned, jnp.full((h,), 1.0 / h)]
-    ops = jnp.concatenate([jnp.einsum("mh,bhij->bmij", jnp.stack(mixes), attn), attn], axis=1)
-    with timer.part("per-head and mixed metrics"):
-        norm = metrics.operator_metrics(ops, spec.horizon, spec.max_steps, spec.eps, "normalized")
-        ref = metrics.hitting_time(ops, spec.max_steps, "reference")
-        fid = np.asarray(norm.minimax_fidelity)
-    k = len(mixes)
-    fields = {
-        "fidelity": fid,
+def operator_fields(ops_xTxT, spec: AnalysisSpec) -> dict[str, np.ndarray]:
+    """Every per-operator number: minimax fidelity (the paper's minimum over tokens) with
+    the median and 10th percentile of node fidelity beside it (a typical token, when one
+    unread token sets the minimum to 0), hitting times on both walks, TV and spectral
+    mixing on the normalised walk."""
+    norm = metrics.operator_metrics(ops_xTxT, spec.horizon, spec.max_steps, spec.eps, "normalized")
+    ref = metrics.hitting_time(ops_xTxT, spec.max_steps, "reference")
+    node = np.asarray(norm.node_fidelity)
+    return {
+        "fidelity": np.asarray(norm.minimax_fidelity),
+        "fidelity_median": np.median(node, axis=-1),
+        "fidelity_p10": np.percentile(node, 10, axis=-1),
         "hitting_time_reference": np.asarray(ref),
         "hitting_time_normalized": np.asarray(norm.hitting_time),
         "tv_mixing_time_normalized": np.asarray(norm.tv_mixing_time),
         "spectral_mixing_time_normalized": np.asarray(norm.spectral_mixing_time),
     }
+
+
+def baseline(num_tokens: int, spec: AnalysisSpec) -> dict[str, float]:
+    """The same numbers for uniform causal attention of the same length: what a head that
+    reads every earlier token equally would score."""
+    fields = operator_fields(graphs.uniform_causal(num_tokens)[None], spec)
+    return {name: float(v[0]) for name, v in fields.items()}
+
+
+def analyze_layer(attn_BxHxTxT, weights_H, spec: AnalysisSpec, timer: Timer | None = None) -> dict:
+    """Every per-layer number, arrays with a leading sequence axis B. With
+    `spec.sink_tokens` = k > 0, the same again under `without_sink` on the graph without
+    the first k tokens (rows renormalised over the remaining keys)."""
+    timer = timer or Timer()
+    attn = metrics.check_operator(jnp.asarray(attn_BxHxTxT, jnp.float32), "attention")
+    out = _analyze_graph(attn, weights_H, spec, timer)
+    out["sink_mass"] = np.asarray(graphs.sink_mass(attn, max(spec.sink_tokens, 1)))
+    if spec.sink_tokens:
+        spec.check_length(attn.shape[-1])
+        dropped = graphs.drop_sink_tokens(attn, spec.sink_tokens)
+        inner = dataclasses.replace(spec, sink_tokens=0)
+        out["without_sink"] = _analyze_graph(dropped, weights_H, inner, timer)
+    return out
+
+
+def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer) -> dict:
+    b, h = attn.shape[:2]
+    learned = None if weights_H is None else graphs.normalize_weights(weights_H, h)
+    mixes = [jnp.full((h,), 1.0 / h)] if learned is None else [learned, jnp.full((h,), 1.0 / h)]
+    ops = jnp.concatenate([jnp.einsum("mh,bhij->bmij", jnp.stack(mixes), attn), attn], axis=1)
+    with timer.part("per-head and mixed metrics"):
+        fields = operator_fields(ops, spec)
+        fid = fields["fidelity"]
+    k = len(mixes)
     names = (["learned"] if learned is not None else []) + ["uniform"]
     out = {
         "heads": {name: v[:, k:] for name, v in fields.items()},
@@ -120,6 +166,7 @@ def analyze_tokens(module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer 
     fam = pretrained.family(module)
     cfg = module.config
     layers = _selected(spec, cfg.num_layers)
+    spec.check_length(np.shape(tokens_BxT)[-1])
     out, kept = {}, []
     run = pretrained.layer_by_layer(module, params, tokens_BxT)
     for layer in range(cfg.num_layers):
@@ -134,7 +181,16 @@ def analyze_tokens(module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer 
             out[layer] = analyze_layer(attn, weights, spec, timer)
     with timer.part("rollout"):
         rollout = _rollout(kept, spec)
-    return {"layers": out, "rollout": rollout}
+    return {"layers": out, "rollout": rollout, **baselines(tokens_BxT.shape[-1], spec)}
+
+
+def baselines(num_tokens: int, spec: AnalysisSpec) -> dict:
+    """Uniform causal attention at the window's length (and without the sink tokens)."""
+    spec.check_length(num_tokens)
+    out = {"baseline": baseline(num_tokens, spec)}
+    if spec.sink_tokens:
+        out["baseline_without_sink"] = baseline(num_tokens - spec.sink_tokens, spec)
+    return out
 
 
 def analyze_attention(attn, spec: AnalysisSpec, timer: Timer | None = None) -> dict:
@@ -150,12 +206,13 @@ def analyze_attention(attn, spec: AnalysisSpec, timer: Timer | None = None) -> d
     attn = np.asarray(metrics.check_operator(attn.astype(np.float32), "attention"))
     timer = timer or Timer()
     layers = _selected(spec, attn.shape[1])
+    spec.check_length(attn.shape[-1])
     out = {layer: analyze_layer(attn[:, layer], None, spec, timer) for layer in layers}
     with timer.part("rollout"):
         rollout = _rollout(
             [jnp.asarray(attn[:, i].mean(1), jnp.float32) for i in range(attn.shape[1])], spec
         )
-    return {"layers": out, "rollout": rollout}
+    return {"layers": out, "rollout": rollout, **baselines(attn.shape[-1], spec)}
 
 
 def tokenize(tokenizer, text: str, module) -> list[int]:

@@ -151,3 +151,40 @@ def _rollout_sink(ops_LxTxT):
         None,
     )
     return jax.lax.scan(step, sink, ops)[0]
+
+
+def sink_mass(attn_xTxT, sink_tokens: int = 1) -> jax.Array:
+    """(...): mean over queries of the attention on the first `sink_tokens` keys.
+
+    Trained language models park attention on the first token (an attention sink);
+    a head whose sink mass is near 1 moves almost nothing between the other tokens.
+    """
+    a = _checks.as_float_array("attn", attn_xTxT)
+    k = _checks.positive_int("sink_tokens", sink_tokens)
+    if a.ndim < 2 or k > a.shape[-1]:
+        raise ValueError(f"sink_tokens must be at most T={a.shape[-1]}, got {k}")
+    return jnp.mean(jnp.sum(a[..., :k], axis=-1), axis=-1)
+
+
+def drop_sink_tokens(attn_xTxT, sink_tokens: int) -> jax.Array:
+    """(..., T - k, T - k): the graph without the first k tokens, each row renormalised over
+    the keys that remain. A row that put all its attention on the dropped tokens keeps
+    its own token (a self-loop), so every row still sums to 1."""
+    a = _checks.as_float_array("attn", attn_xTxT)
+    t = a.shape[-1]
+    if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int):
+        raise ValueError(f"sink_tokens must be an integer, got {sink_tokens!r}")
+    if not 0 <= sink_tokens < t - 1:
+        raise ValueError(f"sink_tokens must be in [0, {t - 1}) for T={t} tokens, got {sink_tokens}")
+    rest = a[..., sink_tokens:, sink_tokens:]
+    total = jnp.sum(rest, axis=-1, keepdims=True)
+    eye = jnp.eye(t - sink_tokens, dtype=rest.dtype)
+    return jnp.where(total > 0, rest / jnp.where(total > 0, total, 1), eye)
+
+
+def uniform_causal(num_tokens: int, dtype=jnp.float32) -> jax.Array:
+    """(T, T) causal attention spread evenly: A[i, j] = 1 / (i + 1) for j <= i, the
+    baseline a measured head is read against."""
+    t = _checks.positive_int("num_tokens", num_tokens)
+    rows = jnp.arange(1, t + 1, dtype=dtype)[:, None]
+    return jnp.tril(jnp.ones((t, t), dtype)) / rows

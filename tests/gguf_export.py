@@ -115,8 +115,8 @@ def _metadata(writer, c: dict, arch: str) -> None:
 
 def llama3_factors(rope: dict, head_dim: int) -> np.ndarray:
     """The per-frequency divisors llama.cpp's converter stores for `llama3` rope scaling."""
-    low = rope["original_max_position_embeddings"] / rope["low_freq_factor"]
-    high = rope["original_max_position_embeddings"] / rope["high_freq_factor"]
+    original = rope["original_max_position_embeddings"]
+    low, high = original / rope["low_freq_factor"], original / rope["high_freq_factor"]
     factors = []
     for i in range(0, head_dim, 2):
         wavelen = 2 * np.pi * rope["rope_theta"] ** (i / head_dim)
@@ -125,9 +125,9 @@ def llama3_factors(rope: dict, head_dim: int) -> np.ndarray:
         elif wavelen > low:
             factors.append(rope["factor"])
         else:
-            smooth = (rope["original_max_position_embeddings"] / wavelen - rope["low_freq_factor"]) / (
-                rope["high_freq_factor"] - rope["low_freq_factor"]
-            )
+            smooth = (
+                rope["original_max_position_embeddings"] / wavelen - rope["low_freq_factor"]
+            ) / (rope["high_freq_factor"] - rope["low_freq_factor"])
             factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
     return np.asarray(factors, np.float32)
 

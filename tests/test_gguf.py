@@ -7,11 +7,11 @@ import shutil
 import gguf
 import numpy as np
 import pytest
+from gguf_export import export
 
 from beyondpar import pretrained
 from beyondpar.pretrained import gguf_file
 from conftest import DATA
-from gguf_export import export
 
 HF = DATA / "hf"
 Q = gguf.GGMLQuantizationType
@@ -57,9 +57,9 @@ def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
     from safetensors.numpy import load_file
 
     hf = load_file(HF / "llama-tiny" / "model.safetensors")
-    np.testing.assert_array_equal(q["model.layers.0.self_attn.q_proj.weight"], hf[
-        "model.layers.0.self_attn.q_proj.weight"
-    ])
+    np.testing.assert_array_equal(
+        q["model.layers.0.self_attn.q_proj.weight"], hf["model.layers.0.self_attn.q_proj.weight"]
+    )
     assert not np.array_equal(raw, hf["model.layers.0.self_attn.q_proj.weight"])
 
 

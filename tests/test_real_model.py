@@ -5,6 +5,7 @@ random-weight fixtures cannot see (a transposed block, a norm epsilon, a rotary 
 turns a trained model's predictions into noise."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -82,11 +83,23 @@ def test_analyze_cli_end_to_end(tmp_path):
     text_file.write_text(TEXT[:600])
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "analyze.py"), f"--model={GGUF}",
-         f"--text_file={text_file}", f"--out={out}", "--layers=0,29", "--nopairwise"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "launch" / "analyze.py"),
+            f"--model={GGUF}",
+            f"--text_file={text_file}",
+            f"--out={out}",
+            "--layers=0,29",
+            "--nopairwise",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     report = (out / "report.md").read_text()
-    assert "LlamaConfig" in report or "llama" in report.lower()
-    assert (out / "analysis.json").is_file()
+    assert "30 layers x 9 query heads" in report
+    record = json.loads((out / "analysis.json").read_text())
+    assert sorted(record["layers"]) == ["0", "29"]
+    assert int(np.argmax(record["rollout"]["sink_share"][0])) == 0
