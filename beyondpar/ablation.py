@@ -16,7 +16,7 @@ from pathlib import Path
 import ml_collections
 import tqdm
 
-from beyondpar import checkpoints, config_lib, evaluate, report, train
+from beyondpar import checkpoints, config_lib, evaluate, report, run_layout, train
 from beyondpar import workdir as workdir_lib
 
 REPORT_DIR = "report"
@@ -98,7 +98,7 @@ def validated_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_colle
 
 
 def is_finished(run_dir: Path, config: ml_collections.ConfigDict) -> bool:
-    steps = checkpoints.list_steps(run_dir / train.CHECKPOINT_DIR)
+    steps = checkpoints.list_steps(run_dir / run_layout.CHECKPOINT_DIR)
     return bool(steps) and steps[-1] >= train.total_steps(config)
 
 

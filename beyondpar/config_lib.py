@@ -132,3 +132,15 @@ def validate_evaluation(evaluation: ml_collections.ConfigDict) -> None:
     for name in ("optimal_weights", "pruning"):
         if not isinstance(e[name], bool):
             raise ValueError(f"evaluation.{name} must be True or False, got {e[name]!r}")
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a.b": leaf} for a nested dict {"a": {"b": leaf}}: configs compared field by field."""
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import traceback
 from collections.abc import Iterator
@@ -24,13 +23,14 @@ import tqdm
 from beyondpar import (
     checkpoints,
     config_lib,
+    files,
     graphs,
     metrics,
     parallel,
     pruning,
+    run_layout,
     synergy,
     tasks,
-    train,
 )
 from beyondpar import model as model_lib
 from beyondpar import workdir as workdir_lib
@@ -229,7 +229,7 @@ def evaluate_checkpoint(run_dir: str | os.PathLike, step: int | None = None, roo
     """Record of a run's checkpoint at `step` (latest by default)."""
     run_dir = Path(run_dir)
     config = read_config(run_dir)
-    step, state = checkpoints.load(run_dir / train.CHECKPOINT_DIR, step)
+    step, state = checkpoints.load(run_dir / run_layout.CHECKPOINT_DIR, step)
     module = model_lib.Transformer(config_lib.model_config(config))
     spec = EvalSpec.from_config(config)
     name = run_name(run_dir, root)
@@ -256,8 +256,8 @@ def find_runs(root: str | os.PathLike) -> list[Path]:
     root = Path(root)
     found = {
         p.parent
-        for p in root.rglob(train.CONFIG_FILE)
-        if (p.parent / train.CHECKPOINT_DIR).is_dir()
+        for p in root.rglob(run_layout.CONFIG_FILE)
+        if (p.parent / run_layout.CHECKPOINT_DIR).is_dir()
     }
     return sorted(found)
 
@@ -268,30 +268,12 @@ RECORD_KEYS = ("run", "step", "task", "heads", "layers", "metrics")
 def read_records(path: str | os.PathLike, problems: list[str] | None = None) -> list[dict]:
     """Records of a JSON-lines file. A torn last line (a killed writer) is ignored; any
     other line that is not a record is skipped and, with `problems`, named there."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    lines = path.read_text().splitlines()
-    for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number < len(lines) and problems is not None:
-                problems.append(f"{path}:{number}: not valid JSON; skipped")
-            continue
-        missing = [k for k in RECORD_KEYS if not isinstance(record, dict) or k not in record]
-        if missing:
-            if problems is not None:
-                problems.append(f"{path}:{number}: not a record (no {', '.join(missing)}); skipped")
-            continue
-        records.append(record)
-    return records
+    return files.read_json_lines(path, RECORD_KEYS, problems)
 
 
 def _pairs(runs: list[Path], steps: str) -> Iterator[tuple[Path, int | None]]:
     for run in runs:
-        saved = checkpoints.list_steps(run / train.CHECKPOINT_DIR)
+        saved = checkpoints.list_steps(run / run_layout.CHECKPOINT_DIR)
         if not saved:
             yield run, None
         elif steps == "all":
@@ -315,8 +297,8 @@ def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool
     runs = find_runs(root)
     if not runs:
         raise FileNotFoundError(
-            f"no runs under {root}: looked for folders holding {train.CONFIG_FILE} and "
-            f"{train.CHECKPOINT_DIR}/"
+            f"no runs under {root}: looked for folders holding {run_layout.CONFIG_FILE} and "
+            f"{run_layout.CHECKPOINT_DIR}/"
         )
     with workdir_lib.lock(root):
         return _evaluate_runs(root, runs, steps, progress)
@@ -341,24 +323,9 @@ def _evaluate_runs(root: Path, runs: list[Path], steps: str, progress: bool):
             if os.environ.get("BEYONDPAR_DEBUG"):
                 traceback.print_exc()
             continue
-        _append(out, record)
+        files.append_json_line(out, record)
         records.append(record)
     return records, failures
-
-
-def _append(path: Path, record: dict) -> None:
-    # One write of one whole line, flushed: readers skip a torn line, never a half record.
-    with path.open("a") as f:
-        torn = f.tell() > 0 and not _ends_with_newline(path)
-        f.write(("\n" if torn else "") + json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
 
 
 # ---------------------------------------------------------------- the paper's checkpoints

@@ -45,3 +45,46 @@ def save_figure(fig, path: str | os.PathLike, **kwargs) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
     return Path(path)
+
+
+def append_json_line(path: str | os.PathLike, record) -> None:
+    """Append one record as one JSON line, flushed and synced: a reader skips a torn last
+    line (a killed writer), never reads half a record; a torn line is never glued on."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        torn = f.tell() > 0 and not _ends_with_newline(path)
+        f.write(("\n" if torn else "") + json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_json_lines(path: str | os.PathLike, keys, problems: list[str] | None = None) -> list:
+    """Records (JSON objects holding every key in `keys`) of a JSON-lines file. A torn last
+    line is ignored; any other line that is not a record is skipped and named in
+    `problems` when given."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number < len(lines) and problems is not None:
+                problems.append(f"{path}:{number}: not valid JSON; skipped")
+            continue
+        missing = [k for k in keys if not isinstance(record, dict) or k not in record]
+        if missing:
+            if problems is not None:
+                problems.append(f"{path}:{number}: not a record (no {', '.join(missing)}); skipped")
+            continue
+        records.append(record)
+    return records
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"

@@ -26,11 +26,7 @@ import tqdm
 from beyondpar import checkpoints, config_lib, files, parallel, tasks
 from beyondpar import model as model_lib
 from beyondpar import workdir as workdir_lib
-
-CHECKPOINT_DIR = "checkpoints"
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = workdir_lib.CONFIG_FILE
-
+from beyondpar.run_layout import CHECKPOINT_DIR, METRICS_FILE
 
 # ---------------------------------------------------------------- data
 

@@ -21,10 +21,9 @@ from pathlib import Path
 import ml_collections
 
 from beyondpar import files
+from beyondpar.config_lib import flatten
+from beyondpar.run_layout import CONFIG_FILE, HISTORY_FILE, LOCK_FILE
 
-CONFIG_FILE = "config.json"
-HISTORY_FILE = "config_history.jsonl"
-LOCK_FILE = ".lock"
 # Fields a resumed run may change: they extend or observe it, never alter its numbers.
 MUTABLE = (
     "optim.num_epochs",
@@ -75,17 +74,6 @@ def lock(path: str | os.PathLike) -> Iterator[None]:
     finally:
         del _held[path]
         os.close(fd)  # closing releases the lock
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
 
 
 def is_mutable(field: str) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import ml_collections
 from ml_collections import config_dict
 
-from beyondpar import ablation, config_lib, workdir
+from beyondpar import ablation, config_lib
 
 
 def get_config(arg=None):
@@ -32,7 +32,9 @@ def get_config(arg=None):
     c.overrides = ml_collections.ConfigDict(
         {
             name.replace(".", "__"): config_dict.placeholder(type(value))
-            for name, value in workdir.flatten(ablation.load_config_file(c.base).to_dict()).items()
+            for name, value in config_lib.flatten(
+                ablation.load_config_file(c.base).to_dict()
+            ).items()
         }
     )
     c.steps = "latest"  # or "all": every saved step, for metrics over training

@@ -3,9 +3,13 @@
 python launch/analyze.py --model=gpt2 --text="The heads of a layer ..." --out=out/analysis
 python launch/analyze.py --model=path/to/checkpoint --text_file=notes.txt --layers=0,5,11
 python launch/analyze.py --attention=attn.npz        # key 'attention': L x H x T x T or B x ...
+python launch/analyze.py --model=model.gguf --text_file=notes.txt --sink_tokens=1
+python launch/analyze.py --model='runs/pythia/step*' --text_file=notes.txt --out=out/series
 
---model is a folder (config.json, *.safetensors, tokenizer.json) or a name in the local
-Hugging Face cache; nothing is downloaded.
+--model is a folder (config.json, *.safetensors, tokenizer.json), a name in the local
+Hugging Face cache, or a GGUF file (llama.cpp, Ollama blobs); nothing is downloaded.
+Several models (comma-separated, or a glob) are a series: one record per model in
+series.jsonl, a report against the checkpoint, and a rerun skips what is recorded.
 """
 
 import sys
@@ -13,7 +17,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from beyondpar import analysis, analysis_report, parallel
+from beyondpar import analysis, analysis_report, analysis_series, parallel, workdir
 
 MODEL = flags.DEFINE_string("model", None, "Checkpoint folder or cached model name.")
 TEXT = flags.DEFINE_string("text", None, "The text to analyse.")
@@ -27,6 +31,9 @@ MAX_STEPS = flags.DEFINE_integer("max_steps", 100, "Step cap of the walks.")
 RESIDUAL = flags.DEFINE_float("residual", 0.5, "Residual share of each layer in the rollout.")
 PAIRWISE = flags.DEFINE_bool("pairwise", True, "Pairwise synergy (H^2/2 extra operators).")
 OPTIMAL = flags.DEFINE_bool("optimal_weights", False, "Search optimal head weights (slow).")
+SINK_TOKENS = flags.DEFINE_integer(
+    "sink_tokens", 0, "Also measure the graph without the first k tokens (0: off)."
+)
 
 
 def spec() -> analysis.AnalysisSpec:
@@ -38,7 +45,20 @@ def spec() -> analysis.AnalysisSpec:
         layers=layers,
         pairwise=PAIRWISE.value,
         optimal_weights=OPTIMAL.value,
+        sink_tokens=SINK_TOKENS.value,
     )
+
+
+def read_text_file(path: str) -> str:
+    """The file's text; a missing, unreadable or non-UTF-8 file is a ValueError naming it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"--text_file {path} is not UTF-8 text (byte {err.start}: {err.reason})"
+        ) from err
+    except OSError as err:
+        raise ValueError(f"--text_file {path} cannot be read: {err.strerror}") from err
 
 
 def main(argv):
@@ -52,9 +72,14 @@ def main(argv):
         if ATTENTION.value:
             record = analysis.attention_record(ATTENTION.value, spec())
         else:
-            text = TEXT.value if TEXT.value else Path(TEXT_FILE.value).read_text()
-            record = analysis.text_record(MODEL.value, text, spec(), DTYPE.value)
-    except (ValueError, FileNotFoundError) as err:
+            text = TEXT.value if TEXT.value else read_text_file(TEXT_FILE.value)
+            models = analysis_series.expand(MODEL.value)
+            if len(models) > 1:
+                _, written = analysis_series.run(models, text, spec(), OUT.value, DTYPE.value)
+                print(f"wrote {written}")
+                return
+            record = analysis.text_record(models[0], text, spec(), DTYPE.value)
+    except (ValueError, FileNotFoundError, workdir.WorkdirBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     for path in analysis_report.write(record, OUT.value):

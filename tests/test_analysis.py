@@ -1,6 +1,8 @@
 """The analysis of a text through a pretrained model and of attention from elsewhere."""
 
+import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beyondpar import analysis, analysis_report, graphs, metrics, pretrained
+from beyondpar import analysis, analysis_report, analysis_series, graphs, metrics, pretrained
 from conftest import DATA
 
 HF = DATA / "hf"
@@ -146,3 +148,123 @@ def test_analyze_cli(tmp_path):
     failed = run(f"--model={tmp_path / 'nothing'}", "--text=x", f"--out={tmp_path / 'x'}")
     assert failed.returncode == 2 and "must be a checkpoint folder or a model name" in failed.stderr
     assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------- sink-aware measures
+
+
+def test_sink_mass_drop_and_uniform_baseline_closed_forms():
+    attn = np.tril(np.random.default_rng(0).random((2, 3, 6, 6)))
+    attn /= attn.sum(-1, keepdims=True)
+    np.testing.assert_allclose(graphs.sink_mass(attn), attn[..., 0].mean(-1))
+    np.testing.assert_allclose(graphs.sink_mass(attn, 2), attn[..., :2].sum(-1).mean(-1))
+    dropped = np.asarray(graphs.drop_sink_tokens(attn, 2))
+    rest = attn[..., 2:, 2:]
+    np.testing.assert_allclose(dropped, rest / rest.sum(-1, keepdims=True), rtol=1e-12)
+    parked = np.zeros((4, 4))
+    parked[:, 0] = 1  # every query reads only token 0
+    np.testing.assert_array_equal(graphs.drop_sink_tokens(parked, 1), np.eye(3))
+    for t in (5, 40, 120):  # uniform causal attention keeps exactly 1/T of its worst token
+        base = analysis.baseline(t, SPEC)
+        assert base["fidelity"] == pytest.approx(1 / t, rel=1e-5)
+    with pytest.raises(ValueError, match=r"sink_tokens must be in \[0, 5\) for T=6 tokens, got 5"):
+        graphs.drop_sink_tokens(attn, 5)
+
+
+def test_sink_tokens_analysis_measures_the_graph_without_them():
+    spec = analysis.AnalysisSpec(horizon=30, max_steps=30, sink_tokens=2, pairwise=False)
+    record = analysis.text_record(HF / "llama-tiny", SHORT, spec)
+    module, params, tokenizer = pretrained.load(HF / "llama-tiny")
+    ids = np.asarray([tokenizer.encode(SHORT).ids])
+    _, attn = pretrained.apply_with_attention(module, params, ids)
+    t = ids.shape[1]
+    layer = record["layers"][1]
+    np.testing.assert_allclose(layer["sink_mass"], graphs.sink_mass(attn[:, 1], 2), rtol=1e-6)
+    dropped = graphs.drop_sink_tokens(attn[:, 1], 2)
+    node = np.asarray(metrics.node_fidelity(dropped, 30))
+    inner = layer["without_sink"]["heads"]
+    np.testing.assert_allclose(inner["fidelity"], node.min(-1), rtol=1e-5)
+    np.testing.assert_allclose(inner["fidelity_median"], np.median(node, -1), rtol=1e-5)
+    np.testing.assert_allclose(inner["fidelity_p10"], np.percentile(node, 10, -1), rtol=1e-5)
+    assert record["baseline_without_sink"]["fidelity"] == pytest.approx(1 / (t - 2), rel=1e-5)
+    report = analysis_report.markdown(record)
+    assert "without the first 2 token(s)" in report and "baseline: uniform causal" in report
+    with pytest.raises(ValueError, match="--sink_tokens must be less than the window minus 1"):
+        analysis.text_record(HF / "llama-tiny", "one two", dataclasses.replace(spec, sink_tokens=5))
+
+
+# ---------------------------------------------------------------- bad input, series
+
+
+def analyze_cli(*flags):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "analyze.py"), *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    folder = tmp_path / "cut"
+    shutil.copytree(HF / "llama-tiny", folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    gguf_cut = tmp_path / "model.gguf"
+    gguf_cut.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 8)
+    cases = [
+        (
+            [f"--model={HF / 'gpt2-tiny'}", f"--text_file={latin}"],
+            f"--text_file {latin} is not UTF-8",
+        ),
+        (
+            [f"--model={HF / 'gpt2-tiny'}", f"--text_file={tmp_path}"],
+            f"--text_file {tmp_path} cannot",
+        ),
+        ([f"--model={folder}", "--text=hello there"], f"weights file {weights}"),
+        ([f"--model={gguf_cut}", "--text=hello there"], f"GGUF file {gguf_cut} cannot be read"),
+        (
+            [f"--model={HF / 'gpt2-tiny'}", "--text=hello there", "--sink_tokens=9"],
+            "--sink_tokens must be less than the window minus 1",
+        ),
+    ]
+    for flags, message in cases:
+        out = tmp_path / "out"
+        done = analyze_cli(*flags, f"--out={out}")
+        assert done.returncode == 2, (flags, done.stderr[-1500:])
+        assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
+        assert not out.exists()
+
+
+def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
+    for step in (100, 20):
+        shutil.copytree(HF / "gpt2-tiny", tmp_path / "ckpts" / f"step{step}")
+    out = tmp_path / "series"
+    flags = [f"--model={tmp_path / 'ckpts' / 'step*'}", f"--text={SHORT}", f"--out={out}"]
+    done = analyze_cli(*flags, "--horizon=20", "--nopairwise")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (out / "series.md").read_text()
+    assert report.index("| step 20 |") < report.index("| step 100 |")
+    lines = (out / "series.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    record = analysis.text_record(
+        tmp_path / "ckpts" / "step20", SHORT, analysis.AnalysisSpec(horizon=20, pairwise=False)
+    )
+    first = json.loads(lines[1])  # step20 sorts after step100 as a path
+    assert first["label"] == "step 20"
+    uniform = 100 * np.mean(record["layers"][1]["mixes"]["uniform"]["fidelity"])
+    assert first["layers"]["1"]["uniform_fidelity_pct"] == pytest.approx(uniform, rel=1e-6)
+    mtime = (out / "step20" / "report.md").stat().st_mtime_ns
+    again = analyze_cli(*flags, "--horizon=20", "--nopairwise")
+    assert again.returncode == 0
+    assert len((out / "series.jsonl").read_text().splitlines()) == 2
+    assert (out / "step20" / "report.md").stat().st_mtime_ns == mtime
+    refused = analyze_cli(*flags, "--horizon=30", "--nopairwise")
+    assert refused.returncode == 2
+    assert "other settings (spec.horizon: 20 -> 30)" in refused.stderr
+    assert analysis_series.label("pythia-160m/step143000") == "step 143000"
+    assert analysis_series.label("/models/final") == "final"
+    with pytest.raises(ValueError, match="matches no file or folder"):
+        analysis_series.expand(str(tmp_path / "none*"))

@@ -445,3 +445,65 @@ def test_bad_head_masks_are_named():
         pretrained.apply_with_attention(module, params, tokens, np.ones((2, 3)))
     with pytest.raises(ValueError, match=r"head_mask entries must be in \[0, 1\], got range"):
         pretrained.apply_with_attention(module, params, tokens, 2 * np.ones((2, 4)))
+
+
+@pytest.mark.parametrize(
+    "name,field",
+    [
+        ("gpt2-tiny", "layer_norm_epsilon"),
+        ("llama-tiny", "rms_norm_eps"),
+        ("neox-tiny", "layer_norm_eps"),
+        ("qwen3-tiny", "rms_norm_eps"),
+    ],
+)
+def test_norm_epsilon_is_read_from_config(tmp_path, name, field):
+    """A large epsilon changes every norm's output: the config's value must reach the
+    module (the fixtures use the defaults, which a misspelt field would fall back to)."""
+    folder = copy_checkpoint(name, tmp_path, {field: 0.5})
+    module, params, _ = pretrained.load(folder)
+    assert module.config.eps == 0.5
+    logits, _ = pretrained.apply_with_attention(module, params, expected(name)["tokens"])
+    assert np.abs(np.asarray(logits) - expected(name)["logits"]).max() > 1e-3
+
+
+def test_gpt2_prefix_detected_beside_an_unprefixed_lm_head(tmp_path):
+    """GPT2LMHeadModel checkpoints may store `lm_head.weight` without the `transformer.`
+    prefix of every other tensor: still the prefixed layout."""
+
+    def add_head(weights):
+        return {**weights, "lm_head.weight": weights["transformer.wte.weight"]}
+
+    folder = copy_checkpoint("gpt2-tiny", tmp_path, tensors=add_head)
+    logits, _ = logits_and_attention(folder, expected("gpt2-tiny")["tokens"])
+    np.testing.assert_allclose(logits, expected("gpt2-tiny")["logits"], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda f: f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2]), "weights file"),
+        (lambda f: f.write_bytes(b"\x00" * 16), "weights file"),
+    ],
+)
+def test_damaged_weights_file_is_one_error_naming_it(tmp_path, damage, message):
+    folder = copy_checkpoint("llama-tiny", tmp_path)
+    damage(folder / "model.safetensors")
+    with pytest.raises(ValueError, match=rf"{message} {folder / 'model.safetensors'}"):
+        pretrained.load(folder)
+
+
+def test_damaged_index_and_tokenizer_files_are_named(tmp_path):
+    folder = copy_checkpoint("llama-tiny", tmp_path)
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": ')
+    with pytest.raises(ValueError, match="model.safetensors.index.json is not valid JSON"):
+        pretrained.load(folder)
+    (folder / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(ValueError, match="must map tensor names to files under 'weight_map'"):
+        pretrained.load(folder)
+    (folder / "model.safetensors.index.json").unlink()
+    (folder / "tokenizer.json").write_text("not json")
+    with pytest.raises(ValueError, match="tokenizer.json is not a valid tokenizer file"):
+        pretrained.load(folder)
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="config.json must hold a JSON object, got list"):
+        pretrained.load(folder)

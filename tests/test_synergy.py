@@ -1,10 +1,11 @@
 """Multi-head analyses: amplification and pairwise synergy."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import benchmarks, graphs, metrics, synergy, worked_example
+from beyondpar import benchmarks, graphs, metrics, synergy, weighting, worked_example
 
 
 def test_example2_pair_synergy():
@@ -160,3 +161,66 @@ def test_optimal_weights_never_lose_to_a_start_and_batch_over_layers():
 def test_bad_synergy_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call(example2_heads())
+
+
+# ---------------------------------------------------------------- behaviours pinned down
+
+
+def plain_rows(v0, mat, keep, steps):
+    """v_t = (v_{t-1} mat) * keep by a Python loop: what autodiff differentiates directly."""
+    out, v = [], v0
+    for _ in range(steps):
+        v = jnp.einsum("...i,...ij->...j", v, mat) * keep
+        out.append(v)
+    return jnp.stack(out, axis=-2)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 7])
+def test_row_recursion_gradient_equals_autodiff_of_the_loop(steps):
+    """The custom VJP of `weighting.rows` against jax.grad of the plain loop, and against
+    central finite differences of one entry, for a weighted sum of every iterate."""
+    rng = np.random.default_rng(steps)
+    mat = jnp.asarray(rng.random((3, 6, 6)))
+    v0 = jnp.asarray(rng.random((3, 6)))
+    keep = jnp.asarray((rng.random(6) > 0.3).astype(np.float64))
+    g = jnp.asarray(rng.standard_normal((3, steps, 6)))
+
+    def loss(fn):
+        return lambda m: jnp.sum(fn(v0, m, keep, steps) * g)
+
+    custom = jax.grad(loss(weighting.rows))(mat)
+    reference = jax.grad(loss(plain_rows))(mat)
+    np.testing.assert_allclose(custom, reference, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        weighting.rows(v0, mat, keep, steps), plain_rows(v0, mat, keep, steps)
+    )
+    h = 1e-6
+    bump = jnp.zeros_like(mat).at[1, 2, 3].set(h)
+    numeric = (loss(plain_rows)(mat + bump) - loss(plain_rows)(mat - bump)) / (2 * h)
+    np.testing.assert_allclose(custom[1, 2, 3], numeric, rtol=1e-6)
+
+
+def test_head_diversity_is_the_mean_over_head_pairs():
+    """H = 3 and 4: the mean over the H(H-1)/2 pairs and over rows of the TV distance,
+    computed pair by pair in NumPy."""
+    rng = np.random.default_rng(0)
+    for h in (3, 4):
+        attn = np.tril(rng.random((2, h, 5, 5)))
+        attn /= attn.sum(-1, keepdims=True)
+        pairs = [(i, j) for i in range(h) for j in range(i + 1, h)]
+        want = np.mean(
+            [[0.5 * np.abs(a[i] - a[j]).sum(-1).mean() for i, j in pairs] for a in attn], axis=1
+        )
+        np.testing.assert_allclose(synergy.head_diversity(attn), want, rtol=1e-12)
+
+
+def test_cross_head_share_uses_the_first_step_of_a_plateau():
+    """T = 3, two heads, weights 1/2. Token 1 reads token 0 in both heads; the sink reads
+    token 1 in head 1 and token 0 in head 2. Token 0's sink signal reaches 1 at t = 2 and
+    stays there; the single-head part there is 1/4 + 1/4, so its share is 1/2 (at any
+    later step of the plateau the single-head part is 2^(1-t) and the share tends to 1).
+    Token 1: all of s_1[1] = 1/2 is head 1's edge, share 0; the sink gets no signal, 0."""
+    head1 = np.array([[1, 0, 0], [1, 0, 0], [0, 1, 0]], float)
+    head2 = np.array([[1, 0, 0], [1, 0, 0], [1, 0, 0]], float)
+    share = synergy.cross_head_share(np.stack([head1, head2]), np.array([0.5, 0.5]), horizon=20)
+    np.testing.assert_allclose(share, [0.5, 0.0, 0.0], atol=1e-12)

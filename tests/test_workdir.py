@@ -85,6 +85,61 @@ def test_extending_a_run_is_recorded_in_its_history(run, tmp_path):
     assert checkpoints.list_steps(copy / "checkpoints")[-1] == 16
 
 
+def test_observing_fields_may_change_and_every_change_is_kept(run, tmp_path):
+    """`evaluation.*` and the intervals observe a run: a resume may change them, and each
+    resume's changes append one line to the history (earlier lines are kept)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = short()
+    config.evaluation.num_sequences = 4
+    config.evaluation.horizon = 10
+    train.train_and_evaluate(config, str(copy))
+    config.keep_checkpoints = 5
+    config.evaluation.num_sequences = 6
+    train.train_and_evaluate(config, str(copy))
+    history = [json.loads(x) for x in (copy / "config_history.jsonl").read_text().splitlines()]
+    assert history == [
+        {
+            "step": 8,
+            "changes": {"evaluation.horizon": [20, 10], "evaluation.num_sequences": [8, 4]},
+        },
+        {"step": 8, "changes": {"evaluation.num_sequences": [4, 6], "keep_checkpoints": [2, 5]}},
+    ]
+    assert json.loads((copy / "config.json").read_text())["evaluation"]["num_sequences"] == 6
+
+
+def test_workdir_change_rules_field_by_field():
+    assert workdir.is_mutable("evaluation.walk") and workdir.is_mutable("distributed.process_id")
+    assert workdir.is_mutable("optim.num_epochs") and workdir.is_mutable("keep_checkpoints")
+    for fixed in ("evaluation", "evaluationx.walk", "optim.num_epochs_x", "optim.learning_rate"):
+        assert not workdir.is_mutable(fixed), fixed
+    assert workdir.changes({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == {
+        "a.c": (2, 3),
+        "d": (None, 4),
+    }
+
+
+def test_checksums_follow_checkpoint_rotation(run, tmp_path):
+    """keep_checkpoints = 2: after four saves only the two newest steps remain, and the
+    checksums file holds exactly theirs, so a damaged kept step is caught."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = short()
+    config.optim.num_epochs = 4
+    train.train_and_evaluate(config, str(copy))
+    folder = copy / "checkpoints"
+    assert checkpoints.list_steps(folder) == [24, 32]
+    sums = json.loads((folder / "checksums.json").read_text())
+    assert set(sums) == {"24", "32"}
+    for step in (24, 32):
+        _, state = checkpoints.load(folder, step)
+        assert checkpoints.checksum(state) == sums[str(step)]
+    sums["24"] = "f" * 64
+    (folder / "checksums.json").write_text(json.dumps(sums))
+    with pytest.raises(checkpoints.CheckpointError, match="step 24 does not match its checksum"):
+        checkpoints.load(folder, 24)
+
+
 LOCK_HOLDER = """
 import sys, time
 from beyondpar import workdir
@@ -154,26 +209,28 @@ def test_invalid_grid_points_are_listed_before_any_training(tmp_path):
         ablation.run(config, tmp_path)
 
 
-def test_a_failed_run_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "error",
+    [
+        FloatingPointError("training loss is nan at step 3; stopped, no checkpoint saved yet"),
+        RuntimeError("out of memory allocating 4 GB"),
+        OSError(28, "No space left on device"),
+    ],
+)
+def test_a_failed_run_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch, error):
     real = train.train_and_evaluate
 
-    def diverging(config, path):
+    def failing(config, path):
         if config.model.num_heads == 1:
-            raise FloatingPointError(
-                "training loss is nan at step 3; stopped, no checkpoint saved yet"
-            )
+            raise error
         return real(config, path)
 
-    monkeypatch.setattr(train, "train_and_evaluate", diverging)
+    monkeypatch.setattr(train, "train_and_evaluate", failing)
     written, failures = ablation.run(smoke_grid(heads=(1, 2)), tmp_path, progress=False)
-    assert failures == [
-        (
-            "heads-1_seed-0_task-copy",
-            "FloatingPointError: training loss is nan at step 3; stopped, no checkpoint saved yet",
-        )
-    ]
+    kind = type(error).__name__
+    assert failures == [("heads-1_seed-0_task-copy", f"{kind}: {error}")]
     text = (tmp_path / "report" / "report.md").read_text()
-    assert "## Failed" in text and "- heads-1_seed-0_task-copy: FloatingPointError" in text
+    assert "## Failed" in text and f"- heads-1_seed-0_task-copy: {kind}" in text
     assert "| layer | H=2 |" in text  # the rest is reported
 
 

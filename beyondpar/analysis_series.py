@@ -1,0 +1,168 @@
+"""One text through every model of a series (e.g. the training checkpoints of one model):
+the real-model analogue of evaluating every step of a run.
+
+Each model's full report goes to its own folder and one summary line per model is
+appended to `series.jsonl`; `series.md` shows every per-layer summary against the
+checkpoint. A rerun skips the models already recorded with the same settings and
+refuses other settings, naming every differing field; one process per output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import tqdm
+
+from beyondpar import analysis, analysis_report, files, workdir
+
+SERIES_FILE = "series.jsonl"
+REPORT_FILE = "series.md"
+KEYS = ("model", "label", "settings", "layers")
+SUMMARY = {  # column -> (what, how to read it from a layer record)
+    "uniform_fidelity_pct": ("uniform mix minimax fidelity (%)", "mixes.uniform.fidelity", 100),
+    "uniform_median_pct": (
+        "uniform mix median node fidelity (%)",
+        "mixes.uniform.fidelity_median",
+        100,
+    ),
+    "best_head_fidelity_pct": ("best head minimax fidelity (%)", "best_head_fidelity", 100),
+    "hitting_time_steps": (
+        "uniform mix hitting time, normalised walk (steps)",
+        "mixes.uniform.hitting_time_normalized",
+        1,
+    ),
+    "sink_mass": ("mean sink mass over heads", "sink_mass", 1),
+    "head_diversity": ("head diversity", "head_diversity", 1),
+}
+_STEP = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_]?(\d+)", re.IGNORECASE)
+
+
+def expand(models: str) -> list[str]:
+    """Comma-separated paths or names; an item with * ? or [ is a glob (sorted matches)."""
+    out = []
+    for item in (m.strip() for m in models.split(",")):
+        if not item:
+            continue
+        if any(c in item for c in "*?["):
+            matches = sorted(glob.glob(os.path.expanduser(item)))
+            if not matches:
+                raise ValueError(f"--model pattern {item!r} matches no file or folder")
+            out += matches
+        else:
+            out.append(item)
+    if not out:
+        raise ValueError(f"--model must name at least one model, got {models!r}")
+    return out
+
+
+def label(model: str) -> str:
+    """'step 3000' when the folder or file name holds a step, else the name itself."""
+    name = Path(model).name or str(model)
+    m = _STEP.search(name)
+    return f"step {int(m.group(1))}" if m else name
+
+
+def summarize(record: dict) -> dict:
+    """{layer: {column: mean over sequences}} of an analysis record."""
+    out = {}
+    for layer, d in record["layers"].items():
+        row = {}
+        for column, (_, where, scale) in SUMMARY.items():
+            value = d
+            for key in where.split("."):
+                value = value[key]
+            row[column] = scale * float(np.mean(value))
+        out[str(layer)] = row
+    return out
+
+
+def settings(text: str, spec: analysis.AnalysisSpec, dtype) -> dict:
+    return {
+        "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "spec": dataclasses.asdict(spec),
+        "dtype": dtype,
+    }
+
+
+def run(models: list[str], text: str, spec, out_dir, dtype=None, progress: bool = True):
+    """Analyse `text` through every model not yet recorded; returns (records, written)."""
+    out_dir = Path(out_dir)
+    wanted = settings(text, spec, dtype)
+    with workdir.lock(out_dir):
+        records = files.read_json_lines(out_dir / SERIES_FILE, KEYS)
+        for record in records:
+            _check_settings(record["settings"], wanted, out_dir)
+        done = {r["model"] for r in records}
+        todo = [m for m in models if m not in done]
+        for model in tqdm.tqdm(todo, desc="models", unit="model", disable=not progress):
+            full = analysis.text_record(model, text, spec, dtype)
+            analysis_report.write(full, out_dir / _folder(model))
+            line = {"model": model, "label": label(model), "settings": wanted}
+            line["layers"] = summarize(full)
+            line["network_fidelity_pct"] = 100 * float(np.mean(full["rollout"]["network_fidelity"]))
+            files.append_json_line(out_dir / SERIES_FILE, line)
+            records.append(line)
+        shown = [r for r in records if r["model"] in models]
+        written = files.write_text(out_dir / REPORT_FILE, markdown(_ordered(shown)))
+    return shown, written
+
+
+def _check_settings(old: dict, new: dict, out_dir: Path) -> None:
+    diff = workdir.changes(old, new)
+    if diff:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(
+            f"{out_dir / SERIES_FILE} holds a series analysed with other settings ({listed}); "
+            "use another --out, or the old settings"
+        )
+
+
+def _folder(model: str) -> str:
+    name = Path(model).name or "model"
+    return re.sub(r"[^\w.-]+", "_", name)
+
+
+def _ordered(records: list[dict]) -> list[dict]:
+    """By step when every label has one, else as given."""
+    steps = [_STEP.search(r["label"].replace(" ", "")) for r in records]
+    if all(steps):
+        return [
+            r for _, r in sorted(zip(steps, records, strict=True), key=lambda p: int(p[0].group(1)))
+        ]
+    return records
+
+
+def markdown(records: list[dict]) -> str:
+    lines = [
+        "# Series analysis",
+        "",
+        f"{len(records)} model(s), one text; per-layer values are means over sequences; "
+        "layers numbered from 0. Each model's full report is in its own folder.",
+        "",
+        "| checkpoint | network fidelity (%) |",
+        "|---|---:|",
+    ]
+    lines += [f"| {r['label']} | {r['network_fidelity_pct']:.4f} |" for r in records]
+    layers = sorted({int(k) for r in records for k in r["layers"]})
+    for column, (what, _, _) in SUMMARY.items():
+        lines += [
+            "",
+            f"## {what}",
+            "",
+            "| checkpoint | " + " | ".join(f"layer {k}" for k in layers) + " |",
+        ]
+        lines.append("|---|" + "---:|" * len(layers))
+        for r in records:
+            cells = [r["layers"].get(str(k), {}).get(column) for k in layers]
+            lines.append(
+                f"| {r['label']} | "
+                + " | ".join("-" if c is None else f"{c:.4g}" for c in cells)
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
