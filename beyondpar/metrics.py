@@ -449,6 +449,16 @@ def minimax_fidelity(c, horizon: int = 100) -> jax.Array:
     return jnp.min(node_fidelity(c, horizon), axis=-1)
 
 
+def objective_unchecked(c, objective: str, horizon: int, max_steps: int, walk: str):
+    """Minimax fidelity ("fidelity") or hitting time ("hitting_time") of operators known to
+    be row-stochastic (e.g. mixes of attention already checked), without the validation
+    pass over every entry: a search scores thousands of mixes of the same checked heads."""
+    c = _spread(c)
+    if objective == "fidelity":
+        return jnp.min(_sweep(c, horizon=horizon, walk="reference", max_steps=0).node_fidelity, -1)
+    return _sweep(c, horizon=0, walk=walk, max_steps=max_steps).hitting_time
+
+
 def hitting_time(c, max_steps: int = 100, walk: str = "reference") -> jax.Array:
     """Mean over all T starts of E[min(steps to the sink, max_steps)] (the paper's mixing time)."""
     c, max_steps, walk = _walk_args(c, max_steps, walk)

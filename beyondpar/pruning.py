@@ -69,6 +69,11 @@ def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
     Layers are independent here, so each layer's greedy sequence is found in H - 1 batched
     rounds over all layers at once and the sequences are merged by their losses.
     """
+    return merge_sequences(greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon))
+
+
+def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> list[list]:
+    """Per layer, [(fidelity lost, layer, head), ...] in greedy removal order."""
     attn = jnp.asarray(attn_NxLxHxTxT)
     num_layers, num_heads = attn.shape[1], attn.shape[2]
     imp = np.asarray(importances_LxH, np.float64)
@@ -90,17 +95,17 @@ def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
             per_layer[layer].append((current[layer] - fid[layer, i], layer, int(head)))
             alive[layer, head] = False
         current = fid[np.arange(num_layers), pick]
-    return _merge(per_layer)
+    return per_layer
 
 
 def _mixed_fidelity(attn, weights_LxCxH, horizon):
     """Mean over sequences of the minimax fidelity of each candidate mix: L x C."""
-    w = graphs.normalize_weights(weights_LxCxH, attn.shape[2]).astype(attn.dtype)
+    w = graphs.normalize_weights(np.asarray(weights_LxCxH, attn.dtype), attn.shape[2])
     mixed = jnp.einsum("lch,nlhij->nlcij", w, attn)
     return np.asarray(jnp.mean(metrics.minimax_fidelity(mixed, horizon), axis=0))
 
 
-def _merge(per_layer) -> list[tuple[int, int]]:
+def merge_sequences(per_layer) -> list[tuple[int, int]]:
     """Global greedy: repeatedly the layer whose next removal loses least."""
     fronts = [0] * len(per_layer)
     order = []
@@ -157,6 +162,47 @@ def curve(module, params, examples, importances, masks, horizon, max_steps, walk
         "fidelity": np.concatenate(fidelity).tolist(),
         "hitting_time": np.concatenate(hitting).tolist(),
         "auc": float(np.trapezoid(accuracy, pruned)),
+    }
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _masked_accuracy(module, params, examples: tasks.Examples, masks):
+    """Accuracy on predictable positions under each head mask (P, L, H), one at a time."""
+
+    def one(mask):
+        logits = module.apply(
+            {"params": params}, examples.inputs, deterministic=True, head_mask=mask
+        )
+        correct = (jnp.argmax(logits, -1) == examples.targets) & examples.predictable
+        return jnp.sum(correct) / jnp.maximum(jnp.sum(examples.predictable), 1)
+
+    return jax.lax.map(one, masks)
+
+
+def attention_necessity(module, params, examples: tasks.Examples, margin: float = 0.5) -> dict:
+    """Does the task need attention? Accuracy on predictable positions with every head,
+    with every head masked, and with each layer's heads masked in turn (true ablations
+    through the head mask), against chance (1 / vocabulary).
+
+    `needs_attention`: masking every head loses more than `margin` of what the model
+    gains over chance (e.g. the copy task's target is the current token, which the
+    residual stream carries: it keeps its accuracy with no head at all).
+    """
+    cfg = module.config
+    masks = np.ones((cfg.num_layers + 2, cfg.num_layers, cfg.num_heads), np.float32)
+    masks[1] = 0.0
+    for layer in range(cfg.num_layers):
+        masks[2 + layer, layer] = 0.0
+    examples = tasks.Examples(*(jnp.asarray(a) for a in examples))
+    accuracy = np.asarray(_masked_accuracy(module, jax.device_get(params), examples, masks))
+    chance = 1.0 / cfg.vocab_size
+    full, none = float(accuracy[0]), float(accuracy[1])
+    return {
+        "accuracy": full,
+        "accuracy_without_heads": none,
+        "accuracy_without_layer": accuracy[2:].tolist(),
+        "chance": chance,
+        "needs_attention": bool(full - none > margin * max(full - chance, 0.0)),
     }
 
 

@@ -124,10 +124,21 @@ def markdown(records: list[dict]) -> str:
     runs = latest(records)
     cells = aggregate(records)
     lines = ["# beyondpar report", "", *_measured(runs)]
+    needs = necessity_by_task(runs)
+    if needs:
+        lines += ["", *necessity_table(needs)]
     for task in sorted({t for t, _ in cells}):
         heads = sorted(h for t, h in cells if t == task)
         by_heads = {h: cells[(task, h)] for h in heads}
-        lines += ["", f"## Task: {task}", "", "### Hitting time (steps)", ""]
+        lines += ["", f"## Task: {task}", ""]
+        if task in needs and not needs[task]["needs_attention"]:
+            lines += [
+                f"**{task} does not need attention**: the models keep "
+                f"{100 * needs[task]['accuracy_without_heads']:.1f}% accuracy with every head "
+                "masked, so the tables below measure attention the model does not use.",
+                "",
+            ]
+        lines += ["### Hitting time (steps)", ""]
         lines += _layer_table(by_heads, heads, "hitting_time")
         lines += ["", "### Minimax fidelity, learned head weights (%)", ""]
         lines += _layer_table(by_heads, heads, "fidelity")
@@ -177,6 +188,45 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def necessity_by_task(runs: list[dict]) -> dict:
+    """Per task, over its runs: mean accuracy with heads, without, chance, and whether
+    the task needs attention (the majority of its runs say so)."""
+    out = {}
+    for task in sorted({r["task"] for r in runs if "attention_necessity" in r}):
+        found = [
+            r["attention_necessity"]
+            for r in runs
+            if r["task"] == task and "attention_necessity" in r
+        ]
+        out[task] = {
+            "accuracy": float(np.mean([n["accuracy"] for n in found])),
+            "accuracy_without_heads": float(np.mean([n["accuracy_without_heads"] for n in found])),
+            "chance": float(np.mean([n["chance"] for n in found])),
+            "needs_attention": 2 * sum(n["needs_attention"] for n in found) > len(found),
+            "runs": len(found),
+        }
+    return out
+
+
+def necessity_table(needs: dict) -> list[str]:
+    lines = [
+        "## Does the task need attention?",
+        "",
+        "Accuracy on predictable positions (%), mean over runs, with every head and with",
+        "every head masked (a true ablation through the head mask), against chance.",
+        "",
+        "| task | runs | with heads | without heads | chance | needs attention |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for task, n in needs.items():
+        lines.append(
+            f"| {task} | {n['runs']} | {100 * n['accuracy']:.1f} "
+            f"| {100 * n['accuracy_without_heads']:.1f} | {100 * n['chance']:.2f} "
+            f"| {'yes' if n['needs_attention'] else 'no'} |"
+        )
+    return lines
+
+
 def _failed(failures) -> str:
     if not failures:
         return ""
@@ -221,6 +271,10 @@ def rows(records: list[dict]) -> list[dict]:
                 row[f"{column(name)}_std"] = None if stat is None else stat["std"][layer]
             for order, curve in r.get("pruning", {}).items():
                 row[f"pruning_auc_{order}_fraction"] = curve["auc"]
+            necessity = r.get("attention_necessity")
+            if necessity is not None:
+                row["accuracy_without_heads_fraction"] = necessity["accuracy_without_heads"]
+                row["needs_attention"] = necessity["needs_attention"]
             row["accuracy_fraction"] = r["metrics"]["accuracy"]["mean"]
             row["accuracy_predictable_fraction"] = r["metrics"]["accuracy_predictable"]["mean"]
             out.append(row)

@@ -44,7 +44,30 @@ def _pair_sum(x, lag, vocab_size):
     return targets, jnp.broadcast_to(positions >= lag, x.shape)
 
 
-TASKS = ("copy", "cycle", "zero", "shift", "pair_sum")
+def _induction(x):
+    """At position i of the repeat (i >= T/2) the target is the token that followed the
+    earlier occurrence of x[i], i.e. x[i - T/2 + 1]: a previous-token head and an
+    induction head, in two layers, working together. Only the repeat is predictable."""
+    t = x.shape[-1]
+    half = t // 2
+    positions = jnp.arange(t)
+    source = jnp.clip(positions - half + 1, 0, t - 1)
+    return x[..., source], jnp.broadcast_to(positions >= half, x.shape)
+
+
+def _induction_inputs(key, num: int, seq_len: int, vocab_size: int):
+    """A prefix of T/2 distinct random tokens (so every token's earlier occurrence is
+    unique), then the same prefix again."""
+    half = seq_len // 2
+    keys = jax.random.split(key, num)
+    prefix = jax.vmap(lambda k: jax.random.permutation(k, vocab_size)[:half])(keys)
+    return jnp.concatenate([prefix, prefix], axis=-1).astype(jnp.int32)
+
+
+TASKS = ("copy", "cycle", "zero", "shift", "pair_sum", "induction")
+# Tasks whose targets need attention: the copy target is the current token and `zero`
+# a constant, both carried without any head.
+ATTENTION_TASKS = ("cycle", "shift", "pair_sum", "induction")
 
 
 def make_examples(
@@ -58,9 +81,26 @@ def make_examples(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{arg} must be an integer >= {low}, got {value!r}")
-    _check_task(name, seq_len, lag)
-    x = jax.random.randint(key, (num, seq_len), 0, vocab_size, dtype=jnp.int32)
+    check(name, seq_len, vocab_size, lag)
+    if name == "induction":
+        x = _induction_inputs(key, num, seq_len, vocab_size)
+    else:
+        x = jax.random.randint(key, (num, seq_len), 0, vocab_size, dtype=jnp.int32)
     return label(name, x, vocab_size, lag)
+
+
+def check(name: str, seq_len: int, vocab_size: int, lag: int = 1) -> None:
+    """ValueError naming the setting when task `name` cannot be made at these sizes."""
+    _check_task(name, seq_len, lag)
+    if name != "induction":
+        return
+    if seq_len % 2:
+        raise ValueError(f"seq_len for task 'induction' must be even, got {seq_len}")
+    if vocab_size < seq_len // 2:
+        raise ValueError(
+            f"vocab_size for task 'induction' must be >= seq_len / 2 = {seq_len // 2} "
+            f"(the prefix has distinct tokens), got {vocab_size}"
+        )
 
 
 def _check_task(name: str, seq_len: int, lag: int) -> None:
@@ -77,6 +117,8 @@ def label(name: str, inputs, vocab_size: int, lag: int = 1) -> Examples:
     _check_task(name, x.shape[-1], lag)
     if name == "pair_sum":
         targets, mask = _pair_sum(x, lag, vocab_size)
+    elif name == "induction":
+        targets, mask = _induction(x)
     else:
         rule = {"copy": _copy, "cycle": _cycle, "zero": _zero, "shift": _shift}[name]
         targets, mask = rule(x, lag)

@@ -1,11 +1,23 @@
 """The head weights that serve the sink best: `optimal_weights`.
 
-Minimax fidelity is a min over tokens of a max over steps, so it is not smooth in the
-weights. The search runs Adam on a smooth surrogate (weights = softmax of logits; max
-over steps and min over tokens replaced by temperature-scaled log-sum-exp, the
-temperature annealed towards the exact metric) from several starts at once, then scores
-every start and every result with the exact kernels and keeps the best. The result is
-therefore never worse than any start, in particular never worse than the best single head.
+The exact objective (mean minimax fidelity, or mean hitting time, of the mixed operators)
+is cheap to evaluate and batches well: thousands of candidate mixes are one kernel call,
+and H is at most a few dozen. So the search is on the exact metric:
+
+1. a pool of starts scored exactly: uniform, the learned weights, every head, every 50/50
+   pair, and seeded random mixes, dense and sparse (Dirichlet);
+2. optionally (`steps` > 0), Adam on a smooth surrogate from the best start (weights =
+   softmax of logits; max over steps and min over tokens as temperature-scaled
+   log-sum-exp, the temperature annealed towards the exact metric), scored exactly: one
+   more proposal (it rarely beats the pool, and costs as much as it);
+3. a pattern search on the exact metric from the best few proposals (on a subsample of
+   the sets, then polished on all of them): at each round every
+   start tries moving a share of its mass towards each head and away from each head (2H
+   neighbours), takes the best neighbour if it improves (doubling its step), and halves
+   its step otherwise.
+
+The result is never worse than any candidate scored, in particular never worse than the
+best single head, the best pair or the learned weights.
 """
 
 from __future__ import annotations
@@ -21,7 +33,8 @@ from jax import lax
 from beyondpar import _checks, graphs, metrics
 
 OBJECTIVES = ("fidelity", "hitting_time")
-_FLOOR = 1e-6  # the smallest weight a start of the search gives a head
+_FLOOR = 1e-6  # the smallest weight a start of the descent gives a head
+_MIN_STEP = 1.0 / 512  # the pattern search stops when every start's step is below this
 
 
 def optimal_weights(
@@ -31,24 +44,37 @@ def optimal_weights(
     horizon: int = 100,
     max_steps: int = 100,
     init=None,
-    steps: int = 80,
+    steps: int = 0,
     learning_rate: float = 0.1,
+    random_starts: int = 64,
+    local_starts: int = 3,
+    local_rounds: int = 24,
+    search_sequences: int = 12,
+    seed: int = 0,
 ):
     """(weights (H,), value): the head mix maximising the mean minimax fidelity, or
     minimising the mean hitting time, of the mixed operators of the N attention sets in
     `attn` (N x H x T x T, or H x T x T for one set).
 
     Extra leading axes (e.g. L x N x H x T x T for every layer of a model) are independent
-    problems solved in one batch: weights (..., H) and values (...). Candidates scored
-    exactly: uniform, `init` (e.g. the learned importances, shape (..., H)) when given,
-    every single head, and the results of the descent from uniform, `init` and the best
-    single head.
+    problems solved in one batch: weights (..., H) and values (...). `init` (e.g. the
+    learned importances, shape (..., H)) joins the starts; `steps` = 0 skips the surrogate
+    descent, `local_rounds` = 0 the pattern search, which runs from the `local_starts` best
+    candidates on `search_sequences` of the N sets and is polished on all of them; `seed`
+    fixes the random starts.
     """
     objective = _checks.one_of("objective", objective, OBJECTIVES)
     walk = _checks.one_of("walk", walk, metrics.WALKS)
     horizon = _checks.positive_int("horizon", horizon)
     max_steps = _checks.positive_int("max_steps", max_steps)
-    steps = _checks.positive_int("steps", steps)
+    for name, value in (
+        ("steps", steps),
+        ("random_starts", random_starts),
+        ("local_rounds", local_rounds),
+    ):
+        _checks.non_negative_int(name, value)
+    local_starts = _checks.positive_int("local_starts", local_starts)
+    search_sequences = _checks.positive_int("search_sequences", search_sequences)
     a = _checks.as_float_array("attn", attn)
     if a.ndim < 3:
         raise ValueError(f"attn must have shape (N, H, T, T) or (H, T, T), got shape {a.shape}")
@@ -56,47 +82,129 @@ def optimal_weights(
         a = a[None]
     a = metrics.check_operator(a, "attn")
     settings = dict(objective=objective, walk=walk, horizon=horizon, max_steps=max_steps)
-    base = _base_candidates(a.shape[-3], init, a.shape[:-4], a.dtype)  # ... x S x H
-    base_scores = _exact_scores(a, base, **settings)
-    starts = _descent_starts(base, base_scores, objective, has_init=init is not None)
-    found = _descend(a, starts, steps=steps, learning_rate=learning_rate, **settings)
-    candidates = jnp.concatenate([base, found], axis=-2)
-    scores = jnp.concatenate([base_scores, _exact_scores(a, found, **settings)], axis=-1)
-    best = jnp.argmax(scores if objective == "fidelity" else -scores, axis=-1)
-    weights = jnp.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
-    value = jnp.take_along_axis(scores, best[..., None], axis=-1)[..., 0]
-    return weights, value
+    sign = 1.0 if objective == "fidelity" else -1.0
+    pool = start_pool(a.shape[-3], init, a.shape[:-4], a.dtype, random_starts, seed)
+    candidates, scores = pool, _exact_scores(a, pool, **settings)
+    if steps:
+        best = _top(candidates, scores, sign, 1)[0]
+        found = _descend(a, best, steps=steps, learning_rate=learning_rate, **settings)
+        candidates = jnp.concatenate([candidates, found], axis=-2)
+        scores = jnp.concatenate([scores, _exact_scores(a, found, **settings)], axis=-1)
+    if local_rounds:
+        found, values = _local_search(
+            a, candidates, scores, sign, settings, local_starts, local_rounds, search_sequences
+        )
+        candidates = jnp.concatenate([candidates, found], axis=-2)
+        scores = jnp.concatenate([scores, values], axis=-1)
+    weights, value = _top(candidates, scores, sign, 1)
+    return weights[..., 0, :], value[..., 0]
 
 
-def _base_candidates(num_heads: int, init, lead: tuple, dtype) -> jax.Array:
-    """Uniform, then the learned weights when given, then every single head."""
-    rows = jnp.asarray(np.vstack([np.full(num_heads, 1.0 / num_heads), np.eye(num_heads)]), dtype)
-    rows = jnp.broadcast_to(rows, (*lead, num_heads + 1, num_heads))
+def _local_search(a, candidates, scores, sign, settings, starts, rounds, sequences):
+    """Pattern search from the `starts` best candidates on an evenly spaced subsample of
+    `sequences` attention sets (the objective is a mean over sets, so its optimum moves
+    little), then the best result polished on every set with small steps. Returns the
+    results (..., starts + 1, H) with their exact scores on every set."""
+    n = a.shape[-4]
+    picked = np.unique(np.linspace(0, n - 1, min(sequences, n)).round().astype(int))
+    # On the host: indexing a batch split over devices would need an all-to-all.
+    sub = jnp.asarray(np.take(np.asarray(a), picked, axis=-4)) if len(picked) < n else a
+    w0, v0 = _top(candidates, scores, sign, starts)
+    if len(picked) < n:
+        v0 = _exact_scores(sub, w0, **settings)
+    found, _ = pattern_search(sub, w0, v0, sign, rounds, settings)
+    exact = _exact_scores(a, found, **settings)
+    best, value = _top(found, exact, sign, 1)
+    polished, polished_value = pattern_search(a, best, value, sign, rounds // 3, settings, 1 / 16)
+    return (
+        jnp.concatenate([found, polished], axis=-2),
+        jnp.concatenate([exact, polished_value], axis=-1),
+    )
+
+
+def start_pool(num_heads: int, init, lead: tuple, dtype, random_starts: int, seed: int):
+    """(..., S, H): uniform, `init` when given, every head, every 50/50 pair, then random
+    mixes, half dense (Dirichlet 1) and half sparse (Dirichlet 0.2)."""
+    h = num_heads
+    rows = [np.full((1, h), 1.0 / h), np.eye(h)]
+    i, j = np.triu_indices(h, 1)
+    pairs = np.zeros((len(i), h))
+    pairs[np.arange(len(i)), i] = pairs[np.arange(len(i)), j] = 0.5
+    rng = np.random.default_rng(seed)
+    dense = rng.dirichlet(np.ones(h), random_starts - random_starts // 2)
+    sparse = rng.dirichlet(np.full(h, 0.2), random_starts // 2)
+    rows += [pairs, dense, sparse]
+    pool = jnp.broadcast_to(jnp.asarray(np.vstack(rows), dtype), (*lead, sum(map(len, rows)), h))
     if init is None:
-        return rows
-    learned = graphs.normalize_weights(init, num_heads).astype(dtype)
-    learned = jnp.broadcast_to(learned, (*lead, num_heads))[..., None, :]
-    return jnp.concatenate([rows[..., :1, :], learned, rows[..., 1:, :]], axis=-2)
+        return pool
+    learned = graphs.normalize_weights(init, h).astype(dtype)
+    learned = jnp.broadcast_to(learned, (*lead, h))[..., None, :]
+    return jnp.concatenate([pool[..., :1, :], learned, pool[..., 1:, :]], axis=-2)
 
 
-def _descent_starts(base, scores, objective: str, has_init: bool, heads_kept: int = 1):
-    """Uniform, learned, and the best `heads_kept` single heads: the descent from every
-    head would cost H times more, and every head is scored exactly anyway."""
-    fixed = 2 if has_init else 1
-    single = scores[..., fixed:] if objective == "fidelity" else -scores[..., fixed:]
-    top = jnp.argsort(-single, axis=-1)[..., : min(heads_kept, single.shape[-1])]
-    heads = jnp.take_along_axis(base[..., fixed:, :], top[..., None], axis=-2)
-    return jnp.concatenate([base[..., :fixed, :], heads], axis=-2)
+def _top(candidates, scores, sign: float, k: int):
+    """The k best candidates (..., k, H) and their scores (..., k)."""
+    order = jnp.argsort(-sign * scores, axis=-1)[..., :k]
+    return (
+        jnp.take_along_axis(candidates, order[..., None], axis=-2),
+        jnp.take_along_axis(scores, order, axis=-1),
+    )
+
+
+def neighbours(weights, step):
+    """(..., K, 2H, H): each start moved a share `step` (..., K) of the way towards each
+    head's vertex, and with a share `step` of each head's own weight removed."""
+    h = weights.shape[-1]
+    eye = jnp.eye(h, dtype=weights.dtype)
+    w = weights[..., None, :]
+    s = step[..., None, None]
+    towards = (1 - s) * w + s * eye
+    away = w - s * w * eye
+    away = away / jnp.sum(away, axis=-1, keepdims=True)
+    return jnp.concatenate([towards, away], axis=-2)
+
+
+def pattern_search(attn, starts, values, sign: float, rounds: int, settings: dict, step=0.5):
+    """Improve every start (..., K, H) on the exact objective: per round all 2H neighbours
+    of every start are scored in one call; a start moves to its best neighbour when that
+    improves it (and doubles its step, up to 1/2), else halves its step. Returns the final
+    weights and their scores."""
+    w, v = starts, values
+    step = jnp.full(v.shape, step, v.dtype)
+    k, h = w.shape[-2], w.shape[-1]
+    for _ in range(rounds):
+        nb = neighbours(w, step)
+        flat = nb.reshape(*nb.shape[:-3], k * 2 * h, h)
+        s = _exact_scores(attn, flat, **settings).reshape(*nb.shape[:-1])
+        pick = jnp.argmax(sign * s, axis=-1)
+        best_s = jnp.take_along_axis(s, pick[..., None], axis=-1)[..., 0]
+        best_w = jnp.take_along_axis(nb, pick[..., None, None], axis=-2)[..., 0, :]
+        better = sign * best_s > sign * v
+        w = jnp.where(better[..., None], best_w, w)
+        v = jnp.where(better, best_s, v)
+        step = jnp.where(better, jnp.minimum(2 * step, 0.5), step / 2)
+        if bool(jnp.all(step < _MIN_STEP)):
+            break
+    return w, v
+
+
+_CHUNK_ENTRIES = 2**25  # mixed operators per scoring call: 128 MB in float32
 
 
 def _exact_scores(attn, candidates, *, objective, walk, horizon, max_steps):
-    """Exact objective of every candidate mix: one batched kernel call, mean over N."""
-    mixed = jnp.einsum("...sh,...nhij->...snij", candidates, attn)
-    if objective == "fidelity":
-        values = metrics.minimax_fidelity(mixed, horizon)
-    else:
-        values = metrics.hitting_time(mixed, max_steps, walk)
-    return jnp.mean(values, axis=-1)
+    """Exact objective of every candidate mix (..., S, H) -> (...), mean over N. The mixes
+    of checked attention rows are row-stochastic, so the kernels skip their validation;
+    candidates go in chunks so the mixed operators stay within a fixed memory."""
+    per_candidate = int(np.prod(attn.shape[:-3])) * attn.shape[-1] ** 2
+    chunk = max(1, _CHUNK_ENTRIES // max(per_candidate, 1))
+    out = []
+    for start in range(0, candidates.shape[-2], chunk):
+        part = candidates[..., start : start + chunk, :]
+        mixed = jnp.einsum("...sh,...nhij->...snij", part, attn)
+        values = metrics.objective_unchecked(mixed, objective, horizon, max_steps, walk)
+        out.append(np.asarray(jnp.mean(values, axis=-1)))
+    # Scores come back split over devices; on the host they stay out of later collectives.
+    return jnp.asarray(np.concatenate(out, axis=-1))
 
 
 @functools.partial(jax.jit, static_argnames=("objective", "walk", "horizon", "max_steps", "steps"))

@@ -2,10 +2,14 @@
 
   python launch/ablate.py --config=configs/ablation.py --workdir=runs/ablation        # CPU
   python launch/ablate.py --config=configs/ablation.py:base=paper,seeds=3 --workdir=runs/paper
+  python launch/ablate.py --config=configs/ablation.py:tasks=attention --workdir=runs/attn
   python launch/ablate.py --config=configs/ablation.py --workdir=runs/x --dry_run     # commands
 
 `axes` maps a label to the config field it sets; `levels` lists each label's values.
 `overrides` sets further fields of every run (dotted names written with `__`).
+`tasks`: `paper` (copy, cycle: the paper's; copy does not need attention), `attention`
+(cycle, shift, pair_sum, induction: tasks that need attention) or `demo` (cycle and
+induction, what the CPU demo trains).
 """
 
 from pathlib import Path
@@ -13,11 +17,19 @@ from pathlib import Path
 import ml_collections
 from ml_collections import config_dict
 
-from beyondpar import ablation, config_lib
+from beyondpar import ablation, config_lib, tasks
+
+TASK_PRESETS = {
+    "paper": ("copy", "cycle"),
+    "attention": tasks.ATTENTION_TASKS,
+    "demo": ("cycle", "induction"),
+}
 
 
 def get_config(arg=None):
-    args = config_lib.parse_arg(arg, base="cpu", seeds=1)
+    args = config_lib.parse_arg(arg, base="cpu", seeds=1, tasks="paper")
+    if args.tasks not in TASK_PRESETS:
+        raise ValueError(f"tasks must be one of {sorted(TASK_PRESETS)}, got {args.tasks!r}")
     c = ml_collections.ConfigDict()
     c.base = str(Path(__file__).with_name(f"{args.base}.py"))
     c.base_arg = ""
@@ -25,7 +37,11 @@ def get_config(arg=None):
         {"task": "task.name", "heads": "model.num_heads", "seed": "seed"}
     )
     c.levels = ml_collections.ConfigDict(
-        {"task": ("copy", "cycle"), "heads": (1, 4, 8, 16), "seed": tuple(range(args.seeds))}
+        {
+            "task": TASK_PRESETS[args.tasks],
+            "heads": (1, 4, 8, 16),
+            "seed": tuple(range(args.seeds)),
+        }
     )
     # Every field of the base config, unset: `--config.overrides.optim__learning_rate=1e-2`
     # sets one for every run (dotted names written with `__`).

@@ -4,6 +4,7 @@ python launch/analyze.py --model=gpt2 --text="The heads of a layer ..." --out=ou
 python launch/analyze.py --model=path/to/checkpoint --text_file=notes.txt --layers=0,5,11
 python launch/analyze.py --attention=attn.npz        # key 'attention': L x H x T x T or B x ...
 python launch/analyze.py --model=model.gguf --text_file=notes.txt --sink_tokens=1
+python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=512 --max_windows=100
 python launch/analyze.py --model='runs/pythia/step*' --text_file=notes.txt --out=out/series
 
 --model is a folder (config.json, *.safetensors, tokenizer.json), a name in the local
@@ -17,11 +18,26 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from beyondpar import analysis, analysis_report, analysis_series, parallel, workdir
+from beyondpar import (
+    analysis,
+    analysis_corpus,
+    analysis_report,
+    analysis_series,
+    corpus_report,
+    parallel,
+    workdir,
+)
 
 MODEL = flags.DEFINE_string("model", None, "Checkpoint folder or cached model name.")
 TEXT = flags.DEFINE_string("text", None, "The text to analyse.")
 TEXT_FILE = flags.DEFINE_string("text_file", None, "A file holding the text.")
+CORPUS = flags.DEFINE_string(
+    "corpus", None, "A .txt (documents split by blank lines), a .jsonl ('text') or a folder."
+)
+TOKENS = flags.DEFINE_integer("tokens", None, "Window length for --corpus (tokens).")
+MAX_WINDOWS = flags.DEFINE_integer("max_windows", None, "At most this many windows, in order.")
+BATCH = flags.DEFINE_integer("batch_size", 8, "Windows per batch (--corpus).")
+PRUNING = flags.DEFINE_bool("pruning", False, "Pruning curves of the loss (--corpus).")
 ATTENTION = flags.DEFINE_string("attention", None, ".npz with attention from elsewhere.")
 LAYERS = flags.DEFINE_list("layers", None, "Layers to analyse (from 0); default all.")
 OUT = flags.DEFINE_string("out", "out/analysis", "Report folder.")
@@ -66,11 +82,27 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     if bool(MODEL.value) == bool(ATTENTION.value):
         raise app.UsageError("give exactly one of --model or --attention")
-    if MODEL.value and bool(TEXT.value) == bool(TEXT_FILE.value):
-        raise app.UsageError("--model needs exactly one of --text or --text_file")
+    given = [f for f in (TEXT.value, TEXT_FILE.value, CORPUS.value) if f]
+    if MODEL.value and len(given) != 1:
+        raise app.UsageError("--model needs exactly one of --text, --text_file or --corpus")
+    if CORPUS.value and TOKENS.value is None:
+        raise app.UsageError("--corpus needs --tokens=T, the window length")
     try:
         if ATTENTION.value:
             record = analysis.attention_record(ATTENTION.value, spec())
+        elif CORPUS.value:
+            cspec = analysis_corpus.CorpusSpec(
+                tokens=TOKENS.value,
+                max_windows=MAX_WINDOWS.value,
+                batch_size=BATCH.value,
+                pruning=PRUNING.value,
+            )
+            summary, _ = analysis_corpus.run(
+                MODEL.value, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value
+            )
+            for path in corpus_report.write(summary, OUT.value):
+                print(f"wrote {path}")
+            return
         else:
             text = TEXT.value if TEXT.value else read_text_file(TEXT_FILE.value)
             models = analysis_series.expand(MODEL.value)

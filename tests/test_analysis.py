@@ -268,3 +268,12 @@ def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
     assert analysis_series.label("/models/final") == "final"
     with pytest.raises(ValueError, match="matches no file or folder"):
         analysis_series.expand(str(tmp_path / "none*"))
+
+
+def test_largest_shares_name_the_tokens_in_order():
+    record = analysis.text_record(HF / "gpt2-tiny", SHORT, SPEC)
+    top = record["rollout"]["largest_shares"]
+    share = np.asarray(record["rollout"]["sink_share"][0])
+    assert [t["position"] for t in top] == np.argsort(-share)[:10].tolist()
+    assert top[0]["token"] == record["token_labels"][top[0]["position"]]
+    assert top[0]["share"] == pytest.approx(share.max())

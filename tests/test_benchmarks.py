@@ -40,7 +40,7 @@ def test_analysis_suites_report_every_part(capsys):
     from beyondpar import benchmarks_analysis
 
     tiny = dict(model_type="gpt2", vocab_size=50, n_positions=32, n_embd=16, n_layer=2, n_head=2)
-    p = benchmarks_analysis.pretrained_suite(t=32, config=tiny)
+    p = benchmarks_analysis.pretrained_suite(t=32, config=tiny, gguf=False)
     assert set(p["seconds"]) >= {"load (build + random init)", "forward", "rollout", "report"}
     assert p["speedup_vs_paper_fidelity"] > 0 and p["peak_rss_gb_without_pairwise"] > 0
     s = benchmarks_analysis.synergy_suite(sequences=2, heads=2)

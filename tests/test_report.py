@@ -159,3 +159,23 @@ def test_files_and_plots(tmp_path):
 def test_empty_records():
     with pytest.raises(ValueError, match="records must not be empty"):
         report.markdown([])
+
+
+def test_report_says_which_tasks_need_attention():
+    records = synthetic_records()
+    for r in records:
+        needed = r["task"] != "copy"
+        r["attention_necessity"] = {
+            "accuracy": 1.0,
+            "accuracy_without_heads": 0.01 if needed else 1.0,
+            "accuracy_without_layer": [0.5, 0.5, 0.5, 0.5],
+            "chance": 1 / 256,
+            "needs_attention": needed,
+        }
+    text = report.markdown(records)
+    assert "## Does the task need attention?" in text
+    assert "| copy | " in text and "| 100.0 | 100.0 | 0.39 | no |" in text
+    assert "**copy does not need attention**" in text
+    assert "**cycle does not need attention**" not in text
+    rows = report.rows(records)
+    assert {r["needs_attention"] for r in rows if r["task"] == "copy"} == {False}

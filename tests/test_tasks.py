@@ -58,3 +58,19 @@ def test_deterministic_in_the_key():
 def test_bad_arguments(args, message):
     with pytest.raises(ValueError, match=message):
         tasks.make_examples(*args)
+
+
+def test_induction_repeats_a_distinct_prefix_and_predicts_the_follower():
+    ex = tasks.make_examples("induction", jax.random.PRNGKey(2), 5, 12, 20)
+    x, y, m = (np.asarray(a) for a in ex)
+    np.testing.assert_array_equal(x[:, 6:], x[:, :6])
+    assert all(len(set(row[:6].tolist())) == 6 for row in x)  # distinct: one earlier occurrence
+    for i in range(6, 12):
+        j = i - 6  # the earlier occurrence of x[i]; the target is the token after it
+        np.testing.assert_array_equal(y[:, i], x[:, j + 1])
+    np.testing.assert_array_equal(m, np.broadcast_to(np.arange(12) >= 6, (5, 12)))
+    assert "induction" in tasks.ATTENTION_TASKS and "copy" not in tasks.ATTENTION_TASKS
+    with pytest.raises(ValueError, match="seq_len for task 'induction' must be even, got 11"):
+        tasks.make_examples("induction", jax.random.PRNGKey(0), 2, 11, 20)
+    with pytest.raises(ValueError, match=r"vocab_size for task 'induction' must be >= seq_len / 2"):
+        tasks.make_examples("induction", jax.random.PRNGKey(0), 2, 12, 5)

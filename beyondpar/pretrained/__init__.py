@@ -131,7 +131,7 @@ def check_tokens(module, tokens_BxT) -> np.ndarray:
         raise ValueError(
             f"token ids must be in [0, {cfg.vocab_size}), got [{tokens.min()}, {tokens.max()}]"
         )
-    return tokens
+    return tokens_BxT if isinstance(tokens_BxT, jax.Array) else tokens  # keeps a sharding
 
 
 def check_head_mask(module, head_mask):
