@@ -219,14 +219,14 @@ def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
         module, params = checkpoints.import_reference(DATA / f"{name}.npz", heads)
         examples = tasks.make_examples(task, jax.random.PRNGKey(0), 6, 100, 256)
         necessity = pruning.attention_necessity(module, params, examples)
-        for mask, got in [
+        cases = [
             (np.zeros((4, heads)), necessity["accuracy_without_heads"]),
             (np.ones((4, heads)), necessity["accuracy"]),
-            (
-                np.ones((4, heads)) * (np.arange(4) != 2)[:, None],
-                necessity["accuracy_without_layer"][2],
-            ),
-        ]:
+        ]
+        for layer in range(4):  # each layer's heads masked in turn, in layer order
+            mask = np.ones((4, heads)) * (np.arange(4) != layer)[:, None]
+            cases.append((mask, necessity["accuracy_without_layer"][layer]))
+        for mask, got in cases:
             logits, _ = model_lib.apply_with_attention(module, params, examples.inputs, mask)
             predictable = np.asarray(examples.predictable)
             correct = (np.asarray(logits).argmax(-1) == np.asarray(examples.targets)) & predictable
@@ -236,3 +236,29 @@ def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
     assert found["cycle"]["accuracy"] > 0.99 and found["cycle"]["needs_attention"]
     assert found["cycle"]["accuracy_without_heads"] < 0.05
     assert found["cycle"]["chance"] == 1 / 256
+    # Every layer alone suffices for the shift: masking one layer keeps its accuracy.
+    assert found["cycle"]["accuracy_without_layer"] == pytest.approx([1.0] * 4, abs=0.02)
+
+
+def test_attention_necessity_masks_each_layer_in_turn(monkeypatch):
+    """The masks themselves (the released checkpoints cannot tell layers apart): all heads,
+    none, then layer l alone masked, in layer order; the accuracies map back in order."""
+    seen = {}
+
+    def fake(module, params, examples, masks):
+        seen["masks"] = np.asarray(masks)
+        return np.arange(len(masks), dtype=np.float32) / 10
+
+    monkeypatch.setattr(pruning, "_masked_accuracy", fake)
+    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    examples = tasks.make_examples("cycle", jax.random.PRNGKey(0), 2, 100, 256)
+    necessity = pruning.attention_necessity(module, params, examples)
+    masks = seen["masks"]
+    assert masks.shape == (6, 4, 4)
+    assert masks[0].all() and not masks[1].any()
+    for layer in range(4):
+        want = np.ones((4, 4))
+        want[layer] = 0
+        np.testing.assert_array_equal(masks[2 + layer], want)
+    assert necessity["accuracy_without_layer"] == pytest.approx([0.2, 0.3, 0.4, 0.5])
+    assert necessity["accuracy"] == 0 and necessity["accuracy_without_heads"] == pytest.approx(0.1)
