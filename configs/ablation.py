@@ -9,7 +9,7 @@
 `overrides` sets further fields of every run (dotted names written with `__`).
 `tasks`: `paper` (copy, cycle: the paper's; copy does not need attention), `attention`
 (cycle, shift, pair_sum, induction: tasks that need attention) or `demo` (cycle and
-induction, what the CPU demo trains).
+induction: a small study of two tasks that need attention).
 """
 
 from pathlib import Path
