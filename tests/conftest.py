@@ -26,3 +26,16 @@ def load_fixture(name: str):
 def fixture(request):
     state, expected = load_fixture(request.param)
     return request.param, state, expected
+
+
+def analyze_cli(*flags):
+    """`launch/analyze.py` with `flags`, run as a user would, output captured."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, str(Path(__file__).parents[1] / "launch" / "analyze.py"), *flags],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+    )

@@ -3,15 +3,13 @@
 import dataclasses
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from beyondpar import analysis, analysis_report, analysis_series, graphs, metrics, pretrained
-from conftest import DATA
+from conftest import DATA, analyze_cli
 
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,14 +125,7 @@ def test_empty_and_too_long_texts_and_bad_layers():
 
 
 def test_analyze_cli(tmp_path):
-    def run(*flags):
-        return subprocess.run(
-            [sys.executable, str(ROOT / "launch" / "analyze.py"), *flags],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-
+    run = analyze_cli
     done = run(
         f"--model={HF / 'llama3-rope'}",
         f"--text={SHORT}",
@@ -194,15 +185,6 @@ def test_sink_tokens_analysis_measures_the_graph_without_them():
 
 
 # ---------------------------------------------------------------- bad input, series
-
-
-def analyze_cli(*flags):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "analyze.py"), *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
 
 
 def test_analyze_cli_bad_files_are_one_line_each(tmp_path):

@@ -2,8 +2,6 @@
 resume, bootstrap intervals, the loss-pruning curves, and one line for every bad input."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -11,7 +9,7 @@ import numpy as np
 import pytest
 
 from beyondpar import analysis, analysis_corpus, corpus, pretrained, pruning_lm
-from conftest import DATA
+from conftest import DATA, analyze_cli
 
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,15 +219,6 @@ def test_loss_pruning_curves_start_at_the_models_loss():
         mask[layer, head] = 0
     last = pruning_lm.window_losses(module, params, jnp.asarray(windows.tokens), mask)[0]
     assert curves["projection"]["loss"][-1] == pytest.approx(float(np.mean(last)), rel=1e-5)
-
-
-def analyze_cli(*flags):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "analyze.py"), *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
 
 
 def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from beyondpar import model as model_lib
 from beyondpar.pretrained import files, gguf_file, gpt2, gpt_neox, llama
 
 FAMILIES: dict[str, ModuleType] = {
@@ -135,20 +136,11 @@ def check_tokens(module, tokens_BxT) -> np.ndarray:
 
 
 def check_head_mask(module, head_mask):
-    """A head mask as float32 (L, H) or (B, L, H) with entries in [0, 1]; None stays None."""
+    """A head mask as float32 (L, H) or (B, L, H) with entries in [0, 1]; None stays None.
+    The same rules as the paper's model (`beyondpar.model.check_head_mask`)."""
     if head_mask is None:
         return None
-    mask = np.asarray(head_mask, np.float64)
-    want = (module.config.num_layers, module.config.num_heads)
-    if mask.ndim not in (2, 3) or mask.shape[-2:] != want:
-        raise ValueError(
-            f"head_mask must have shape (L, H) = {want} or (B, L, H), got shape {mask.shape}"
-        )
-    if not np.all((mask >= 0) & (mask <= 1)):
-        raise ValueError(
-            f"head_mask entries must be in [0, 1], got range [{mask.min()}, {mask.max()}]"
-        )
-    return jnp.asarray(mask, jnp.float32)
+    return model_lib.check_head_mask(head_mask, module.config).astype(jnp.float32)
 
 
 def apply_with_attention(module, params, tokens_BxT, head_mask=None):
