@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from beyondpar import graphs, metrics, pretrained, synergy
+from beyondpar import files, graphs, metrics, pretrained, synergy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,10 +288,10 @@ def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None) -> dict
 def attention_record(path, spec: AnalysisSpec) -> dict:
     """Analyse attention saved by any framework: an .npz with key `attention`."""
     try:
-        with np.load(path) as data:
-            if "attention" not in data.files:
-                raise ValueError(f"must hold the key 'attention', got keys {data.files}")
-            attn = np.asarray(data["attention"])
+        data = files.read_npz(path)
+        if "attention" not in data:
+            raise ValueError(f"must hold the key 'attention', got keys {sorted(data)}")
+        attn = data["attention"]
     except (OSError, ValueError) as err:
         raise ValueError(f"attention file {path}: {err}") from err
     timer = Timer()

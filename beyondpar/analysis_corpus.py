@@ -75,24 +75,14 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
         inner = dataclasses.replace(spec, optimal_weights=False)
         done = {r["window"]: r for r in files.read_json_lines(out_dir / WINDOWS_FILE, ("window",))}
         todo = [i for i in range(len(windows.tokens)) if i not in done]
-        bar = tqdm.tqdm(
-            total=len(windows.tokens),
-            initial=len(windows.tokens) - len(todo),
-            desc="windows",
-            unit="window",
-            disable=not progress,
+
+        def keep(index, line):
+            files.append_json_line(out_dir / WINDOWS_FILE, line)
+            done[index] = line
+
+        analyze_windows(
+            module, params, windows, todo, inner, cspec.batch_size, keep, extra, progress=progress
         )
-        with bar:
-            for start in range(0, len(todo), cspec.batch_size):
-                batch = todo[start : start + cspec.batch_size]
-                tokens = _on_devices(windows.tokens[batch])
-                record = analysis.analyze_tokens(module, params, tokens, inner, extra=extra)
-                for b, index in enumerate(batch):
-                    line = {"window": index, "document": int(windows.document[index])}
-                    line.update(window_record(record, b))
-                    files.append_json_line(out_dir / WINDOWS_FILE, line)
-                    done[index] = line
-                bar.update(len(batch))
         records = [done[i] for i in range(len(windows.tokens))]
         summary = summarize(records, cspec.seed)
         summary.update(
@@ -107,6 +97,28 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
             summary["pruning"] = pruning_lm.corpus_curves(module, params, windows, cspec, spec)
         files.write_json(out_dir / SUMMARY_FILE, summary)
     return summary, windows
+
+
+def analyze_windows(
+    module, params, windows, todo, spec, batch_size, keep, extra=None, timer=None, progress=True
+):
+    """Windows `todo` through the model, `batch_size` at a time; `keep(index, line)` gets
+    each window's record as soon as its batch is done (so an interrupted run loses at most
+    one batch)."""
+    total = len(windows.tokens)
+    bar = tqdm.tqdm(
+        total=total, initial=total - len(todo), desc="windows", unit="window", disable=not progress
+    )
+    with bar:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            tokens = _on_devices(windows.tokens[batch])
+            record = analysis.analyze_tokens(module, params, tokens, spec, timer, extra=extra)
+            for b, index in enumerate(batch):
+                line = {"window": index, "document": int(windows.document[index])}
+                line.update(window_record(record, b))
+                keep(index, line)
+            bar.update(len(batch))
 
 
 def _settings(model, corpus_path, cspec, spec, dtype) -> dict:

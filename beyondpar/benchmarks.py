@@ -245,11 +245,14 @@ def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int =
     return result
 
 
-def _analysis_suite(name: str) -> Callable[..., dict]:
-    def run(**kwargs):
-        from beyondpar import benchmarks_analysis
+def _analysis_suite(module: str, name: str) -> Callable[..., dict]:
+    """A suite whose module is imported when it runs (the analyses load the pretrained
+    families)."""
 
-        return getattr(benchmarks_analysis, name)(**kwargs)
+    def run(**kwargs):
+        import importlib
+
+        return getattr(importlib.import_module(f"beyondpar.{module}"), name)(**kwargs)
 
     return run
 
@@ -257,6 +260,7 @@ def _analysis_suite(name: str) -> Callable[..., dict]:
 SUITES: dict[str, Callable[..., dict]] = {
     "metrics": metrics_suite,
     "train": train_suite,
-    "synergy": _analysis_suite("synergy_suite"),
-    "pretrained": _analysis_suite("pretrained_suite"),
+    "synergy": _analysis_suite("benchmarks_analysis", "synergy_suite"),
+    "pretrained": _analysis_suite("benchmarks_analysis", "pretrained_suite"),
+    "corpus": _analysis_suite("benchmarks_corpus", "corpus_suite"),
 }

@@ -100,16 +100,24 @@ def _verify(directory: Path, step: int, state) -> None:
         raise CheckpointError(f"step {step} does not match its checksum (damaged on disk)")
 
 
+_SETTLE_S = 1.0  # a failed read's abandoned reads report within this much, then
+_QUIET_S = 0.5  # until none has reported for this long,
+_MAX_WAIT_S = 10.0  # but never longer than this
+
+
 @contextlib.contextmanager
 def _quiet_orbax():
-    """Orbax logs a failed read at length, and its abandoned reads print thousands of lines
-    of tracebacks as they finish or are collected; the caller reports one line instead."""
+    """Orbax logs a failed read at length, and its abandoned reads report "Event loop is
+    closed" from tensorstore's threads as they finish, long after the exception (later on
+    a busy machine); the caller reports one line instead. After a failure the reports are
+    swallowed until they stop, so none reaches the program's own hooks."""
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "orbax")]
     levels = [lg.level for lg in loggers]
     hooks = sys.unraisablehook, threading.excepthook, sys.stderr
+    reported = [time.monotonic()]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
-    sys.unraisablehook = threading.excepthook = lambda *_: None
+    sys.unraisablehook = threading.excepthook = lambda *_: reported.append(time.monotonic())
     sys.stderr = io.StringIO()
     failed = True
     try:
@@ -117,11 +125,21 @@ def _quiet_orbax():
         failed = False
     finally:
         if failed:
-            time.sleep(0.5)  # let the abandoned reads finish while muted
+            _wait_until_quiet(reported)
         gc.collect()
         sys.unraisablehook, threading.excepthook, sys.stderr = hooks
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
+
+
+def _wait_until_quiet(reported: list[float]) -> None:
+    start = time.monotonic()
+    while True:
+        time.sleep(0.05)
+        now = time.monotonic()
+        settled = now - start >= _SETTLE_S and now - reported[-1] >= _QUIET_S
+        if settled or now - start >= _MAX_WAIT_S:
+            return
 
 
 def restore(mgr: ocp.CheckpointManager, step: int, like):
@@ -207,8 +225,7 @@ def list_steps(directory: str | os.PathLike) -> list[int]:
 
 def _read_state_dict(path: Path) -> dict[str, np.ndarray]:
     if path.suffix == ".npz":
-        with np.load(path) as data:
-            return {k: np.asarray(data[k]) for k in data.files}
+        return files.read_npz(path)
     if path.suffix in (".pt", ".pth"):
         try:
             import torch

@@ -37,6 +37,19 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def read_npz(path: str | os.PathLike) -> dict:
+    """Every array of an .npz file. The file is opened here so that it is closed even when
+    the archive is damaged (np.load leaves its own handle open when the zip is bad)."""
+    import numpy as np
+
+    with open(path, "rb") as handle:
+        data = np.load(handle)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError(f"{path} must be an .npz archive, got a single .npy array")
+        with data:
+            return {name: np.asarray(data[name]) for name in data.files}
+
+
 def write_json(path: str | os.PathLike, obj) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 

@@ -54,7 +54,7 @@ def optimal_table(runs: list[dict], task: str) -> list[str]:
         for layer in range(group[0]["layers"]):
             cells = [
                 f"{100 * values[name][layer]:.2f}"
-                if kind == "fidelity"
+                if kind.endswith("fidelity")
                 else f"{values[name][layer]:.2f}"
                 for name, kind in OPTIMAL_COLUMNS
             ]

@@ -45,14 +45,14 @@ def _pair_sum(x, lag, vocab_size):
 
 
 def _induction(x):
-    """At position i of the repeat (i >= T/2) the target is the token that followed the
-    earlier occurrence of x[i], i.e. x[i - T/2 + 1]: a previous-token head and an
-    induction head, in two layers, working together. Only the repeat is predictable."""
-    t = x.shape[-1]
-    half = t // 2
-    positions = jnp.arange(t)
-    source = jnp.clip(positions - half + 1, 0, t - 1)
-    return x[..., source], jnp.broadcast_to(positions >= half, x.shape)
+    """Next-token prediction on a repeated prefix: target[i] = x[i + 1], and at the last
+    position x[T/2], which followed x[T-1]'s earlier occurrence. In the repeat (i >= T/2)
+    that is the token that followed the earlier occurrence of x[i], i.e. x[i - T/2 + 1]: a
+    previous-token head and an induction head, in two layers, working together. In the
+    prefix the next token is a fresh random one, so only the repeat is predictable."""
+    half = x.shape[-1] // 2
+    positions = jnp.arange(x.shape[-1])
+    return jnp.roll(x, -1, axis=-1), jnp.broadcast_to(positions >= half, x.shape)
 
 
 def _induction_inputs(key, num: int, seq_len: int, vocab_size: int):

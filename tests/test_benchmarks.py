@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from beyondpar import benchmarks, metrics
 
@@ -46,3 +47,20 @@ def test_analysis_suites_report_every_part(capsys):
     s = benchmarks_analysis.synergy_suite(sequences=2, heads=2)
     assert set(s["seconds_warm"]) == set(s["share"]) and abs(sum(s["share"].values()) - 1) < 1e-9
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"heads": 2')
+
+
+def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys):
+    from beyondpar import benchmarks_corpus
+
+    tiny = dict(benchmarks_corpus.SMOLLM2_135M, vocab_size=64, hidden_size=32)
+    tiny.update(intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    tiny.update(num_key_value_heads=2, max_position_embeddings=64)
+    r = benchmarks_corpus.corpus_suite(windows=5, tokens=24, batch_size=2, config=tiny)
+    assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (5, 24, 2, 4)
+    parts = {"forward", "rollout", "per-head and mixed metrics", "synergy analyses"}
+    assert parts | {"summary (bootstrap intervals)", "report (markdown + plots)"} <= set(
+        r["seconds"]
+    )
+    assert r["total_s"] == pytest.approx(sum(r["seconds"].values()))
+    assert 0 < r["peak_rss_gb"] < 64
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"windows": 5')

@@ -103,3 +103,13 @@ def test_analyze_cli_end_to_end(tmp_path):
     record = json.loads((out / "analysis.json").read_text())
     assert sorted(record["layers"]) == ["0", "29"]
     assert int(np.argmax(record["rollout"]["sink_share"][0])) == 0
+
+
+def test_corpus_benchmark_has_the_real_models_shape(smollm2):
+    from beyondpar import benchmarks_corpus
+
+    import dataclasses
+
+    built, real = pretrained.build(benchmarks_corpus.SMOLLM2_135M).config, smollm2[0].config
+    assert built.eps == pytest.approx(real.eps)  # GGUF stores it as float32
+    assert built == dataclasses.replace(real, eps=built.eps)

@@ -107,6 +107,25 @@ def test_markdown_matches_golden():
     )
 
 
+def test_optimal_table_puts_every_column_in_its_unit():
+    """Fidelity in % in all four fidelity columns (the best head's too), hitting time in
+    steps; the optimum is never below the best single head."""
+    from beyondpar import synergy_report
+
+    runs = [record("r", "copy", 4, 0, 10, 0.0), record("s", "copy", 4, 1, 10, 0.0)]
+    rows = [line.split("|")[1:-1] for line in synergy_report.optimal_table(runs, "copy")[2:]]
+    for layer, row in enumerate(rows):
+        cells = [float(c) for c in row]
+        best = np.mean([np.max(r["metrics"]["fidelity_per_head"]["mean"][layer]) for r in runs])
+        fastest = np.mean(
+            [np.min(r["metrics"]["hitting_time_per_head"]["mean"][layer]) for r in runs]
+        )
+        assert cells[:2] == [4, layer + 1]
+        assert cells[5] == pytest.approx(100 * best, abs=0.006)
+        assert cells[2] >= cells[5] and cells[6] <= cells[9]
+        assert cells[9] == pytest.approx(fastest, abs=0.006)
+
+
 def test_aggregate_over_seeds():
     cells = report.aggregate(synthetic_records())
     mean, std, seeds = cells[("copy", 4)]["fidelity"]

@@ -69,6 +69,9 @@ def test_induction_repeats_a_distinct_prefix_and_predicts_the_follower():
         j = i - 6  # the earlier occurrence of x[i]; the target is the token after it
         np.testing.assert_array_equal(y[:, i], x[:, j + 1])
     np.testing.assert_array_equal(m, np.broadcast_to(np.arange(12) >= 6, (5, 12)))
+    # In the prefix the target is the next, fresh token: never one seen at or before i.
+    np.testing.assert_array_equal(y[:, :5], x[:, 1:6])
+    assert not any(y[n, i] in x[n, : i + 1] for n in range(5) for i in range(5))
     assert "induction" in tasks.ATTENTION_TASKS and "copy" not in tasks.ATTENTION_TASKS
     with pytest.raises(ValueError, match="seq_len for task 'induction' must be even, got 11"):
         tasks.make_examples("induction", jax.random.PRNGKey(0), 2, 11, 20)
