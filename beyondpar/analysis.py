@@ -68,13 +68,16 @@ class Timer:
             self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
 
 
-def operator_fields(ops_xTxT, spec: AnalysisSpec) -> dict[str, np.ndarray]:
+def operator_fields(ops_xTxT, spec: AnalysisSpec, validate: bool = True) -> dict:
     """Every per-operator number: minimax fidelity (the paper's minimum over tokens) with
     the median and 10th percentile of node fidelity beside it (a typical token, when one
     unread token sets the minimum to 0), hitting times on both walks, TV and spectral
-    mixing on the normalised walk."""
-    norm = metrics.operator_metrics(ops_xTxT, spec.horizon, spec.max_steps, spec.eps, "normalized")
-    ref = metrics.hitting_time(ops_xTxT, spec.max_steps, "reference")
+    mixing on the normalised walk. `validate` False: operators already checked."""
+    ops = metrics.check_operator(ops_xTxT, "ops") if validate else ops_xTxT
+    norm = metrics.operator_metrics(
+        ops, spec.horizon, spec.max_steps, spec.eps, "normalized", validate=False
+    )
+    ref = metrics.hitting_time(ops, spec.max_steps, "reference", validate=False)
     node = np.asarray(norm.node_fidelity)
     return {
         "fidelity": np.asarray(norm.minimax_fidelity),
@@ -90,7 +93,7 @@ def operator_fields(ops_xTxT, spec: AnalysisSpec) -> dict[str, np.ndarray]:
 def baseline(num_tokens: int, spec: AnalysisSpec) -> dict[str, float]:
     """The same numbers for uniform causal attention of the same length: what a head that
     reads every earlier token equally would score."""
-    fields = operator_fields(graphs.uniform_causal(num_tokens)[None], spec)
+    fields = operator_fields(graphs.uniform_causal(num_tokens)[None], spec, validate=False)
     return {name: float(v[0]) for name, v in fields.items()}
 
 
@@ -121,7 +124,7 @@ def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dic
     mixes += [graphs.normalize_weights(w, h) for w in extra.values()]
     ops = jnp.concatenate([jnp.einsum("mh,bhij->bmij", jnp.stack(mixes), attn), attn], axis=1)
     with timer.part("per-head and mixed metrics"):
-        fields = operator_fields(ops, spec)
+        fields = operator_fields(ops, spec, validate=False)
         fid = fields["fidelity"]
     k = len(mixes)
     out = {
@@ -136,8 +139,8 @@ def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dic
         out["mixes"][mix]["gain"] = fid[:, i] - fid[:, k:].max(-1)
     weights = mixes[0]
     with timer.part("synergy analyses"):
-        out["head_diversity"] = np.asarray(synergy.head_diversity(attn))
-        share = np.asarray(synergy.cross_head_share(attn, weights, spec.horizon))
+        out["head_diversity"] = np.asarray(synergy.head_diversity(attn, validate=False))
+        share = np.asarray(synergy.cross_head_share(attn, weights, spec.horizon, validate=False))
         out["cross_head_share_mean"] = share.mean(-1)
     if spec.pairwise:
         with timer.part("pairwise synergy"):

@@ -459,9 +459,12 @@ def objective_unchecked(c, objective: str, horizon: int, max_steps: int, walk: s
     return _sweep(c, horizon=0, walk=walk, max_steps=max_steps).hitting_time
 
 
-def hitting_time(c, max_steps: int = 100, walk: str = "reference") -> jax.Array:
-    """Mean over all T starts of E[min(steps to the sink, max_steps)] (the paper's mixing time)."""
-    c, max_steps, walk = _walk_args(c, max_steps, walk)
+def hitting_time(
+    c, max_steps: int = 100, walk: str = "reference", validate: bool = True
+) -> jax.Array:
+    """Mean over all T starts of E[min(steps to the sink, max_steps)] (the paper's mixing
+    time). `validate` False: as in `operator_metrics`."""
+    c, max_steps, walk = _walk_args(c, max_steps, walk, validate)
     return _sweep(c, horizon=0, walk=walk, max_steps=max_steps).hitting_time
 
 
@@ -492,10 +495,17 @@ def spectral_mixing_time(c, eps: float = 0.25, max_steps: int = 100, walk: str =
 
 
 def operator_metrics(
-    c, horizon: int = 100, max_steps: int = 100, eps: float = 0.25, walk: str = "reference"
+    c,
+    horizon: int = 100,
+    max_steps: int = 100,
+    eps: float = 0.25,
+    walk: str = "reference",
+    validate: bool = True,
 ) -> OperatorMetrics:
-    """All metrics of operators `...xTxT` in one pass over each cache block."""
-    c, max_steps, walk = _walk_args(c, max_steps, walk)
+    """All metrics of operators `...xTxT` in one pass over each cache block. `validate`
+    False skips the pass over every entry, for operators already checked (an analysis
+    checks a layer's attention once, then measures it and its mixes several ways)."""
+    c, max_steps, walk = _walk_args(c, max_steps, walk, validate)
     horizon = _checks.positive_int("horizon", horizon)
     eps = _checks.open_unit_interval("eps", eps)
     sweep = _sweep(c, horizon=horizon, walk=walk, max_steps=max_steps, eps=eps, spectral=True)
@@ -510,10 +520,10 @@ def operator_metrics(
     )
 
 
-def _walk_args(c, max_steps, walk):
+def _walk_args(c, max_steps, walk, validate: bool = True):
     walk = _check_walk(walk)
     max_steps = _checks.positive_int("max_steps", max_steps)
-    return check_operator(c), max_steps, walk
+    return (check_operator(c) if validate else _spread(jnp.asarray(c))), max_steps, walk
 
 
 # ---------------------------------------------------------------- Monte Carlo

@@ -35,12 +35,13 @@ def amplification(per_head_fidelity_xH, combined_fidelity):
     }
 
 
-def check_heads(attn) -> jax.Array:
-    """Attention `...xHxTxT` as a float array, rows checked like any operator."""
+def check_heads(attn, validate: bool = True) -> jax.Array:
+    """Attention `...xHxTxT` as a float array, rows checked like any operator (the shape
+    only, when `validate` is False)."""
     a = _checks.as_float_array("attn", attn)
     if a.ndim < 3:
         raise ValueError(f"attn must have shape (..., H, T, T), got shape {a.shape}")
-    return metrics.check_operator(a, "attn")
+    return metrics.check_operator(a, "attn") if validate else a
 
 
 def pairwise_synergy(attn_xHxTxT, horizon: int = 100):
@@ -61,10 +62,11 @@ def pairwise_synergy(attn_xHxTxT, horizon: int = 100):
     return out.at[..., rows, cols].set(gain).at[..., cols, rows].set(gain)
 
 
-def head_diversity(attn_xHxTxT) -> jax.Array:
+def head_diversity(attn_xHxTxT, validate: bool = True) -> jax.Array:
     """Mean over head pairs and query rows of the total-variation distance between the two
-    heads' attention rows: 0 for identical heads, 1 for disjoint supports (0 for H = 1)."""
-    attn = check_heads(attn_xHxTxT)
+    heads' attention rows: 0 for identical heads, 1 for disjoint supports (0 for H = 1).
+    `validate` False skips the check of attention already checked."""
+    attn = check_heads(attn_xHxTxT, validate)
     return _diversity(attn)
 
 
@@ -74,20 +76,26 @@ def _diversity(attn):
     if h == 1:
         return jnp.zeros(attn.shape[:-3], attn.dtype)
     rows, cols = jnp.triu_indices(h, 1)
-    tv = 0.5 * jnp.sum(jnp.abs(attn[..., rows, :, :] - attn[..., cols, :, :]), axis=-1)
-    return jnp.mean(tv, axis=(-2, -1))
+
+    def pair(ij):  # one pair at a time: all pairs at once would be H^2 / 2 copies of attn
+        a, b = jnp.take(attn, ij[0], axis=-3), jnp.take(attn, ij[1], axis=-3)
+        return jnp.mean(0.5 * jnp.sum(jnp.abs(a - b), axis=-1), axis=-1)
+
+    return jnp.mean(lax.map(pair, (rows, cols)), axis=0)
 
 
-def cross_head_share(attn_xHxTxT, weights_xH, horizon: int = 100) -> jax.Array:
+def cross_head_share(
+    attn_xHxTxT, weights_xH, horizon: int = 100, validate: bool = True
+) -> jax.Array:
     """(..., T): share of each token's sink signal, at the step that attains its fidelity,
     carried by paths that use edges of more than one head.
 
     With C = sum_h w_h A_h, s_t = e_tau^T C^t and the single-head part
     p_t = sum_h w_h^t e_tau^T A_h^t: share[j] = 1 - p_{t_j}[j] / s_{t_j}[j] at
     t_j = the first step attaining max_t s_t[j] (0 where s is 0). One pass of H + 1
-    vector recursions, never a T x T power.
+    vector recursions, never a T x T power. `validate` False: as in `head_diversity`.
     """
-    attn = check_heads(attn_xHxTxT)
+    attn = check_heads(attn_xHxTxT, validate)
     w = graphs.normalize_weights(weights_xH, attn.shape[-3]).astype(attn.dtype)
     horizon = _checks.positive_int("horizon", horizon)
     return _cross_head_share(attn, w, horizon)

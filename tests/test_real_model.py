@@ -106,9 +106,9 @@ def test_analyze_cli_end_to_end(tmp_path):
 
 
 def test_corpus_benchmark_has_the_real_models_shape(smollm2):
-    from beyondpar import benchmarks_corpus
-
     import dataclasses
+
+    from beyondpar import benchmarks_corpus
 
     built, real = pretrained.build(benchmarks_corpus.SMOLLM2_135M).config, smollm2[0].config
     assert built.eps == pytest.approx(real.eps)  # GGUF stores it as float32

@@ -224,3 +224,24 @@ def test_cross_head_share_uses_the_first_step_of_a_plateau():
     head2 = np.array([[1, 0, 0], [1, 0, 0], [1, 0, 0]], float)
     share = synergy.cross_head_share(np.stack([head1, head2]), np.array([0.5, 0.5]), horizon=20)
     np.testing.assert_allclose(share, [0.5, 0.0, 0.0], atol=1e-12)
+
+
+def test_validate_false_skips_the_check_and_nothing_else():
+    """Analyses check a layer's attention once and measure it several ways unchecked:
+    the unchecked numbers must be the checked ones, and only the check may be skipped."""
+    from beyondpar import analysis
+
+    a = jnp.asarray(benchmarks.random_causal_attention(3, (2, 3), 10), jnp.float32)
+    w = jnp.asarray([0.5, 0.3, 0.2])
+    pairs = [
+        (lambda x, v: metrics.operator_metrics(x, 30, 30, 0.25, "normalized", validate=v)),
+        (lambda x, v: metrics.hitting_time(x, 30, "reference", validate=v)),
+        (lambda x, v: synergy.head_diversity(x, validate=v)),
+        (lambda x, v: synergy.cross_head_share(x, w, 30, validate=v)),
+        (lambda x, v: analysis.operator_fields(x, analysis.AnalysisSpec(horizon=30), v)),
+    ]
+    for fn in pairs:
+        jax.tree.map(np.testing.assert_array_equal, fn(a, False), fn(a, True))
+        with pytest.raises(ValueError, match="rows must sum to 1"):
+            fn(2 * a, True)
+        fn(2 * a, False)  # unchecked: no error
