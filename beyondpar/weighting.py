@@ -4,20 +4,23 @@ The exact objective (mean minimax fidelity, or mean hitting time, of the mixed o
 is cheap to evaluate and batches well: thousands of candidate mixes are one kernel call,
 and H is at most a few dozen. So the search is on the exact metric:
 
-1. a pool of starts scored exactly: uniform, the learned weights, every head, every 50/50
-   pair, and seeded random mixes, dense and sparse (Dirichlet);
+1. a pool of starts: uniform, the learned weights, every head, every 50/50 pair, and
+   seeded random mixes, dense and sparse (Dirichlet), scored exactly on an evenly spaced
+   subsample of the sets (the objective is a mean over sets, so its optimum moves
+   little); uniform, learned and every head are also scored on every set;
 2. optionally (`steps` > 0), Adam on a smooth surrogate from the best start (weights =
    softmax of logits; max over steps and min over tokens as temperature-scaled
-   log-sum-exp, the temperature annealed towards the exact metric), scored exactly: one
-   more proposal (it rarely beats the pool, and costs as much as it);
-3. a pattern search on the exact metric from the best few proposals (on a subsample of
-   the sets, then polished on all of them): at each round every
-   start tries moving a share of its mass towards each head and away from each head (2H
-   neighbours), takes the best neighbour if it improves (doubling its step), and halves
-   its step otherwise.
+   log-sum-exp, the temperature annealed towards the exact metric): one more proposal
+   (it rarely beats the pool, and costs as much as it);
+3. a pattern search on the exact metric, on the subsample, from the best few proposals:
+   at each round every start tries moving a share of its mass towards each head and
+   away from each head (2H neighbours), takes the best neighbour if it improves
+   (doubling its step), and halves its step otherwise;
+4. the best of the search results and the anchors on every set, polished there by a
+   short pattern search with small steps.
 
-The result is never worse than any candidate scored, in particular never worse than the
-best single head, the best pair or the learned weights.
+The result is scored on every set and is never worse than uniform weights, the learned
+weights or any single head.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from beyondpar import _checks, graphs, metrics
 OBJECTIVES = ("fidelity", "hitting_time")
 _FLOOR = 1e-6  # the smallest weight a start of the descent gives a head
 _MIN_STEP = 1.0 / 512  # the pattern search stops when every start's step is below this
+_POLISH_SHARE = 3  # the polish on every set runs local_rounds / this many rounds
 
 
 def optimal_weights(
@@ -47,7 +51,7 @@ def optimal_weights(
     steps: int = 0,
     learning_rate: float = 0.1,
     random_starts: int = 64,
-    local_starts: int = 3,
+    local_starts: int = 2,
     local_rounds: int = 24,
     search_sequences: int = 12,
     seed: int = 0,
@@ -83,43 +87,44 @@ def optimal_weights(
     a = metrics.check_operator(a, "attn")
     settings = dict(objective=objective, walk=walk, horizon=horizon, max_steps=max_steps)
     sign = 1.0 if objective == "fidelity" else -1.0
-    pool = start_pool(a.shape[-3], init, a.shape[:-4], a.dtype, random_starts, seed)
-    candidates, scores = pool, _exact_scores(a, pool, **settings)
+    num_heads = a.shape[-3]
+    pool = start_pool(num_heads, init, a.shape[:-4], a.dtype, random_starts, seed)
+    sub = _subsample(a, search_sequences)
+    # Anchors (uniform, learned, every head) are scored on every set, the rest of the
+    # pool only on the subsample that the search runs on.
+    anchors = pool[..., : num_heads + (1 if init is None else 2), :]
+    candidates, scores = anchors, _exact_scores(a, anchors, **settings)
+    proposals, proposal_scores = pool, _exact_scores(sub, pool, **settings)
     if steps:
-        best = _top(candidates, scores, sign, 1)[0]
-        found = _descend(a, best, steps=steps, learning_rate=learning_rate, **settings)
-        candidates = jnp.concatenate([candidates, found], axis=-2)
-        scores = jnp.concatenate([scores, _exact_scores(a, found, **settings)], axis=-1)
+        best = _top(proposals, proposal_scores, sign, 1)[0]
+        found = _descend(sub, best, steps=steps, learning_rate=learning_rate, **settings)
+        proposals = jnp.concatenate([proposals, found], axis=-2)
+        found_scores = _exact_scores(sub, found, **settings)
+        proposal_scores = jnp.concatenate([proposal_scores, found_scores], axis=-1)
     if local_rounds:
-        found, values = _local_search(
-            a, candidates, scores, sign, settings, local_starts, local_rounds, search_sequences
-        )
-        candidates = jnp.concatenate([candidates, found], axis=-2)
-        scores = jnp.concatenate([scores, values], axis=-1)
+        w0, v0 = _top(proposals, proposal_scores, sign, local_starts)
+        proposals, _ = pattern_search(sub, w0, v0, sign, local_rounds, settings)
+    else:
+        proposals = _top(proposals, proposal_scores, sign, local_starts)[0]
+    candidates = jnp.concatenate([candidates, proposals], axis=-2)
+    scores = jnp.concatenate([scores, _exact_scores(a, proposals, **settings)], axis=-1)
     weights, value = _top(candidates, scores, sign, 1)
+    if local_rounds:  # polished on every set with small steps
+        weights, value = pattern_search(
+            a, weights, value, sign, local_rounds // _POLISH_SHARE, settings, 1 / 16
+        )
     return weights[..., 0, :], value[..., 0]
 
 
-def _local_search(a, candidates, scores, sign, settings, starts, rounds, sequences):
-    """Pattern search from the `starts` best candidates on an evenly spaced subsample of
-    `sequences` attention sets (the objective is a mean over sets, so its optimum moves
-    little), then the best result polished on every set with small steps. Returns the
-    results (..., starts + 1, H) with their exact scores on every set."""
+def _subsample(a, sequences: int):
+    """An evenly spaced subsample of `sequences` attention sets (the objective is a mean
+    over sets, so its optimum moves little); all of them when there are no more."""
     n = a.shape[-4]
     picked = np.unique(np.linspace(0, n - 1, min(sequences, n)).round().astype(int))
+    if len(picked) == n:
+        return a
     # On the host: indexing a batch split over devices would need an all-to-all.
-    sub = jnp.asarray(np.take(np.asarray(a), picked, axis=-4)) if len(picked) < n else a
-    w0, v0 = _top(candidates, scores, sign, starts)
-    if len(picked) < n:
-        v0 = _exact_scores(sub, w0, **settings)
-    found, _ = pattern_search(sub, w0, v0, sign, rounds, settings)
-    exact = _exact_scores(a, found, **settings)
-    best, value = _top(found, exact, sign, 1)
-    polished, polished_value = pattern_search(a, best, value, sign, rounds // 3, settings, 1 / 16)
-    return (
-        jnp.concatenate([found, polished], axis=-2),
-        jnp.concatenate([exact, polished_value], axis=-1),
-    )
+    return jnp.asarray(np.take(np.asarray(a), picked, axis=-4))
 
 
 def start_pool(num_heads: int, init, lead: tuple, dtype, random_starts: int, seed: int):

@@ -39,6 +39,7 @@ def test_dry_run_prints_train_commands(tmp_path):
     assert commands[0].startswith("python launch/train.py --config=")
 
 
+@pytest.mark.slow
 def test_interrupted_ablation_resumes_without_retraining(tmp_path, monkeypatch):
     real_train = train.train_and_evaluate
     trained = []
@@ -89,6 +90,7 @@ def test_bad_grid():
         ablation.load_config_file("configs/nope.py")
 
 
+@pytest.mark.slow
 def test_ablate_cli(tmp_path):
     args = [
         sys.executable,

@@ -27,6 +27,7 @@ def test_flop_count_of_the_papers_step():
     assert 5.5e9 < flops < 6.5e9  # "about 6 GFLOP forward + backward"
 
 
+@pytest.mark.slow
 def test_suites_report_their_ratios(capsys):
     r = benchmarks.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
     assert r["matrices"] == 8 and r["speedup_vs_paper"] > 1
@@ -37,6 +38,7 @@ def test_suites_report_their_ratios(capsys):
     assert lines[-1].startswith('{"devices"')
 
 
+@pytest.mark.slow
 def test_analysis_suites_report_every_part(capsys):
     from beyondpar import benchmarks_analysis
 

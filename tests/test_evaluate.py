@@ -103,6 +103,7 @@ def test_corrupt_checkpoint_is_reported_and_skipped(tree, tmp_path):
     assert (root / "report" / "report.md").read_text().count("| a | 16 | copy | 2 | 0 |") == 1
 
 
+@pytest.mark.slow
 def test_evaluate_cli_on_reference(tmp_path):
     ref = tmp_path / "ref"
     ref.mkdir()

@@ -136,6 +136,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
     port, workdir = free_port(), tmp_path / "two"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "XLA_FLAGS": ""}
@@ -195,6 +196,7 @@ def test_bad_configs(change, message, tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task, heads", [("cycle", 1), ("induction", 16)])
 def test_cpu_config_learns_the_demos_tasks(task, heads, tmp_path):
     """The CPU default reaches >= 95% of the predictable positions of the demo's tasks in

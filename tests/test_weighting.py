@@ -74,6 +74,7 @@ def trained_attention(tmp_path_factory, heads):
     return np.swapaxes(np.asarray(attn, np.float32), 0, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads", [8, 16])
 def test_optimum_beats_20000_random_mixes_on_trained_checkpoints(tmp_path_factory, heads):
     attn = trained_attention(tmp_path_factory, heads)
@@ -114,3 +115,40 @@ def test_neighbours_stay_on_the_simplex():
     assert np.all(np.asarray(nb) >= 0)
     np.testing.assert_allclose(nb[0, 0], [0.75, 0.15, 0.1])  # half-way towards head 0
     np.testing.assert_allclose(nb[0, 3], np.array([0.25, 0.3, 0.2]) / 0.75)  # half of head 0 off
+
+
+def _uniform_or_identity(uniform_heads_per_set, num_heads=3, t=8):
+    """N x H x T x T: head h of set n reads every earlier token evenly when h is listed
+    for n, else only its own token (which keeps nothing of the other tokens)."""
+    uniform = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    sets = [
+        [uniform if h in listed else np.eye(t) for h in range(num_heads)]
+        for listed in uniform_heads_per_set
+    ]
+    return jnp.asarray(np.asarray(sets, np.float32))
+
+
+def test_every_single_head_is_scored_on_every_set():
+    """The subsample (here set 0 alone) favours heads 0 and 1; on all three sets head 2 is
+    best. The result must not be worse than head 2, even with no search at all."""
+    attn = _uniform_or_identity([(0, 1), (2,), (2,)])
+    heads = exact(attn, np.eye(3, dtype=np.float32), "fidelity", 20)
+    assert heads[2] > max(heads[0], heads[1])
+    for rounds in (0, 4):
+        w, value = synergy.optimal_weights(
+            attn, "fidelity", horizon=20, search_sequences=1, local_starts=1, local_rounds=rounds
+        )
+        assert float(value) >= heads[2] * (1 - 1e-6), (rounds, float(value), heads)
+
+
+def test_the_value_is_the_exact_objective_on_every_set():
+    """The search runs on a subsample; the value returned is the weights' score on all N."""
+    from beyondpar import benchmarks
+
+    attn = jnp.asarray(benchmarks.random_causal_attention(7, (9, 4), 12), jnp.float32)
+    for objective in weighting.OBJECTIVES:
+        w, value = synergy.optimal_weights(
+            attn, objective, horizon=20, max_steps=20, search_sequences=3, local_rounds=6
+        )
+        got = exact(attn, np.asarray(w)[None], objective, 20)[0]
+        np.testing.assert_allclose(float(value), got, rtol=1e-6)
