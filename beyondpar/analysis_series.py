@@ -1,10 +1,11 @@
-"""One text through every model of a series (e.g. the training checkpoints of one model):
-the real-model analogue of evaluating every step of a run.
+"""One text, or one corpus, through every model of a series (e.g. the training checkpoints
+of one model): the real-model analogue of evaluating every step of a run.
 
-Each model's full report goes to its own folder and one summary line per model is
-appended to `series.jsonl`; `series.md` shows every per-layer summary against the
-checkpoint. A rerun skips the models already recorded with the same settings and
-refuses other settings, naming every differing field; one process per output folder.
+Each model's full report goes to its own folder (for a corpus, with its own resumable
+windows.jsonl) and one summary line per model is appended to `series.jsonl`; `series.md`
+shows every per-layer summary against the checkpoint. A rerun skips the models already
+recorded with the same settings and refuses other settings, naming every differing field;
+one process per output folder.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def label(model: str) -> str:
 
 
 def summarize(record: dict) -> dict:
-    """{layer: {column: mean over sequences}} of an analysis record."""
+    """{layer: {column: mean over sequences}} of an analysis record, or of a corpus
+    summary (whose values are {"mean", "low", "high"} over windows)."""
     out = {}
     for layer, d in record["layers"].items():
         row = {}
@@ -77,6 +79,7 @@ def summarize(record: dict) -> dict:
             value = d
             for key in where.split("."):
                 value = value[key]
+            value = value["mean"] if isinstance(value, dict) else value
             row[column] = scale * float(np.mean(value))
         out[str(layer)] = row
     return out
@@ -92,8 +95,40 @@ def settings(text: str, spec: analysis.AnalysisSpec, dtype) -> dict:
 
 def run(models: list[str], text: str, spec, out_dir, dtype=None, progress: bool = True):
     """Analyse `text` through every model not yet recorded; returns (records, written)."""
+
+    def analyse(model, folder):
+        full = analysis.text_record(model, text, spec, dtype)
+        analysis_report.write(full, folder)
+        return summarize(full), float(np.mean(full["rollout"]["network_fidelity"]))
+
+    return _series(models, settings(text, spec, dtype), analyse, out_dir, "one text", progress)
+
+
+def run_corpus(
+    models: list[str], corpus_path, cspec, spec, out_dir, dtype=None, progress: bool = True
+):
+    """A corpus analysis (`analysis_corpus.run`) of every model not yet recorded, each in
+    its own folder; per-layer values in series.jsonl are means over windows."""
+    from beyondpar import analysis_corpus, corpus, corpus_report
+
+    wanted = {
+        "corpus_sha256": corpus.fingerprint(corpus_path),
+        "tokens": cspec.tokens,
+        "max_windows": cspec.max_windows,
+        "spec": dataclasses.asdict(spec),
+        "dtype": dtype,
+    }
+
+    def analyse(model, folder):
+        summary, _ = analysis_corpus.run(model, corpus_path, cspec, spec, folder, dtype, progress)
+        corpus_report.write(summary, folder)
+        return summarize(summary), summary["rollout"]["network_fidelity"]["mean"]
+
+    return _series(models, wanted, analyse, out_dir, f"one corpus ({corpus_path})", progress)
+
+
+def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool):
     out_dir = Path(out_dir)
-    wanted = settings(text, spec, dtype)
     with workdir.lock(out_dir):
         records = files.read_json_lines(out_dir / SERIES_FILE, KEYS)
         for record in records:
@@ -101,15 +136,13 @@ def run(models: list[str], text: str, spec, out_dir, dtype=None, progress: bool 
         done = {r["model"] for r in records}
         todo = [m for m in models if m not in done]
         for model in tqdm.tqdm(todo, desc="models", unit="model", disable=not progress):
-            full = analysis.text_record(model, text, spec, dtype)
-            analysis_report.write(full, out_dir / _folder(model))
-            line = {"model": model, "label": label(model), "settings": wanted}
-            line["layers"] = summarize(full)
-            line["network_fidelity_pct"] = 100 * float(np.mean(full["rollout"]["network_fidelity"]))
+            layers, network = analyse(model, out_dir / _folder(model))
+            line = {"model": model, "label": label(model), "settings": wanted, "layers": layers}
+            line["network_fidelity_pct"] = 100 * network
             files.append_json_line(out_dir / SERIES_FILE, line)
             records.append(line)
         shown = [r for r in records if r["model"] in models]
-        written = files.write_text(out_dir / REPORT_FILE, markdown(_ordered(shown)))
+        written = files.write_text(out_dir / REPORT_FILE, markdown(_ordered(shown), what))
     return shown, written
 
 
@@ -138,11 +171,12 @@ def _ordered(records: list[dict]) -> list[dict]:
     return records
 
 
-def markdown(records: list[dict]) -> str:
+def markdown(records: list[dict], what: str = "one text") -> str:
+    over = "windows" if what.startswith("one corpus") else "sequences"
     lines = [
         "# Series analysis",
         "",
-        f"{len(records)} model(s), one text; per-layer values are means over sequences; "
+        f"{len(records)} model(s), {what}; per-layer values are means over {over}; "
         "layers numbered from 0. Each model's full report is in its own folder.",
         "",
         "| checkpoint | network fidelity (%) |",

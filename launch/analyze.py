@@ -6,11 +6,13 @@ python launch/analyze.py --attention=attn.npz        # key 'attention': L x H x 
 python launch/analyze.py --model=model.gguf --text_file=notes.txt --sink_tokens=1
 python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=512 --max_windows=100
 python launch/analyze.py --model='runs/pythia/step*' --text_file=notes.txt --out=out/series
+python launch/analyze.py --model='runs/pythia/step*' --corpus=docs.jsonl --tokens=512 --out=out/s
 
 --model is a folder (config.json, *.safetensors, tokenizer.json), a name in the local
 Hugging Face cache, or a GGUF file (llama.cpp, Ollama blobs); nothing is downloaded.
-Several models (comma-separated, or a glob) are a series: one record per model in
-series.jsonl, a report against the checkpoint, and a rerun skips what is recorded.
+Several models (comma-separated, or a glob) are a series, on a text or a corpus: one
+record per model in series.jsonl, a report against the checkpoint, and a rerun skips what
+is recorded (for a corpus, each model's windows resume too).
 """
 
 import sys
@@ -97,8 +99,15 @@ def main(argv):
                 batch_size=BATCH.value,
                 pruning=PRUNING.value,
             )
+            models = analysis_series.expand(MODEL.value)
+            if len(models) > 1:
+                _, written = analysis_series.run_corpus(
+                    models, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value
+                )
+                print(f"wrote {written}")
+                return
             summary, _ = analysis_corpus.run(
-                MODEL.value, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value
+                models[0], CORPUS.value, cspec, spec(), OUT.value, DTYPE.value
             )
             for path in corpus_report.write(summary, OUT.value):
                 print(f"wrote {path}")

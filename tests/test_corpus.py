@@ -253,3 +253,43 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "report.md").read_text()
     assert "3 windows of 16 tokens" in report and "baseline: uniform causal" in report
+
+
+def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
+    from beyondpar import analysis_series
+
+    models = [str(HF / "llama-tiny"), str(HF / "qwen3-tiny")]
+    cspec = analysis_corpus.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
+    out = tmp_path / "series"
+    records, written = analysis_series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
+    assert [r["model"] for r in records] == models
+    for record, model in zip(records, models, strict=True):
+        summary = json.loads((out / Path(model).name / "corpus.json").read_text())
+        assert summary["num_windows"] == 3 and summary["source"] == model
+        for layer, row in record["layers"].items():
+            d = summary["layers"][layer]
+            uniform = d["mixes"]["uniform"]["fidelity"]["mean"]
+            assert row["uniform_fidelity_pct"] == pytest.approx(100 * uniform)
+            assert row["sink_mass"] == pytest.approx(np.mean(d["sink_mass"]["mean"]))
+        network = summary["rollout"]["network_fidelity"]["mean"]
+        assert record["network_fidelity_pct"] == pytest.approx(100 * network)
+    assert "2 model(s), one corpus" in written.read_text() and "over windows" in written.read_text()
+    windows = out / "llama-tiny" / "windows.jsonl"
+    before = (windows.stat().st_mtime_ns, (out / "series.jsonl").read_text())
+    analysis_series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
+    assert (windows.stat().st_mtime_ns, (out / "series.jsonl").read_text()) == before
+    other = analysis_corpus.CorpusSpec(tokens=12, max_windows=3)
+    with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
+        analysis_series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
+    done = analyze_cli(
+        f"--model={','.join(models)}",
+        f"--corpus={TEXT}",
+        "--tokens=16",
+        "--max_windows=2",
+        f"--out={tmp_path / 'cli'}",
+        "--horizon=10",
+        "--nopairwise",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
+    assert len((tmp_path / "cli" / "series.jsonl").read_text().splitlines()) == 2
