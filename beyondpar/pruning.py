@@ -23,7 +23,6 @@ import numpy as np
 import optax
 
 from beyondpar import graphs, metrics, tasks
-from beyondpar import model as model_lib
 
 ORDERS = ("projection", "gradient", "fidelity", "random")
 MASK_CHUNK = 8  # masked forward passes per jitted call: bounds memory at T x T per head
@@ -133,10 +132,24 @@ def _masked_runs(module, params, examples: tasks.Examples, importances, masks):
     heads (learned weights times mask, renormalised), one mask at a time in memory."""
 
     def one(mask):
-        logits, attn = model_lib.apply_with_attention(module, params, examples.inputs, mask)
+        logits, state = module.apply(
+            {"params": params},
+            examples.inputs,
+            deterministic=True,
+            head_mask=mask,
+            mutable=["intermediates"],
+        )
         correct = (jnp.argmax(logits, -1) == examples.targets) & examples.predictable
         accuracy = jnp.sum(correct) / jnp.maximum(jnp.sum(examples.predictable), 1)
-        return accuracy, graphs.combine_heads(attn.astype(jnp.float32), importances * mask)
+        layers = state["intermediates"]
+        mixed = [  # layer by layer: never every head of every layer at once
+            graphs.combine_heads(
+                layers[f"layers_{i}"]["attn"]["attention"][0].astype(jnp.float32),
+                importances[i] * mask[i],
+            )
+            for i in range(module.config.num_layers)
+        ]
+        return accuracy, jnp.stack(mixed, axis=1)
 
     return jax.lax.map(one, masks)
 
