@@ -20,7 +20,15 @@ from pathlib import Path
 import numpy as np
 import tqdm
 
-from beyondpar import analysis, analysis_report, files, workdir
+from beyondpar import (
+    analysis,
+    analysis_corpus,
+    analysis_report,
+    corpus,
+    corpus_report,
+    files,
+    workdir,
+)
 
 SERIES_FILE = "series.jsonl"
 REPORT_FILE = "series.md"
@@ -109,8 +117,6 @@ def run_corpus(
 ):
     """A corpus analysis (`analysis_corpus.run`) of every model not yet recorded, each in
     its own folder; per-layer values in series.jsonl are means over windows."""
-    from beyondpar import analysis_corpus, corpus, corpus_report
-
     wanted = {
         "corpus_sha256": corpus.fingerprint(corpus_path),
         "tokens": cspec.tokens,
