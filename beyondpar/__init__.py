@@ -2,11 +2,12 @@
 
 Reproduces and extends "Beyond Parallelism: Synergistic Computational Graph Effects in
 Multi-Head Attention" (arXiv 2507.02944).
+
+Layers, each importing only from those before it: `base` (checks, files, devices, locks,
+settings, timing); the kernels on attention arrays (`graphs`, `metrics`, `synergy`,
+`weighting`, `pruning`); the models (`model`, `tasks`, `checkpoints`, `pretrained`); the
+two workflows, which never import each other (`study`: the paper's study; `analysis`:
+real models); and `benchmarks`.
 """
 
 __version__ = "0.1.0"
-
-import logging as _logging
-
-# JAX logs at INFO that it found no TPU on every CPU machine; not news to our users.
-_logging.getLogger("jax._src.xla_bridge").setLevel(_logging.WARNING)

@@ -18,8 +18,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from beyondpar import files
 from beyondpar import model as model_lib
+from beyondpar.base import files
 
 CHECKSUMS = "checksums.json"
 DAMAGED_DIR = "damaged_checkpoints"

@@ -14,17 +14,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from beyondpar import _checks
+from beyondpar.base import checks
 
 
 def normalize_weights(weights, num_heads: int) -> jax.Array:
     """Head weights `...xH` scaled to sum 1 along the last axis; validated when concrete."""
-    w = _checks.as_float_array("weights", weights)
+    w = checks.as_float_array("weights", weights)
     if w.ndim < 1 or w.shape[-1] != num_heads:
         raise ValueError(
             f"weights must have last dimension num_heads={num_heads}, got shape {w.shape}"
         )
-    if _checks.is_concrete(w):
+    if checks.is_concrete(w):
         w_np = np.asarray(w)
         if not np.all(np.isfinite(w_np)):
             raise ValueError("weights must be finite, got NaN or Inf")
@@ -37,7 +37,7 @@ def normalize_weights(weights, num_heads: int) -> jax.Array:
 
 def combine_heads(attn, weights=None) -> jax.Array:
     """Mixed operator C = sum_h w_h A_h of attention `...xHxTxT`; uniform weights when None."""
-    a = _checks.as_float_array("attn", attn)
+    a = checks.as_float_array("attn", attn)
     if a.ndim < 3:
         raise ValueError(f"attn must have shape (..., H, T, T), got shape {a.shape}")
     num_heads = a.shape[-3]
@@ -50,19 +50,20 @@ def combine_heads(attn, weights=None) -> jax.Array:
 def head_importance(out_kernel, num_heads: int) -> jax.Array:
     """Frobenius norm of each head's block of the attention output projection.
 
-    `out_kernel` is a Flax Dense kernel (in_features x out_features); head h's features
-    are the rows [h*d, (h+1)*d), d = in_features / num_heads.
+    `out_kernel` is a Flax Dense kernel (in_features x out_features), or a stack of them
+    (... x in x out, e.g. one per layer -> ... x H); head h's features are the rows
+    [h*d, (h+1)*d), d = in_features / num_heads.
     """
-    k = _checks.as_float_array("out_kernel", out_kernel)
-    num_heads = _checks.positive_int("num_heads", num_heads)
-    if k.ndim != 2:
+    k = checks.as_float_array("out_kernel", out_kernel)
+    num_heads = checks.positive_int("num_heads", num_heads)
+    if k.ndim < 2:
         raise ValueError(f"out_kernel must be a 2-D Dense kernel, got shape {k.shape}")
-    if k.shape[0] % num_heads:
+    if k.shape[-2] % num_heads:
         raise ValueError(
-            f"num_heads must divide out_kernel's input size {k.shape[0]}, got {num_heads}"
+            f"num_heads must divide out_kernel's input size {k.shape[-2]}, got {num_heads}"
         )
-    blocks = k.reshape(num_heads, k.shape[0] // num_heads, k.shape[1])
-    return jnp.sqrt(jnp.sum(blocks * blocks, axis=(1, 2)))
+    blocks = k.reshape(*k.shape[:-2], num_heads, k.shape[-2] // num_heads, k.shape[-1])
+    return jnp.sqrt(jnp.sum(blocks * blocks, axis=(-2, -1)))
 
 
 def dag_operator(
@@ -74,7 +75,7 @@ def dag_operator(
     it, like a query reading keys. Every node keeps a self-loop by default, as in the
     paper's examples; rows are normalised to sum to 1.
     """
-    num_nodes = _checks.positive_int("num_nodes", num_nodes)
+    num_nodes = checks.positive_int("num_nodes", num_nodes)
     adj = np.eye(num_nodes) if self_loops else np.zeros((num_nodes, num_nodes))
     for edge in edges:
         if len(edge) != 2:
@@ -92,7 +93,7 @@ def dag_operator(
 
 
 def _check_rollout(attn, weights, residual):
-    a = _checks.as_float_array("attn", attn)
+    a = checks.as_float_array("attn", attn)
     if a.ndim < 4:
         raise ValueError(f"attn must have shape (..., L, H, T, T), got shape {a.shape}")
     if isinstance(residual, bool) or not (
@@ -100,7 +101,7 @@ def _check_rollout(attn, weights, residual):
     ):
         raise ValueError(f"residual must be a number in [0, 1], got {residual!r}")
     if weights is not None:
-        w = _checks.as_float_array("weights", weights)
+        w = checks.as_float_array("weights", weights)
         if w.ndim < 2 or w.shape[-2:] != a.shape[-4:-2]:
             raise ValueError(
                 f"weights must have shape (..., L, H) = (..., {a.shape[-4]}, {a.shape[-3]}), "
@@ -159,8 +160,8 @@ def sink_mass(attn_xTxT, sink_tokens: int = 1) -> jax.Array:
     Trained language models park attention on the first token (an attention sink);
     a head whose sink mass is near 1 moves almost nothing between the other tokens.
     """
-    a = _checks.as_float_array("attn", attn_xTxT)
-    k = _checks.positive_int("sink_tokens", sink_tokens)
+    a = checks.as_float_array("attn", attn_xTxT)
+    k = checks.positive_int("sink_tokens", sink_tokens)
     if a.ndim < 2 or k > a.shape[-1]:
         raise ValueError(f"sink_tokens must be at most T={a.shape[-1]}, got {k}")
     return jnp.mean(jnp.sum(a[..., :k], axis=-1), axis=-1)
@@ -170,7 +171,7 @@ def drop_sink_tokens(attn_xTxT, sink_tokens: int) -> jax.Array:
     """(..., T - k, T - k): the graph without the first k tokens, each row renormalised over
     the keys that remain. A row that put all its attention on the dropped tokens keeps
     its own token (a self-loop), so every row still sums to 1."""
-    a = _checks.as_float_array("attn", attn_xTxT)
+    a = checks.as_float_array("attn", attn_xTxT)
     t = a.shape[-1]
     if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int):
         raise ValueError(f"sink_tokens must be an integer, got {sink_tokens!r}")
@@ -185,6 +186,20 @@ def drop_sink_tokens(attn_xTxT, sink_tokens: int) -> jax.Array:
 def uniform_causal(num_tokens: int, dtype=jnp.float32) -> jax.Array:
     """(T, T) causal attention spread evenly: A[i, j] = 1 / (i + 1) for j <= i, the
     baseline a measured head is read against."""
-    t = _checks.positive_int("num_tokens", num_tokens)
+    t = checks.positive_int("num_tokens", num_tokens)
     rows = jnp.arange(1, t + 1, dtype=dtype)[:, None]
     return jnp.tril(jnp.ones((t, t), dtype)) / rows
+
+
+def random_causal(
+    seed: int, shape: tuple[int, ...], num_tokens: int, scale: float = 2.0, dtype=np.float32
+) -> np.ndarray:
+    """(*shape, T, T) synthetic causal attention: softmax of Gaussian scores (standard
+    deviation `scale`) under a causal mask, rows summing to 1; seeded, for tests and
+    benchmarks that need attention of a known shape without a model."""
+    rng = np.random.default_rng(seed)
+    t = num_tokens
+    scores = scale * rng.standard_normal((*shape, t, t))
+    scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True)).astype(dtype)
+    return probs / probs.sum(-1, keepdims=True)

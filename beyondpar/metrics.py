@@ -2,7 +2,7 @@
 
 Every kernel takes row-stochastic operators `c` of shape `...xTxT` (rows: queries that
 read, columns: keys that are read; the sink is the last token tau = T - 1) and returns
-one value per operator (or per token). Definitions are those of DESIGN.md, "The metrics".
+one value per operator (or per token). Definitions: the README's "Metric definitions".
 
 Speed: each quantity is a K-step vector recursion per matrix (2 K T^2 flop). Streaming
 every matrix from memory once per step leaves a CPU idle on memory bandwidth, so on CPU
@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from beyondpar import _checks
+from beyondpar.base import checks, parallel
 
 WALKS = ("reference", "normalized")
 ROW_SUM_TOLERANCE = 1e-4
@@ -64,28 +63,24 @@ def _spread(c):
 
     Producers that already split their batch over devices (see `evaluate`) pay nothing.
     """
-    devices = jax.local_devices()
+    mesh = parallel.local_mesh()
     on_one_device = (
-        _checks.is_concrete(c)
-        and getattr(c, "committed", False)
-        and len(c.sharding.device_set) == 1
+        checks.is_concrete(c) and getattr(c, "committed", False) and len(c.sharding.device_set) == 1
     )
-    if len(devices) > 1 and on_one_device:
-        spec = P("data") if c.ndim > 2 and c.shape[0] % len(devices) == 0 else P()
-        c = jax.device_put(
-            c, jax.sharding.NamedSharding(Mesh(np.asarray(devices), ("data",)), spec)
-        )
+    if mesh is not None and on_one_device:
+        split = c.ndim > 2 and c.shape[0] % mesh.size == 0
+        c = jax.device_put(c, parallel.batch_sharded(mesh) if split else parallel.replicated(mesh))
     return c
 
 
 def check_operator(c, name: str = "c") -> jax.Array:
     """`c` as a float array after checking it is a batch of row-stochastic T x T operators."""
-    c = _checks.as_float_array(name, c)
+    c = checks.as_float_array(name, c)
     if c.ndim < 2 or c.shape[-1] != c.shape[-2]:
         raise ValueError(f"{name} must have shape (..., T, T) with square matrices, got {c.shape}")
     if c.shape[-1] < 2:
         raise ValueError(f"{name} must have at least T=2 tokens, got T={c.shape[-1]}")
-    if c.size and _checks.is_concrete(c):
+    if c.size and checks.is_concrete(c):
         stats = np.asarray(_in_threads(_operator_stats, c), np.float64)  # parts x 3
         finite, minimum, row_error = stats[:, 0].all(), stats[:, 1].min(), stats[:, 2].max()
         if not finite:
@@ -101,7 +96,7 @@ def check_operator(c, name: str = "c") -> jax.Array:
 
 
 def _check_walk(walk: str) -> str:
-    return _checks.one_of("walk", walk, WALKS)
+    return checks.one_of("walk", walk, WALKS)
 
 
 # ---------------------------------------------------------------- walk operators
@@ -157,13 +152,6 @@ def transition_matrix(c, walk: str = "reference") -> jax.Array:
 # ---------------------------------------------------------------- batching
 
 
-def _local_mesh(n: int) -> Mesh | None:
-    devices = jax.local_devices()
-    if len(devices) < 2 or n < len(devices):
-        return None
-    return Mesh(np.asarray(devices), ("data",))
-
-
 def _block_size(matrix_bytes: int) -> int | None:
     # Accelerators want the whole batch in one wide step; CPUs want it in cache.
     if jax.default_backend() != "cpu":
@@ -176,7 +164,7 @@ def _map_batch(block_fn, c_NxTxT, *extras):
     blocks and across local devices; `extras` are arrays with the same leading N that travel
     with their operator. Padding uses identity operators (zero extras) and is dropped."""
     n, t = c_NxTxT.shape[0], c_NxTxT.shape[-1]
-    mesh = _local_mesh(n)
+    mesh = parallel.local_mesh(n)
     devices = 1 if mesh is None else mesh.size
     block = _block_size(t * t * c_NxTxT.dtype.itemsize) or -(-n // devices)
     per_device = -(-n // devices)
@@ -200,8 +188,8 @@ def _map_batch(block_fn, c_NxTxT, *extras):
         run_local = jax.shard_map(
             run_local,
             mesh=mesh,
-            in_specs=(P("data"),) * (1 + len(extras)),
-            out_specs=P("data"),
+            in_specs=(P(parallel.DATA),) * (1 + len(extras)),
+            out_specs=P(parallel.DATA),
             check_vma=False,
         )
     out = run_local(c_NxTxT, *extras)
@@ -334,7 +322,7 @@ def _in_threads(fn, c) -> list:
 
 def _thread_parts(c) -> int:
     """Threads worth using for a batch: one per core, each with at least two cache blocks."""
-    if not _checks.is_concrete(c) or jax.default_backend() != "cpu":
+    if not checks.is_concrete(c) or jax.default_backend() != "cpu":
         return 1
     if len(jax.local_devices()) > 1:
         return 1  # the batch is already spread over per-core devices
@@ -398,7 +386,7 @@ def _mixing_from_radius(rho, eps: float, max_steps: int):
 def sink_signal(c, steps: int) -> jax.Array:
     """s_t = e_tau^T c^t for t = 1..steps, shape ...x steps x T: token j's share at the sink."""
     c = check_operator(c)
-    steps = _checks.positive_int("steps", steps)
+    steps = checks.positive_int("steps", steps)
     return _sink_signal(c, steps)
 
 
@@ -440,7 +428,7 @@ def _survival(c, steps: int, walk: str):
 def node_fidelity(c, horizon: int = 100) -> jax.Array:
     """phi_j = max_{1<=t<=horizon} s_t[j], shape ...xT."""
     c = check_operator(c)
-    horizon = _checks.positive_int("horizon", horizon)
+    horizon = checks.positive_int("horizon", horizon)
     return _sweep(c, horizon=horizon, walk="reference", max_steps=0).node_fidelity
 
 
@@ -471,7 +459,7 @@ def hitting_time(
 def tv_mixing_time(c, eps: float = 0.25, max_steps: int = 100, walk: str = "reference"):
     """min{t : max_i S_t[i] <= eps}; max_steps + 1 when not reached. int32."""
     c, max_steps, walk = _walk_args(c, max_steps, walk)
-    eps = _checks.open_unit_interval("eps", eps)
+    eps = checks.open_unit_interval("eps", eps)
     return _sweep(c, horizon=0, walk=walk, max_steps=max_steps, eps=eps).tv_mixing_time
 
 
@@ -490,7 +478,7 @@ def relaxation_time(c, walk: str = "reference") -> jax.Array:
 def spectral_mixing_time(c, eps: float = 0.25, max_steps: int = 100, walk: str = "reference"):
     """ln(1/eps) / ln(1/rho): 0 when rho = 0, capped at max_steps."""
     c, max_steps, walk = _walk_args(c, max_steps, walk)
-    eps = _checks.open_unit_interval("eps", eps)
+    eps = checks.open_unit_interval("eps", eps)
     return _mixing_from_radius(_spectral_radius(c, walk=walk), eps, max_steps)
 
 
@@ -506,8 +494,8 @@ def operator_metrics(
     False skips the pass over every entry, for operators already checked (an analysis
     checks a layer's attention once, then measures it and its mixes several ways)."""
     c, max_steps, walk = _walk_args(c, max_steps, walk, validate)
-    horizon = _checks.positive_int("horizon", horizon)
-    eps = _checks.open_unit_interval("eps", eps)
+    horizon = checks.positive_int("horizon", horizon)
+    eps = checks.open_unit_interval("eps", eps)
     sweep = _sweep(c, horizon=horizon, walk=walk, max_steps=max_steps, eps=eps, spectral=True)
     rho = sweep.spectral_radius
     return OperatorMetrics(
@@ -522,7 +510,7 @@ def operator_metrics(
 
 def _walk_args(c, max_steps, walk, validate: bool = True):
     walk = _check_walk(walk)
-    max_steps = _checks.positive_int("max_steps", max_steps)
+    max_steps = checks.positive_int("max_steps", max_steps)
     return (check_operator(c) if validate else _spread(jnp.asarray(c))), max_steps, walk
 
 
@@ -543,7 +531,7 @@ def monte_carlo_hitting_time(
     error of the estimate (starts are independent strata of equal weight).
     """
     c, max_steps, walk = _walk_args(c, max_steps, walk)
-    num_walks = _checks.positive_int("num_walks", num_walks)
+    num_walks = checks.positive_int("num_walks", num_walks)
     mean, stderr = _monte_carlo(key, c, num_walks=num_walks, max_steps=max_steps, walk=walk)
     return (mean, stderr) if return_stderr else mean
 

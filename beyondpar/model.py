@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from beyondpar import _checks
+from beyondpar import graphs
+from beyondpar.base import checks
 
 FLOAT32_EPS = float(np.finfo(np.float32).eps)  # PyTorch's RMSNorm default
 
@@ -168,6 +169,14 @@ def init_params(module: Transformer, key: jax.Array, seq_len: int | None = None)
     return module.init(key, tokens)["params"]
 
 
+def head_importances(module: Transformer, params) -> jax.Array:
+    """(L, H): the Frobenius norm of each head's block of each layer's output projection,
+    the paper's learned head weights."""
+    cfg = module.config
+    kernels = [params[f"layers_{i}"]["attn"]["out"]["kernel"] for i in range(cfg.num_layers)]
+    return graphs.head_importance(jnp.stack(kernels), cfg.num_heads)
+
+
 def count_params(params) -> int:
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
@@ -189,7 +198,7 @@ def check_head_mask(head_mask, config: ModelConfig):
 
 def apply_with_attention(module: Transformer, params, tokens_BxT, head_mask=None):
     """Eval-mode logits (B, T, V) and the attention of every layer (B, L, H, T, T)."""
-    if head_mask is not None and _checks.is_concrete(head_mask):
+    if head_mask is not None and checks.is_concrete(head_mask):
         head_mask = check_head_mask(head_mask, module.config)
     logits, state = module.apply(
         {"params": params},

@@ -1,6 +1,12 @@
 """Do the metrics find the heads that matter? Prune heads in the order a score gives and
 measure what the masked model still does (a true ablation, not a proxy).
 
+Model-agnostic: a model is any Flax module whose `apply({"params": p}, tokens,
+head_mask=m)` returns logits (B, T, V) with `m` (L, H) or per sequence (B, L, H) scaling
+each head's output before its layer's output projection, and whose `config` has
+`num_layers`, `num_heads` and `vocab_size` (the paper's model and every pretrained family).
+`examples` is anything with `inputs` (B, T), `targets` (B, T) and `predictable` (B, T).
+
 Orders (least important first, all heads of the model ranked together):
 - `projection`: Frobenius norm of each head's block of the output projection (the paper's);
 - `gradient`: I_h = E_x |dL/d mask_h| at mask = 1 (Michel et al. 2019, "Are Sixteen Heads
@@ -13,25 +19,27 @@ so that layers compete on equal terms. A layer always keeps one head.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from beyondpar import graphs, metrics, tasks
+from beyondpar import graphs, metrics
 
 ORDERS = ("projection", "gradient", "fidelity", "random")
-MASK_CHUNK = 8  # masked forward passes per jitted call: bounds memory at T x T per head
 
 
 def sequence_losses(module, params, tokens, targets, head_mask):
     """Mean cross-entropy of each sequence (B,) under a head mask (L, H) or (B, L, H)."""
-    logits = module.apply({"params": params}, tokens, deterministic=True, head_mask=head_mask)
+    logits = _at_least_float32(module.apply({"params": params}, tokens, head_mask=head_mask))
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), axis=-1)
+
+
+def _at_least_float32(logits):
+    """bfloat16 / float16 logits scored in float32 (a float64 model stays float64)."""
+    return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -43,11 +51,62 @@ def _gradient_importance(module, params, tokens, targets):
     return jnp.mean(jnp.abs(jax.grad(total)(ones)), axis=0)
 
 
-def gradient_importance(module, params, examples: tasks.Examples) -> jax.Array:
+def gradient_importance(module, params, examples) -> jax.Array:
     """(L, H): E_x |dL/d mask_h| at mask = 1 over the sequences of `examples`."""
     return _gradient_importance(
         module, params, jnp.asarray(examples.inputs), jnp.asarray(examples.targets)
     )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _masked_scores(module, params, tokens, targets, predictable, masks):
+    def one(mask):
+        logits = _at_least_float32(module.apply({"params": params}, tokens, head_mask=mask))
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        correct = (jnp.argmax(logits, -1) == targets) & predictable
+        return jnp.mean(loss), jnp.sum(correct) / jnp.maximum(jnp.sum(predictable), 1)
+
+    return jax.lax.map(one, masks)
+
+
+def masked_scores(module, params, examples, masks_PxLxH) -> tuple[np.ndarray, np.ndarray]:
+    """(loss (P,), accuracy on predictable positions (P,)) under each head mask, one mask
+    at a time in memory: the mean cross-entropy over every position, and the accuracy."""
+    loss, accuracy = _masked_scores(
+        module,
+        jax.device_get(params),
+        jnp.asarray(examples.inputs),
+        jnp.asarray(examples.targets),
+        jnp.asarray(examples.predictable),
+        jnp.asarray(masks_PxLxH, jnp.float32),
+    )
+    return np.asarray(loss), np.asarray(accuracy)
+
+
+def attention_necessity(module, params, examples, margin: float = 0.5) -> dict:
+    """Does the task need attention? Accuracy on predictable positions with every head,
+    with every head masked, and with each layer's heads masked in turn (true ablations
+    through the head mask), against chance (1 / vocabulary).
+
+    `needs_attention`: masking every head loses more than `margin` of what the model
+    gains over chance (e.g. the copy task's target is the current token, which the
+    residual stream carries: it keeps its accuracy with no head at all).
+    """
+    cfg = module.config
+    masks = np.ones((cfg.num_layers + 2, cfg.num_layers, cfg.num_heads), np.float32)
+    masks[1] = 0.0
+    for layer in range(cfg.num_layers):
+        masks[2 + layer, layer] = 0.0
+    _, accuracy = masked_scores(module, params, examples, masks)
+    chance = 1.0 / cfg.vocab_size
+    full, none = float(accuracy[0]), float(accuracy[1])
+    return {
+        "accuracy": full,
+        "accuracy_without_heads": none,
+        "accuracy_without_layer": accuracy[2:].tolist(),
+        "chance": chance,
+        "needs_attention": bool(full - none > margin * max(full - chance, 0.0)),
+    }
 
 
 def order_from_scores(scores_LxH) -> list[tuple[int, int]]:
@@ -59,6 +118,18 @@ def order_from_scores(scores_LxH) -> list[tuple[int, int]]:
     keep = set(enumerate(np.argmax(scaled, axis=-1).tolist()))
     ranked = sorted(np.ndindex(scores.shape), key=lambda index: scaled[index])
     return [(int(layer), int(head)) for layer, head in ranked if (layer, head) not in keep]
+
+
+def orders(importances_LxH, gradient_LxH, fidelity_sequences, seed: int = 0) -> dict:
+    """Every order of ORDERS as (layer, head) lists, least important first, from the
+    projection norms, the mask gradients and each layer's greedy fidelity sequence."""
+    rng = np.random.default_rng(seed)
+    return {
+        "projection": order_from_scores(importances_LxH),
+        "gradient": order_from_scores(gradient_LxH),
+        "fidelity": merge_sequences(fidelity_sequences),
+        "random": order_from_scores(rng.random(np.shape(importances_LxH))),
+    }
 
 
 def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
@@ -126,127 +197,7 @@ def masks_along(order, num_layers: int, num_heads: int) -> np.ndarray:
     return masks
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _masked_runs(module, params, examples: tasks.Examples, importances, masks):
-    """Per mask: accuracy on predictable positions and every layer's mix of the remaining
-    heads (learned weights times mask, renormalised), one mask at a time in memory."""
-
-    def one(mask):
-        logits, state = module.apply(
-            {"params": params},
-            examples.inputs,
-            deterministic=True,
-            head_mask=mask,
-            mutable=["intermediates"],
-        )
-        correct = (jnp.argmax(logits, -1) == examples.targets) & examples.predictable
-        accuracy = jnp.sum(correct) / jnp.maximum(jnp.sum(examples.predictable), 1)
-        layers = state["intermediates"]
-        mixed = [  # layer by layer: never every head of every layer at once
-            graphs.combine_heads(
-                layers[f"layers_{i}"]["attn"]["attention"][0].astype(jnp.float32),
-                importances[i] * mask[i],
-            )
-            for i in range(module.config.num_layers)
-        ]
-        return accuracy, jnp.stack(mixed, axis=1)
-
-    return jax.lax.map(one, masks)
-
-
-def curve(module, params, examples, importances, masks, horizon, max_steps, walk) -> dict:
-    """Accuracy (P,) and mean fidelity / hitting time per layer (P, L) along `masks`."""
-
-    def chunk(masks_chunk):
-        acc, mixed = _masked_runs(module, params, examples, importances, masks_chunk)
-        m = metrics.operator_metrics(mixed, horizon, max_steps, walk=walk)
-        fid, hit = jnp.mean(m.minimax_fidelity, axis=1), jnp.mean(m.hitting_time, axis=1)
-        return np.asarray(acc), np.asarray(fid), np.asarray(hit)
-
-    chunks = [masks[s : s + MASK_CHUNK] for s in range(0, len(masks), MASK_CHUNK)]
-    # Forward passes on one device leave cores idle; chunks from several threads run at once.
-    with concurrent.futures.ThreadPoolExecutor(min(len(chunks), os.cpu_count() or 1)) as pool:
-        accuracy, fidelity, hitting = zip(*pool.map(chunk, chunks), strict=True)
-    accuracy = np.concatenate(accuracy)
-    pruned = np.arange(len(masks)) / max(len(masks) - 1, 1)
-    return {
-        "heads_pruned": list(range(len(masks))),
-        "accuracy": accuracy.tolist(),
-        "fidelity": np.concatenate(fidelity).tolist(),
-        "hitting_time": np.concatenate(hitting).tolist(),
-        "auc": float(np.trapezoid(accuracy, pruned)),
-    }
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _masked_accuracy(module, params, examples: tasks.Examples, masks):
-    """Accuracy on predictable positions under each head mask (P, L, H), one at a time."""
-
-    def one(mask):
-        logits = module.apply(
-            {"params": params}, examples.inputs, deterministic=True, head_mask=mask
-        )
-        correct = (jnp.argmax(logits, -1) == examples.targets) & examples.predictable
-        return jnp.sum(correct) / jnp.maximum(jnp.sum(examples.predictable), 1)
-
-    return jax.lax.map(one, masks)
-
-
-def attention_necessity(module, params, examples: tasks.Examples, margin: float = 0.5) -> dict:
-    """Does the task need attention? Accuracy on predictable positions with every head,
-    with every head masked, and with each layer's heads masked in turn (true ablations
-    through the head mask), against chance (1 / vocabulary).
-
-    `needs_attention`: masking every head loses more than `margin` of what the model
-    gains over chance (e.g. the copy task's target is the current token, which the
-    residual stream carries: it keeps its accuracy with no head at all).
-    """
-    cfg = module.config
-    masks = np.ones((cfg.num_layers + 2, cfg.num_layers, cfg.num_heads), np.float32)
-    masks[1] = 0.0
-    for layer in range(cfg.num_layers):
-        masks[2 + layer, layer] = 0.0
-    examples = tasks.Examples(*(jnp.asarray(a) for a in examples))
-    accuracy = np.asarray(_masked_accuracy(module, jax.device_get(params), examples, masks))
-    chance = 1.0 / cfg.vocab_size
-    full, none = float(accuracy[0]), float(accuracy[1])
-    return {
-        "accuracy": full,
-        "accuracy_without_heads": none,
-        "accuracy_without_layer": accuracy[2:].tolist(),
-        "chance": chance,
-        "needs_attention": bool(full - none > margin * max(full - chance, 0.0)),
-    }
-
-
-def orders(module, params, examples, importances, attn_NxLxHxTxT, horizon, seed=0) -> dict:
-    """Every order of ORDERS as (layer, head) lists, least important first."""
-    cfg = module.config
-    rng = np.random.default_rng(seed)
-    return {
-        "projection": order_from_scores(importances),
-        "gradient": order_from_scores(gradient_importance(module, params, examples)),
-        "fidelity": fidelity_order(attn_NxLxHxTxT, importances, horizon),
-        "random": order_from_scores(rng.random((cfg.num_layers, cfg.num_heads))),
-    }
-
-
-def pruning_curves(module, params, examples, importances, attn_NxLxHxTxT, spec) -> dict:
-    """{order: {"order": [(layer, head)], "accuracy", "fidelity", "hitting_time", "auc"}}
-    for every order, pruning from all heads to one head per layer. `spec` gives horizon,
-    max_steps and walk (an `evaluate.EvalSpec`)."""
-    cfg = module.config
-    params = jax.device_get(params)  # on the default device, with everything else here
-    examples = tasks.Examples(*(np.asarray(a) for a in examples))
-    importances = np.asarray(importances, np.float32)
-    attn_NxLxHxTxT = np.asarray(attn_NxLxHxTxT)
-    out = {}
-    for name, order in orders(
-        module, params, examples, importances, attn_NxLxHxTxT, spec.horizon, spec.seed
-    ).items():
-        masks = jnp.asarray(masks_along(order, cfg.num_layers, cfg.num_heads))
-        result = curve(
-            module, params, examples, importances, masks, spec.horizon, spec.max_steps, spec.walk
-        )
-        out[name] = {"order": [list(p) for p in order], **result}
-    return out
+def area(values_P, heads_pruned_P, total_pruned: int) -> float:
+    """Area under a pruning curve against the share of prunable heads removed (0..1)."""
+    share = np.asarray(heads_pruned_P, np.float64) / max(total_pruned, 1)
+    return float(np.trapezoid(np.asarray(values_P), share))

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from beyondpar import _checks, graphs, metrics
+from beyondpar import graphs, metrics
+from beyondpar.base import checks
 from beyondpar.weighting import OBJECTIVES, optimal_weights  # noqa: F401 - public API
 
 
@@ -38,7 +39,7 @@ def amplification(per_head_fidelity_xH, combined_fidelity):
 def check_heads(attn, validate: bool = True) -> jax.Array:
     """Attention `...xHxTxT` as a float array, rows checked like any operator (the shape
     only, when `validate` is False)."""
-    a = _checks.as_float_array("attn", attn)
+    a = checks.as_float_array("attn", attn)
     if a.ndim < 3:
         raise ValueError(f"attn must have shape (..., H, T, T), got shape {a.shape}")
     return metrics.check_operator(a, "attn") if validate else a
@@ -97,7 +98,7 @@ def cross_head_share(
     """
     attn = check_heads(attn_xHxTxT, validate)
     w = graphs.normalize_weights(weights_xH, attn.shape[-3]).astype(attn.dtype)
-    horizon = _checks.positive_int("horizon", horizon)
+    horizon = checks.positive_int("horizon", horizon)
     return _cross_head_share(attn, w, horizon)
 
 

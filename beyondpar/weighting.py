@@ -33,7 +33,8 @@ import numpy as np
 import optax
 from jax import lax
 
-from beyondpar import _checks, graphs, metrics
+from beyondpar import graphs, metrics
+from beyondpar.base import checks
 
 OBJECTIVES = ("fidelity", "hitting_time")
 _FLOOR = 1e-6  # the smallest weight a start of the descent gives a head
@@ -67,24 +68,19 @@ def optimal_weights(
     candidates on `search_sequences` of the N sets and is polished on all of them; `seed`
     fixes the random starts.
     """
-    objective = _checks.one_of("objective", objective, OBJECTIVES)
-    walk = _checks.one_of("walk", walk, metrics.WALKS)
-    horizon = _checks.positive_int("horizon", horizon)
-    max_steps = _checks.positive_int("max_steps", max_steps)
+    objective = checks.one_of("objective", objective, OBJECTIVES)
+    walk = checks.one_of("walk", walk, metrics.WALKS)
+    horizon = checks.positive_int("horizon", horizon)
+    max_steps = checks.positive_int("max_steps", max_steps)
     for name, value in (
         ("steps", steps),
         ("random_starts", random_starts),
         ("local_rounds", local_rounds),
     ):
-        _checks.non_negative_int(name, value)
-    local_starts = _checks.positive_int("local_starts", local_starts)
-    search_sequences = _checks.positive_int("search_sequences", search_sequences)
-    a = _checks.as_float_array("attn", attn)
-    if a.ndim < 3:
-        raise ValueError(f"attn must have shape (N, H, T, T) or (H, T, T), got shape {a.shape}")
-    if a.ndim == 3:
-        a = a[None]
-    a = metrics.check_operator(a, "attn")
+        checks.non_negative_int(name, value)
+    local_starts = checks.positive_int("local_starts", local_starts)
+    search_sequences = checks.positive_int("search_sequences", search_sequences)
+    a = _check_attn(attn)
     settings = dict(objective=objective, walk=walk, horizon=horizon, max_steps=max_steps)
     sign = 1.0 if objective == "fidelity" else -1.0
     num_heads = a.shape[-3]
@@ -93,7 +89,31 @@ def optimal_weights(
     # Anchors (uniform, learned, every head) are scored on every set, the rest of the
     # pool only on the subsample that the search runs on.
     anchors = pool[..., : num_heads + (1 if init is None else 2), :]
-    candidates, scores = anchors, _exact_scores(a, anchors, **settings)
+    search = dict(steps=steps, learning_rate=learning_rate, local_starts=local_starts)
+    proposals = _propose(sub, pool, sign, local_rounds, settings, **search)
+    candidates = jnp.concatenate([anchors, proposals], axis=-2)
+    scores = [_exact_scores(a, anchors, **settings), _exact_scores(a, proposals, **settings)]
+    weights, value = _top(candidates, jnp.concatenate(scores, axis=-1), sign, 1)
+    if local_rounds:  # polished on every set with small steps
+        weights, value = pattern_search(
+            a, weights, value, sign, local_rounds // _POLISH_SHARE, settings, 1 / 16
+        )
+    return weights[..., 0, :], value[..., 0]
+
+
+def _check_attn(attn):
+    """Attention sets as (..., N, H, T, T), rows checked once for the whole search."""
+    a = checks.as_float_array("attn", attn)
+    if a.ndim < 3:
+        raise ValueError(f"attn must have shape (N, H, T, T) or (H, T, T), got shape {a.shape}")
+    if a.ndim == 3:
+        a = a[None]
+    return metrics.check_operator(a, "attn")
+
+
+def _propose(sub, pool, sign, local_rounds, settings, *, steps, learning_rate, local_starts):
+    """The best `local_starts` of the pool on the subsample (and of the surrogate descent,
+    with `steps` > 0), improved there by the pattern search."""
     proposals, proposal_scores = pool, _exact_scores(sub, pool, **settings)
     if steps:
         best = _top(proposals, proposal_scores, sign, 1)[0]
@@ -101,19 +121,10 @@ def optimal_weights(
         proposals = jnp.concatenate([proposals, found], axis=-2)
         found_scores = _exact_scores(sub, found, **settings)
         proposal_scores = jnp.concatenate([proposal_scores, found_scores], axis=-1)
-    if local_rounds:
-        w0, v0 = _top(proposals, proposal_scores, sign, local_starts)
-        proposals, _ = pattern_search(sub, w0, v0, sign, local_rounds, settings)
-    else:
-        proposals = _top(proposals, proposal_scores, sign, local_starts)[0]
-    candidates = jnp.concatenate([candidates, proposals], axis=-2)
-    scores = jnp.concatenate([scores, _exact_scores(a, proposals, **settings)], axis=-1)
-    weights, value = _top(candidates, scores, sign, 1)
-    if local_rounds:  # polished on every set with small steps
-        weights, value = pattern_search(
-            a, weights, value, sign, local_rounds // _POLISH_SHARE, settings, 1 / 16
-        )
-    return weights[..., 0, :], value[..., 0]
+    w0, v0 = _top(proposals, proposal_scores, sign, local_starts)
+    if not local_rounds:
+        return w0
+    return pattern_search(sub, w0, v0, sign, local_rounds, settings)[0]
 
 
 def _subsample(a, sequences: int):

@@ -17,7 +17,9 @@ from pathlib import Path
 import ml_collections
 from ml_collections import config_dict
 
-from beyondpar import ablation, config_lib, tasks
+from beyondpar import tasks
+from beyondpar.base import settings
+from beyondpar.study import config_lib
 
 TASK_PRESETS = {
     "paper": ("copy", "cycle"),
@@ -48,8 +50,8 @@ def get_config(arg=None):
     c.overrides = ml_collections.ConfigDict(
         {
             name.replace(".", "__"): config_dict.placeholder(type(value))
-            for name, value in config_lib.flatten(
-                ablation.load_config_file(c.base).to_dict()
+            for name, value in settings.flatten(
+                config_lib.load_config_file(c.base).to_dict()
             ).items()
         }
     )

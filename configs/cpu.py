@@ -8,7 +8,7 @@ instead of 1e-3, so that a model trains in about 20-30 s on two cores and reache
   python launch/train.py --config=configs/cpu.py:task=cycle,heads=8 --workdir=runs/cycle_8
 """
 
-from beyondpar import config_lib
+from beyondpar.study import config_lib
 
 
 def get_config(arg=None):

@@ -3,7 +3,7 @@
 python launch/train.py --config=configs/paper.py:task=cycle,heads=8 --workdir=runs/cycle_8
 """
 
-from beyondpar import config_lib
+from beyondpar.study import config_lib
 
 
 def get_config(arg=None):

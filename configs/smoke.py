@@ -3,7 +3,7 @@
 python launch/train.py --config=configs/smoke.py --workdir=/tmp/smoke
 """
 
-from beyondpar import config_lib
+from beyondpar.study import config_lib
 
 
 def get_config(arg=None):

@@ -8,7 +8,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from beyondpar import ablation, parallel, workdir
+from beyondpar.base import locks, parallel
+from beyondpar.study import ablation, config_lib
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Ablation config file[:arg].")
 WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the runs, records and report.")
@@ -19,14 +20,14 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    base = ablation.load_config_file(CONFIG.value.base, CONFIG.value.base_arg or None)
+    base = config_lib.load_config_file(CONFIG.value.base, CONFIG.value.base_arg or None)
     parallel.use_all_cpu_cores(base.optim.batch_size)
     try:
         if DRY_RUN.value:
             print("\n".join(ablation.dry_run(CONFIG.value, WORKDIR.value)))
             return
         written, failures = ablation.run(CONFIG.value, WORKDIR.value)
-    except (ValueError, FileNotFoundError, workdir.WorkdirBusy) as err:
+    except (ValueError, FileNotFoundError, locks.FolderBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     for path in written:

@@ -20,15 +20,9 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from beyondpar import (
-    analysis,
-    analysis_corpus,
-    analysis_report,
-    analysis_series,
-    corpus_report,
-    parallel,
-    workdir,
-)
+from beyondpar.analysis import corpus_report, measures, series, text_report, windows
+from beyondpar.analysis import text as text_lib
+from beyondpar.base import locks, parallel
 
 MODEL = flags.DEFINE_string("model", None, "Checkpoint folder or cached model name.")
 TEXT = flags.DEFINE_string("text", None, "The text to analyse.")
@@ -54,9 +48,9 @@ SINK_TOKENS = flags.DEFINE_integer(
 )
 
 
-def spec() -> analysis.AnalysisSpec:
+def spec() -> measures.AnalysisSpec:
     layers = None if LAYERS.value is None else tuple(int(x) for x in LAYERS.value)
-    return analysis.AnalysisSpec(
+    return measures.AnalysisSpec(
         horizon=HORIZON.value,
         max_steps=MAX_STEPS.value,
         residual=RESIDUAL.value,
@@ -91,39 +85,37 @@ def main(argv):
         raise app.UsageError("--corpus needs --tokens=T, the window length")
     try:
         if ATTENTION.value:
-            record = analysis.attention_record(ATTENTION.value, spec())
+            record = text_lib.attention_record(ATTENTION.value, spec())
         elif CORPUS.value:
-            cspec = analysis_corpus.CorpusSpec(
+            cspec = windows.CorpusSpec(
                 tokens=TOKENS.value,
                 max_windows=MAX_WINDOWS.value,
                 batch_size=BATCH.value,
                 pruning=PRUNING.value,
             )
-            models = analysis_series.expand(MODEL.value)
+            models = series.expand(MODEL.value)
             if len(models) > 1:
-                _, written = analysis_series.run_corpus(
+                _, written = series.run_corpus(
                     models, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value
                 )
                 print(f"wrote {written}")
                 return
-            summary, _ = analysis_corpus.run(
-                models[0], CORPUS.value, cspec, spec(), OUT.value, DTYPE.value
-            )
+            summary, _ = windows.run(models[0], CORPUS.value, cspec, spec(), OUT.value, DTYPE.value)
             for path in corpus_report.write(summary, OUT.value):
                 print(f"wrote {path}")
             return
         else:
             text = TEXT.value if TEXT.value else read_text_file(TEXT_FILE.value)
-            models = analysis_series.expand(MODEL.value)
+            models = series.expand(MODEL.value)
             if len(models) > 1:
-                _, written = analysis_series.run(models, text, spec(), OUT.value, DTYPE.value)
+                _, written = series.run(models, text, spec(), OUT.value, DTYPE.value)
                 print(f"wrote {written}")
                 return
-            record = analysis.text_record(models[0], text, spec(), DTYPE.value)
-    except (ValueError, FileNotFoundError, workdir.WorkdirBusy) as err:
+            record = text_lib.text_record(models[0], text, spec(), DTYPE.value)
+    except (ValueError, FileNotFoundError, locks.FolderBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    for path in analysis_report.write(record, OUT.value):
+    for path in text_report.write(record, OUT.value):
         print(f"wrote {path}")
 
 

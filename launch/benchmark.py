@@ -9,7 +9,8 @@ python launch/benchmark.py corpus                    # SmolLM2-135M shape, 100 x
 
 from absl import app, flags
 
-from beyondpar import benchmarks, parallel
+from beyondpar import benchmarks
+from beyondpar.base import parallel
 
 FLAGS = flags.DEFINE_integer("repeats", 5, "Timed repeats; the best one is reported.")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from beyondpar import evaluate, files, parallel, report, workdir
+from beyondpar.base import files, locks, parallel
+from beyondpar.study import evaluate, report
 
 RUNS = flags.DEFINE_string("runs", None, "Folder holding runs (config.json + checkpoints).")
 STEPS = flags.DEFINE_enum("steps", "latest", ["latest", "all"], "Which saved steps.")
@@ -64,7 +65,7 @@ def main(argv):
             if RUNS.value
             else evaluate_reference(Path(REFERENCE.value))
         )
-    except (FileNotFoundError, ValueError, workdir.WorkdirBusy) as err:
+    except (FileNotFoundError, ValueError, locks.FolderBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         status = 2
     sys.exit(status)

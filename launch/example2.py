@@ -3,7 +3,7 @@
 import jax
 from absl import app, flags
 
-from beyondpar import worked_example
+from beyondpar.study import worked_example
 
 OUT = flags.DEFINE_string("out", "out/example2", "Folder for the PNGs and the JSON summary.")
 

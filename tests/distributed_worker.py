@@ -6,7 +6,7 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 1)
 
-from beyondpar import train  # noqa: E402
+from beyondpar.study import train  # noqa: E402
 from configs import smoke  # noqa: E402
 
 

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from beyondpar import benchmarks, graphs
+from beyondpar import graphs
 from conftest import DATA
 
 
 def test_combine_heads_is_weighted_mean():
-    attn = benchmarks.random_causal_attention(0, (2, 3), 6, dtype=np.float64)  # B x H x T x T
+    attn = graphs.random_causal(0, (2, 3), 6, dtype=np.float64)  # B x H x T x T
     w = np.array([[1.0, 2.0, 1.0], [0.0, 0.0, 5.0]])
     got = np.asarray(graphs.combine_heads(attn, w))
     np.testing.assert_allclose(got[0], (attn[0, 0] + 2 * attn[0, 1] + attn[0, 2]) / 4)
@@ -82,7 +82,7 @@ def test_rollout_of_identity_attention_is_identity():
 
 
 def test_one_layer_without_residual_is_the_mixed_heads():
-    attn = benchmarks.random_causal_attention(0, (1, 3), 7, dtype=np.float64)
+    attn = graphs.random_causal(0, (1, 3), 7, dtype=np.float64)
     w = np.array([[1.0, 2.0, 5.0]])
     np.testing.assert_allclose(
         graphs.rollout(attn, w, residual=0.0), graphs.combine_heads(attn[0], w[0]), rtol=1e-14

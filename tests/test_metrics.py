@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import benchmarks, metrics
+from beyondpar import graphs, metrics
 
 WALKS = metrics.WALKS
 
@@ -54,7 +54,7 @@ def brute_force(c: np.ndarray, k: int, walk: str, eps: float = 0.25):
 
 
 def causal(seed, shape, t):
-    return benchmarks.random_causal_attention(seed, shape, t, dtype=np.float64)
+    return graphs.random_causal(seed, shape, t, dtype=np.float64)
 
 
 def bidirectional(seed: int, t: int) -> np.ndarray:
@@ -230,7 +230,7 @@ def test_spectral_radius_of_periodic_non_triangular_walk(walk, rho):
 
 def test_transition_rows_sum_to_one():
     for walk in WALKS:
-        for c in [bidirectional(0, 8), benchmarks.random_causal_attention(0, (), 8)]:
+        for c in [bidirectional(0, 8), graphs.random_causal(0, (), 8)]:
             p = np.asarray(metrics.transition_matrix(c, walk), np.float64)
             np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
             assert p.min() >= 0
@@ -280,7 +280,7 @@ def test_odd_batch_sizes_pad_and_shard(n):
 def test_second_call_does_not_retrace(monkeypatch):
     counted = chex.assert_max_traces(metrics._sweep_block, n=1)
     monkeypatch.setattr(metrics, "_sweep_block", counted)
-    mats = benchmarks.random_causal_attention(0, (2, 3), 13)
+    mats = graphs.random_causal(0, (2, 3), 13)
     metrics.hitting_time(mats, 17)
     metrics.hitting_time(mats + 0, 17)  # same shapes, new values: no new trace
     with pytest.raises(AssertionError, match="traced > 1"):
@@ -290,7 +290,7 @@ def test_second_call_does_not_retrace(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_dtype_in_is_dtype_out(dtype):
-    c = jnp.asarray(benchmarks.random_causal_attention(0, (2,), 10), dtype)
+    c = jnp.asarray(graphs.random_causal(0, (2,), 10), dtype)
     m = metrics.operator_metrics(c, horizon=5, max_steps=5)
     for name in ("node_fidelity", "minimax_fidelity", "hitting_time", "spectral_radius"):
         assert getattr(m, name).dtype == dtype
@@ -339,7 +339,6 @@ def test_monte_carlo_on_random_causal(walk):
 @pytest.mark.parametrize("walk", WALKS)
 def test_monte_carlo_on_fixture(fixture, walk):
     _, _, expected = fixture
-    from beyondpar import graphs
 
     c = graphs.combine_heads(expected["attention"][0, 1:3], expected["head_weights"][1:3])
     monte_carlo_agrees(jax.random.PRNGKey(2), np.asarray(c, np.float64), walk)
@@ -382,7 +381,7 @@ def test_bad_operators(fn, bad, message):
 
 
 def test_float32_attention_cast_to_float64_passes_row_check():
-    c = benchmarks.random_causal_attention(0, (4,), 100)  # float32 rows: sum off by ~1e-7
+    c = graphs.random_causal(0, (4,), 100)  # float32 rows: sum off by ~1e-7
     assert metrics.hitting_time(c.astype(np.float64)).shape == (4,)
 
 
@@ -426,3 +425,66 @@ GOOD = star(4)
 def test_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# ---------------------------------------------------------------- the paper's released checkpoints
+
+
+REFERENCE_TOLERANCE = {jnp.float64: 1e-6, jnp.float32: 1e-4}
+
+
+def layer_kernels(state, layers=4):
+    """Flax Dense kernels (in x out) of each layer's attention output projection."""
+    return [state[f"layers.{i}.attn.out_proj.weight"].T for i in range(layers)]
+
+
+def test_head_importance_equals_head_weights(fixture):
+    _, state, expected = fixture
+    num_heads = expected["attention"].shape[2]
+    got = np.stack([graphs.head_importance(k, num_heads) for k in layer_kernels(state)])
+    np.testing.assert_allclose(got, expected["head_weights"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_fidelity_equals_reference(fixture, dtype):
+    _, _, expected = fixture
+    attn = jnp.asarray(expected["attention"], dtype)
+    rtol = REFERENCE_TOLERANCE[dtype]
+    learned = graphs.combine_heads(attn, expected["head_weights"])
+    np.testing.assert_allclose(
+        metrics.minimax_fidelity(learned), expected["fidelity_learned"] / 100, rtol=rtol
+    )
+    uniform = graphs.combine_heads(attn)
+    np.testing.assert_allclose(
+        metrics.minimax_fidelity(uniform), expected["fidelity_uniform"] / 100, rtol=rtol
+    )
+    np.testing.assert_allclose(
+        metrics.minimax_fidelity(attn), expected["fidelity_per_head"] / 100, rtol=rtol
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("walk", metrics.WALKS)
+def test_hitting_time_equals_reference(fixture, dtype, walk):
+    _, _, expected = fixture
+    attn = jnp.asarray(expected["attention"], dtype)
+    learned = graphs.combine_heads(attn, expected["head_weights"])
+    got = metrics.hitting_time(learned, 100, walk)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(
+        got, expected[f"hitting_time_{walk}"], rtol=REFERENCE_TOLERANCE[dtype]
+    )
+
+
+def test_fused_metrics_equal_single_kernels(fixture):
+    _, _, expected = fixture
+    attn = jnp.asarray(expected["attention"], jnp.float64)
+    c = graphs.combine_heads(attn, expected["head_weights"])
+    fused = metrics.operator_metrics(c, walk="normalized")
+    np.testing.assert_allclose(
+        fused.minimax_fidelity, expected["fidelity_learned"] / 100, rtol=1e-6
+    )
+    np.testing.assert_allclose(fused.hitting_time, expected["hitting_time_normalized"], rtol=1e-6)
+    np.testing.assert_array_equal(
+        fused.tv_mixing_time, metrics.tv_mixing_time(c, walk="normalized")
+    )

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, evaluate, graphs, metrics, pruning, tasks
+from beyondpar import checkpoints, graphs, metrics, pruning, tasks
 from beyondpar import model as model_lib
 from conftest import DATA
 
@@ -112,7 +112,7 @@ def reference():
     module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
     examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 256)
     _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
-    weights = evaluate.head_importances(params, 4, 4)
+    weights = model_lib.head_importances(module, params)
     return module, params, examples, np.asarray(attn, np.float64), np.asarray(weights)
 
 
@@ -130,31 +130,3 @@ def test_greedy_fidelity_order_takes_the_cheapest_head_first(reference):
             mixed = graphs.combine_heads(attn[:, layer], w)
             candidates.append(float(np.mean(metrics.minimax_fidelity(mixed, 50))))
         assert first == int(np.argmax(candidates))
-
-
-def test_curve_keeps_one_head_and_measures_it(reference):
-    module, params, examples, attn, weights = reference
-    masks = np.ones((2, 4, 4), np.float32)
-    masks[1, 0] = [0, 0, 1, 0]  # layer 0 keeps head 2 only
-    got = pruning.curve(module, params, examples, weights, jnp.asarray(masks), 50, 50, "reference")
-    own = np.mean(metrics.minimax_fidelity(attn[:, 0, 2], 50))
-    np.testing.assert_allclose(got["fidelity"][1][0], own, rtol=1e-4)
-    full = np.mean(metrics.minimax_fidelity(graphs.combine_heads(attn[:, 0], weights[0]), 50))
-    np.testing.assert_allclose(got["fidelity"][0][0], full, rtol=1e-4)
-    # A true ablation: later layers read the masked layer's output, so their maps move.
-    assert np.abs(np.subtract(got["fidelity"][1][1:], got["fidelity"][0][1:])).max() > 1e-6
-    assert got["heads_pruned"] == [0, 1]
-    np.testing.assert_allclose(got["auc"], np.mean(got["accuracy"]))  # two points
-
-
-def test_pruning_curves_cover_every_order(reference):
-    module, params, examples, attn, weights = reference
-    spec = evaluate.EvalSpec(horizon=30, max_steps=30)
-    curves = pruning.pruning_curves(module, params, examples, weights, attn, spec)
-    assert set(curves) == set(pruning.ORDERS)
-    for curve in curves.values():
-        assert len(curve["accuracy"]) == 13 and len(curve["fidelity"][0]) == 4
-        assert 0 <= curve["auc"] <= 1
-        layers = [layer for layer, _ in curve["order"]]
-        assert len(set(map(tuple, curve["order"]))) == 12
-        assert sorted(layers) == sorted(list(range(4)) * 3)

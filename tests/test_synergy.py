@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import benchmarks, graphs, metrics, synergy, weighting, worked_example
+from beyondpar import graphs, metrics, synergy, weighting
+from beyondpar.analysis import measures
+from beyondpar.study import worked_example
 
 
 def test_example2_pair_synergy():
@@ -16,7 +18,7 @@ def test_example2_pair_synergy():
 
 
 def test_pairwise_synergy_batches_and_matches_amplification():
-    attn = benchmarks.random_causal_attention(0, (2, 3), 10, dtype=np.float64)  # B x H x T x T
+    attn = graphs.random_causal(0, (2, 3), 10, dtype=np.float64)  # B x H x T x T
     got = np.asarray(synergy.pairwise_synergy(attn, 30))
     assert got.shape == (2, 3, 3)
     np.testing.assert_allclose(got, np.swapaxes(got, -1, -2))
@@ -54,7 +56,7 @@ def test_example2_cross_head_share():
 
 
 def test_cross_head_share_is_zero_for_one_head_and_batches():
-    attn = benchmarks.random_causal_attention(3, (2, 3), 8, dtype=np.float64)
+    attn = graphs.random_causal(3, (2, 3), 8, dtype=np.float64)
     one = synergy.cross_head_share(attn, np.array([0.0, 1.0, 0.0]), 30)
     np.testing.assert_allclose(one, 0.0, atol=1e-12)
     w = np.array([[1.0, 2.0, 3.0], [3.0, 1.0, 1.0]])
@@ -111,7 +113,7 @@ def test_example2_optimal_hitting_time_is_the_fastest_head(walk, head1, head2, m
 
 
 def test_optimal_weights_never_lose_to_a_start_and_batch_over_layers():
-    attn = benchmarks.random_causal_attention(5, (2, 3, 4), 10, scale=4.0, dtype=np.float64)
+    attn = graphs.random_causal(5, (2, 3, 4), 10, scale=4.0, dtype=np.float64)
     init = np.array([[1.0, 2.0, 3.0, 4.0], [4.0, 1.0, 1.0, 1.0]])
     weights, value = synergy.optimal_weights(attn, init=init, horizon=30, steps=30)
     assert weights.shape == (2, 4) and value.shape == (2,)
@@ -229,16 +231,15 @@ def test_cross_head_share_uses_the_first_step_of_a_plateau():
 def test_validate_false_skips_the_check_and_nothing_else():
     """Analyses check a layer's attention once and measure it several ways unchecked:
     the unchecked numbers must be the checked ones, and only the check may be skipped."""
-    from beyondpar import analysis
 
-    a = jnp.asarray(benchmarks.random_causal_attention(3, (2, 3), 10), jnp.float32)
+    a = jnp.asarray(graphs.random_causal(3, (2, 3), 10), jnp.float32)
     w = jnp.asarray([0.5, 0.3, 0.2])
     pairs = [
         (lambda x, v: metrics.operator_metrics(x, 30, 30, 0.25, "normalized", validate=v)),
         (lambda x, v: metrics.hitting_time(x, 30, "reference", validate=v)),
         (lambda x, v: synergy.head_diversity(x, validate=v)),
         (lambda x, v: synergy.cross_head_share(x, w, 30, validate=v)),
-        (lambda x, v: analysis.operator_fields(x, analysis.AnalysisSpec(horizon=30), v)),
+        (lambda x, v: measures.operator_fields(x, measures.AnalysisSpec(horizon=30), v)),
     ]
     for fn in pairs:
         jax.tree.map(np.testing.assert_array_equal, fn(a, False), fn(a, True))

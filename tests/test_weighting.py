@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, config_lib, metrics, model, synergy, tasks, train, weighting
+from beyondpar import checkpoints, graphs, metrics, model, synergy, tasks, weighting
+from beyondpar.study import config_lib, train
 from configs import smoke
 from conftest import DATA
 
@@ -143,9 +144,8 @@ def test_every_single_head_is_scored_on_every_set():
 
 def test_the_value_is_the_exact_objective_on_every_set():
     """The search runs on a subsample; the value returned is the weights' score on all N."""
-    from beyondpar import benchmarks
 
-    attn = jnp.asarray(benchmarks.random_causal_attention(7, (9, 4), 12), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(7, (9, 4), 12), jnp.float32)
     for objective in weighting.OBJECTIVES:
         w, value = synergy.optimal_weights(
             attn, objective, horizon=20, max_steps=20, search_sequences=3, local_rounds=6

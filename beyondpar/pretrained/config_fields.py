@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from beyondpar.base import checks
+
 
 def field(config: dict, name: str, kind=int, default=...):
     """config[name] as `kind`; a missing field without default, or a bad value, is an error."""
@@ -18,8 +20,4 @@ def field(config: dict, name: str, kind=int, default=...):
 
 
 def one_of(name: str, value, choices) -> str:
-    if value not in choices:
-        raise ValueError(
-            f"config.json field {name!r} must be one of {sorted(choices)}, got {value!r}"
-        )
-    return value
+    return checks.one_of(f"config.json field {name!r}", value, sorted(choices))

@@ -4,7 +4,7 @@ The metadata becomes the config.json the family modules already read, every tens
 its Hugging Face name and layout (Linear weights stay out x in; llama.cpp's row
 permutation of Llama q/k for its interleaved rotary is undone) and is dequantised by the
 `gguf` package one tensor at a time; the tokenizer is rebuilt from the stored vocabulary
-and merges with `tokenizers`.
+and merges with `tokenizers` (see `gguf_tokenizer`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from beyondpar.pretrained import gguf_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3")
@@ -45,14 +47,6 @@ _GPT2_TOP = {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f"}
 _CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2 stores these in x out
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
-
-# Pre-tokenizer split patterns of the byte-level BPE families (tokenizer.ggml.pre).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
-PRE_TOKENIZERS = ("default", "gpt-2", "smollm", "llama-bpe", "llama3", "qwen2")
 
 
 def find(path: str | os.PathLike) -> Path | None:
@@ -212,62 +206,8 @@ class GgufFile:
     # --------------------------------------------------------------- tokenizer
 
     def tokenizer(self):
-        """A `tokenizers.Tokenizer` equal to the model's own byte-level BPE."""
-        from tokenizers import (
-            AddedToken,
-            Regex,
-            Tokenizer,
-            decoders,
-            models,
-            normalizers,
-            processors,
-        )
-        from tokenizers import pre_tokenizers as pre
-
-        kind = self.value("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(
-                f"GGUF file {self.path}: tokenizer.ggml.model must be 'gpt2' (byte-level BPE), "
-                f"got {kind!r}"
-            )
-        style = self.value("tokenizer.ggml.pre", "default")
-        if style not in PRE_TOKENIZERS:
-            raise ValueError(
-                f"GGUF file {self.path}: tokenizer.ggml.pre must be one of "
-                f"{list(PRE_TOKENIZERS)}, got {style!r}"
-            )
-        tokens = self.value("tokenizer.ggml.tokens")
-        merges = [tuple(m.split(" ", 1)) for m in self.value("tokenizer.ggml.merges")]
-        vocab = {token: i for i, token in enumerate(tokens)}
-        llama3 = style in ("llama-bpe", "llama3")
-        tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=llama3))
-        byte_level = pre.ByteLevel(add_prefix_space=False, use_regex=style not in _SPLITS)
-        steps = [byte_level]
-        if style in _SPLITS:
-            steps.insert(0, pre.Split(Regex(_SPLITS[style]), behavior="isolated"))
-        if style == "smollm":
-            steps.insert(0, pre.Digits(individual_digits=True))
-        tok.pre_tokenizer = pre.Sequence(steps)
-        if style == "qwen2":
-            tok.normalizer = normalizers.NFC()
-        tok.decoder = decoders.ByteLevel()
-        types = self.value("tokenizer.ggml.token_type", [1] * len(tokens))
-        special = [
-            AddedToken(t, special=True, normalized=False)
-            for t, k in zip(tokens, types, strict=True)
-            if k in (3, 4)  # control and user-defined tokens are never split
-        ]
-        tok.add_special_tokens(special)
-        if self.value("tokenizer.ggml.add_bos_token", False):
-            bos_id = self.value("tokenizer.ggml.bos_token_id")
-            bos = tokens[bos_id]
-            tok.post_processor = processors.TemplateProcessing(
-                single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
-            )
-        return tok
-
-
-_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+        """A `tokenizers.Tokenizer` that gives the model's own token ids."""
+        return gguf_tokenizer.build(self)
 
 
 def _block_part(name: str) -> str | None:

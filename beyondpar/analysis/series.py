@@ -1,0 +1,197 @@
+"""One text, or one corpus, through every model of a series (e.g. the training checkpoints
+of one model): the real-model analogue of evaluating every step of a run.
+
+Each model's full report goes to its own folder (for a corpus, with its own resumable
+windows.jsonl) and one summary line per model is appended to `series.jsonl`; `series.md`
+shows every per-layer summary against the checkpoint. A rerun skips the models already
+recorded with the same settings and refuses other settings, naming every differing field;
+one process per output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import tqdm
+
+from beyondpar.analysis import corpus, corpus_report, measures, text_report, windows
+from beyondpar.analysis import text as text_lib
+from beyondpar.base import files, locks, settings
+
+SERIES_FILE = "series.jsonl"
+REPORT_FILE = "series.md"
+KEYS = ("model", "label", "settings", "layers")
+SUMMARY = {  # column -> (what, how to read it from a layer record)
+    "uniform_fidelity_pct": ("uniform mix minimax fidelity (%)", "mixes.uniform.fidelity", 100),
+    "uniform_median_pct": (
+        "uniform mix median node fidelity (%)",
+        "mixes.uniform.fidelity_median",
+        100,
+    ),
+    "best_head_fidelity_pct": ("best head minimax fidelity (%)", "best_head_fidelity", 100),
+    "hitting_time_steps": (
+        "uniform mix hitting time, normalised walk (steps)",
+        "mixes.uniform.hitting_time_normalized",
+        1,
+    ),
+    "sink_mass": ("mean sink mass over heads", "sink_mass", 1),
+    "head_diversity": ("head diversity", "head_diversity", 1),
+}
+_STEP = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_]?(\d+)", re.IGNORECASE)
+
+
+def expand(models: str) -> list[str]:
+    """Comma-separated paths or names; an item with * ? or [ is a glob (sorted matches)."""
+    out = []
+    for item in (m.strip() for m in models.split(",")):
+        if not item:
+            continue
+        if any(c in item for c in "*?["):
+            matches = sorted(glob.glob(os.path.expanduser(item)))
+            if not matches:
+                raise ValueError(f"--model pattern {item!r} matches no file or folder")
+            out += matches
+        else:
+            out.append(item)
+    if not out:
+        raise ValueError(f"--model must name at least one model, got {models!r}")
+    return out
+
+
+def label(model: str) -> str:
+    """'step 3000' when the folder or file name holds a step, else the name itself."""
+    name = Path(model).name or str(model)
+    m = _STEP.search(name)
+    return f"step {int(m.group(1))}" if m else name
+
+
+def summarize(record: dict) -> dict:
+    """{layer: {column: mean over sequences}} of an analysis record, or of a corpus
+    summary (whose values are {"mean", "low", "high"} over windows)."""
+    out = {}
+    for layer, d in record["layers"].items():
+        row = {}
+        for column, (_, where, scale) in SUMMARY.items():
+            value = d
+            for key in where.split("."):
+                value = value[key]
+            value = value["mean"] if isinstance(value, dict) else value
+            row[column] = scale * float(np.mean(value))
+        out[str(layer)] = row
+    return out
+
+
+def text_settings(text: str, spec: measures.AnalysisSpec, dtype) -> dict:
+    return {
+        "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "spec": dataclasses.asdict(spec),
+        "dtype": dtype,
+    }
+
+
+def run(models: list[str], text: str, spec, out_dir, dtype=None, progress: bool = True):
+    """Analyse `text` through every model not yet recorded; returns (records, written)."""
+
+    def analyse(model, folder):
+        full = text_lib.text_record(model, text, spec, dtype)
+        text_report.write(full, folder)
+        return summarize(full), float(np.mean(full["rollout"]["network_fidelity"]))
+
+    return _series(models, text_settings(text, spec, dtype), analyse, out_dir, "one text", progress)
+
+
+def run_corpus(
+    models: list[str], corpus_path, cspec, spec, out_dir, dtype=None, progress: bool = True
+):
+    """A corpus analysis (`windows.run`) of every model not yet recorded, each in
+    its own folder; per-layer values in series.jsonl are means over windows."""
+    wanted = {
+        "corpus_sha256": corpus.fingerprint(corpus_path),
+        "tokens": cspec.tokens,
+        "max_windows": cspec.max_windows,
+        "spec": dataclasses.asdict(spec),
+        "dtype": dtype,
+    }
+
+    def analyse(model, folder):
+        summary, _ = windows.run(model, corpus_path, cspec, spec, folder, dtype, progress)
+        corpus_report.write(summary, folder)
+        return summarize(summary), summary["rollout"]["network_fidelity"]["mean"]
+
+    return _series(models, wanted, analyse, out_dir, f"one corpus ({corpus_path})", progress)
+
+
+def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool):
+    out_dir = Path(out_dir)
+    with locks.lock(out_dir):
+        records = files.read_json_lines(out_dir / SERIES_FILE, KEYS)
+        for record in records:
+            settings.refuse_changes(
+                record["settings"],
+                wanted,
+                f"{out_dir / SERIES_FILE} holds a series analysed with other settings",
+                "use another --out, or the old settings",
+            )
+        done = {r["model"] for r in records}
+        todo = [m for m in models if m not in done]
+        for model in tqdm.tqdm(todo, desc="models", unit="model", disable=not progress):
+            layers, network = analyse(model, out_dir / _folder(model))
+            line = {"model": model, "label": label(model), "settings": wanted, "layers": layers}
+            line["network_fidelity_pct"] = 100 * network
+            files.append_json_line(out_dir / SERIES_FILE, line)
+            records.append(line)
+        shown = [r for r in records if r["model"] in models]
+        written = files.write_text(out_dir / REPORT_FILE, markdown(_ordered(shown), what))
+    return shown, written
+
+
+def _folder(model: str) -> str:
+    name = Path(model).name or "model"
+    return re.sub(r"[^\w.-]+", "_", name)
+
+
+def _ordered(records: list[dict]) -> list[dict]:
+    """By step when every label has one, else as given."""
+    steps = [_STEP.search(r["label"].replace(" ", "")) for r in records]
+    if all(steps):
+        return [
+            r for _, r in sorted(zip(steps, records, strict=True), key=lambda p: int(p[0].group(1)))
+        ]
+    return records
+
+
+def markdown(records: list[dict], what: str = "one text") -> str:
+    over = "windows" if what.startswith("one corpus") else "sequences"
+    lines = [
+        "# Series analysis",
+        "",
+        f"{len(records)} model(s), {what}; per-layer values are means over {over}; "
+        "layers numbered from 0. Each model's full report is in its own folder.",
+        "",
+        "| checkpoint | network fidelity (%) |",
+        "|---|---:|",
+    ]
+    lines += [f"| {r['label']} | {r['network_fidelity_pct']:.4f} |" for r in records]
+    layers = sorted({int(k) for r in records for k in r["layers"]})
+    for column, (what, _, _) in SUMMARY.items():
+        lines += [
+            "",
+            f"## {what}",
+            "",
+            "| checkpoint | " + " | ".join(f"layer {k}" for k in layers) + " |",
+        ]
+        lines.append("|---|" + "---:|" * len(layers))
+        for r in records:
+            cells = [r["layers"].get(str(k), {}).get(column) for k in layers]
+            lines.append(
+                f"| {r['label']} | "
+                + " | ".join("-" if c is None else f"{c:.4g}" for c in cells)
+                + " |"
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,170 @@
+"""The analysis of one text through a pretrained model, or of attention computed elsewhere.
+
+Layers are taken one at a time: a layer's metrics are computed before the next layer's
+attention exists, and only one mixed T x T operator per layer is kept (for the rollout).
+For the whole network: attention rollout and the sink's share of every token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondpar import graphs, metrics, pretrained
+from beyondpar.analysis.measures import AnalysisSpec, analyze_layer, baselines
+from beyondpar.base import files
+from beyondpar.base.timing import Timer
+
+
+def _rollout(mixed_LxBxTxT: list, spec: AnalysisSpec) -> dict:
+    """The sink's row of the rollout from the kept per-layer mixes (heads already mixed)."""
+    layers = jnp.stack(mixed_LxBxTxT, axis=1)[:, :, None]  # B x L x 1 x T x T
+    shares = np.asarray(graphs.rollout_sink(layers, residual=spec.residual))
+    return {"sink_share": shares, "network_fidelity": shares.min(-1)}
+
+
+def _selected(spec: AnalysisSpec, num_layers: int) -> tuple[int, ...]:
+    layers = tuple(range(num_layers)) if spec.layers is None else spec.layers
+    bad = [layer for layer in layers if not 0 <= layer < num_layers]
+    if bad:
+        raise ValueError(f"layers must be in [0, {num_layers}), got {bad}")
+    return layers
+
+
+def analyze_tokens(
+    module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer | None = None, extra=None
+):
+    """Record of a pretrained model on token ids: per analysed layer, then the rollout.
+
+    One layer's attention is alive at a time; the rollout is carried as the running
+    product R_l = A~_l R_{l-1} (B x T x T), so memory stays at one layer of one batch.
+    `extra` {name: weights (L, H)} adds fixed mixes per layer.
+    """
+    timer = timer or Timer()
+    cfg = module.config
+    layers = _selected(spec, cfg.num_layers)
+    spec.check_length(np.shape(tokens_BxT)[-1])
+    importances = pretrained.head_importances(module, params)
+    out, product = {}, None
+    run = pretrained.layer_by_layer(module, params, tokens_BxT)
+    for layer in range(cfg.num_layers):
+        with timer.part("forward"):
+            _, attn = next(run)
+            attn.block_until_ready()
+        weights = importances[layer]
+        with timer.part("rollout"):
+            product = _rollout_step(product, graphs.combine_heads(attn, weights), spec.residual)
+        if layer in layers:
+            fixed = {name: w[layer] for name, w in (extra or {}).items()}
+            out[layer] = analyze_layer(attn, weights, spec, timer, fixed)
+    shares = np.asarray(product[..., -1, :])
+    rollout = {"sink_share": shares, "network_fidelity": shares.min(-1)}
+    return {"layers": out, "rollout": rollout, **baselines(np.shape(tokens_BxT)[-1], spec)}
+
+
+@jax.jit
+def _rollout_step(product, mixed_BxTxT, residual):
+    eye = jnp.eye(mixed_BxTxT.shape[-1], dtype=mixed_BxTxT.dtype)
+    op = residual * eye + (1.0 - residual) * mixed_BxTxT
+    if product is None:
+        return jnp.broadcast_to(op, mixed_BxTxT.shape)
+    return jnp.matmul(op, product, precision=jax.lax.Precision.HIGHEST)
+
+
+def analyze_attention(attn, spec: AnalysisSpec, timer: Timer | None = None) -> dict:
+    """Record of attention from anywhere: L x H x T x T or B x L x H x T x T (uniform
+    weights, since no output projection is known)."""
+    attn = np.asarray(attn)
+    if attn.ndim == 4:
+        attn = attn[None]
+    if attn.ndim != 5:
+        raise ValueError(
+            f"attention must have shape (L, H, T, T) or (B, L, H, T, T), got shape {attn.shape}"
+        )
+    attn = np.asarray(metrics.check_operator(attn.astype(np.float32), "attention"))
+    timer = timer or Timer()
+    layers = _selected(spec, attn.shape[1])
+    spec.check_length(attn.shape[-1])
+    out = {layer: analyze_layer(attn[:, layer], None, spec, timer) for layer in layers}
+    with timer.part("rollout"):
+        rollout = _rollout(
+            [jnp.asarray(attn[:, i].mean(1), jnp.float32) for i in range(attn.shape[1])], spec
+        )
+    return {"layers": out, "rollout": rollout, **baselines(attn.shape[-1], spec)}
+
+
+def tokenize(tokenizer, text: str, module) -> list[int]:
+    """Token ids of `text`; an empty text or one longer than the context is an error."""
+    if not text or not text.strip():
+        raise ValueError("text must not be empty, got an empty text")
+    ids = tokenizer.encode(text).ids
+    if not ids:
+        raise ValueError(f"text must give at least one token, got none for {text[:40]!r}")
+    if len(ids) > module.config.max_len:
+        raise ValueError(
+            f"text must fit the model's context of {module.config.max_len} tokens, got "
+            f"{len(ids)} tokens (texts are never cut silently: shorten it)"
+        )
+    return ids
+
+
+def largest_shares(sink_share_BxT, labels, count: int = 10) -> list[dict]:
+    """The tokens with the largest mean share at the last position, largest first: at
+    T = 1,024 the full list is unreadable, and a sink token holds nearly all of it."""
+    share = np.mean(np.asarray(sink_share_BxT), axis=0)
+    top = np.argsort(-share)[:count]
+    return [{"position": int(i), "token": labels[i], "share": float(share[i])} for i in top]
+
+
+def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None) -> dict:
+    """Load a checkpoint, tokenise `text`, analyse it: the record `analysis_report` writes."""
+    timer = Timer()
+    with timer.part("load"):
+        module, params, tokenizer = pretrained.load(path_or_name, dtype)
+    ids = tokenize(tokenizer, text, module)
+    record = analyze_tokens(module, params, np.asarray([ids]), spec, timer)
+    labels = [tokenizer.decode([i]) for i in ids]
+    record["rollout"]["largest_shares"] = largest_shares(record["rollout"]["sink_share"], labels)
+    return {
+        "source": str(path_or_name),
+        "model_type": type(module.config).__name__,
+        "num_layers": module.config.num_layers,
+        "num_heads": module.config.num_heads,
+        "num_sequences": 1,
+        "seq_len": len(ids),
+        "tokens": ids,
+        "token_labels": labels,
+        "spec": dataclasses.asdict(spec),
+        **record,
+        "timings_s": timer.seconds,
+    }
+
+
+def attention_record(path, spec: AnalysisSpec) -> dict:
+    """Analyse attention saved by any framework: an .npz with key `attention`."""
+    try:
+        data = files.read_npz(path)
+        if "attention" not in data:
+            raise ValueError(f"must hold the key 'attention', got keys {sorted(data)}")
+        attn = data["attention"]
+    except (OSError, ValueError) as err:
+        raise ValueError(f"attention file {path}: {err}") from err
+    timer = Timer()
+    try:
+        record = analyze_attention(attn, spec, timer)
+    except ValueError as err:
+        raise ValueError(f"attention file {path}: {err}") from err
+    batch = attn[None] if attn.ndim == 4 else attn
+    return {
+        "source": str(path),
+        "num_layers": batch.shape[1],
+        "num_heads": batch.shape[2],
+        "num_sequences": batch.shape[0],
+        "seq_len": batch.shape[-1],
+        "spec": dataclasses.asdict(spec),
+        **record,
+        "timings_s": timer.seconds,
+    }

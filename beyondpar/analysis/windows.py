@@ -1,0 +1,198 @@
+"""A corpus through a pretrained model: answers with their uncertainty.
+
+Every window of T tokens goes through the model in batches, layer by layer (memory: one
+layer of one batch), and its per-layer numbers are appended as one line to
+`windows.jsonl`. A rerun with the same settings skips the windows already there; other
+settings are refused, naming every differing field. The summary gives, per layer, the
+mean and a 95% bootstrap confidence interval over windows of every metric of every head
+and mix, the share of windows where each mix beats its best head and the gain's mean and
+interval, beside uniform causal attention of the same length. With `pruning`, the
+model's loss and next-token accuracy as heads are removed in each order, with areas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import tqdm
+
+from beyondpar import pretrained, synergy
+from beyondpar.analysis import corpus, loss_pruning, measures, statistics, text
+from beyondpar.base import files, locks, parallel, settings
+
+WINDOWS_FILE = "windows.jsonl"
+SETTINGS_FILE = "settings.json"
+OPTIMAL_FILE = "optimal_weights.json"
+SUMMARY_FILE = "corpus.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+    """How the corpus is cut and batched. `batch_size` windows go through together (a
+    multiple of the device count shards them over every local device)."""
+
+    tokens: int
+    max_windows: int | None = None
+    batch_size: int = 8
+    pruning: bool = False
+    pruning_windows: int = 8
+    pruning_points: int = 11
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("batch_size", "pruning_windows", "pruning_points"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
+
+
+def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progress=True):
+    """Analyse every window not yet recorded, then summarise: (summary, windows)."""
+    out_dir = Path(out_dir)
+    docs = corpus.read_documents(corpus_path)
+    module, params, tokenizer = pretrained.load(model, dtype)
+    windows = corpus.make_windows(
+        docs, tokenizer, cspec.tokens, cspec.max_windows, module.config.max_len
+    )
+    spec.check_length(cspec.tokens)
+    wanted = _settings(model, corpus_path, cspec, spec, dtype)
+    with locks.lock(out_dir):
+        _check_settings(out_dir, wanted)
+        extra = _optimal(module, params, windows, spec, out_dir) if spec.optimal_weights else {}
+        inner = dataclasses.replace(spec, optimal_weights=False)
+        done = {r["window"]: r for r in files.read_json_lines(out_dir / WINDOWS_FILE, ("window",))}
+        todo = [i for i in range(len(windows.tokens)) if i not in done]
+
+        def keep(index, line):
+            files.append_json_line(out_dir / WINDOWS_FILE, line)
+            done[index] = line
+
+        analyze_windows(
+            module, params, windows, todo, inner, cspec.batch_size, keep, extra, progress=progress
+        )
+        records = [done[i] for i in range(len(windows.tokens))]
+        summary = statistics.summarize(records, cspec.seed)
+        summary.update(
+            description(model, corpus_path, windows, cspec, spec),
+            baseline=measures.baselines(cspec.tokens, spec),
+        )
+        if extra:
+            summary["optimal_weights"] = {k: np.asarray(v).tolist() for k, v in extra.items()}
+        if cspec.pruning:
+            summary["pruning"] = loss_pruning.corpus_curves(module, params, windows, cspec, spec)
+        files.write_json(out_dir / SUMMARY_FILE, summary)
+    return summary, windows
+
+
+def analyze_windows(
+    module, params, windows, todo, spec, batch_size, keep, extra=None, timer=None, progress=True
+):
+    """Windows `todo` through the model, `batch_size` at a time; `keep(index, line)` gets
+    each window's record as soon as its batch is done (so an interrupted run loses at most
+    one batch)."""
+    total = len(windows.tokens)
+    bar = tqdm.tqdm(
+        total=total, initial=total - len(todo), desc="windows", unit="window", disable=not progress
+    )
+    with bar:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            tokens = parallel.split_over_devices(windows.tokens[batch])
+            record = text.analyze_tokens(module, params, tokens, spec, timer, extra=extra)
+            for b, index in enumerate(batch):
+                line = {"window": index, "document": int(windows.document[index])}
+                line.update(window_record(record, b))
+                keep(index, line)
+            bar.update(len(batch))
+
+
+def _settings(model, corpus_path, cspec, spec, dtype) -> dict:
+    return {
+        "model": str(model),
+        "corpus": str(corpus_path),
+        "corpus_sha256": corpus.fingerprint(corpus_path),
+        "corpus_spec": dataclasses.asdict(cspec),
+        "spec": dataclasses.asdict(spec),
+        "dtype": dtype,
+    }
+
+
+# Settings a rerun may change: they do not change a window's numbers.
+_FREE = (
+    "corpus_spec.batch_size",
+    "corpus_spec.pruning",
+    "corpus_spec.pruning_windows",
+    "corpus_spec.pruning_points",
+    "corpus_spec.max_windows",
+)
+
+
+def _check_settings(out_dir: Path, wanted: dict) -> None:
+    """A first run writes its settings; a rerun must match them but for `_FREE`."""
+    path = out_dir / SETTINGS_FILE
+    if path.exists():
+        settings.refuse_changes(
+            json.loads(path.read_text()),
+            wanted,
+            f"{out_dir} holds a corpus analysis with other settings",
+            "use another --out, or the old settings",
+            free=lambda field: field in _FREE,
+        )
+    files.write_json(path, wanted)
+
+
+def _optimal(module, params, windows, spec, out_dir: Path) -> dict:
+    """Optimal weights per layer (fidelity), searched once on the first batch of windows
+    and kept in optimal_weights.json, so that every window is measured with the same mix."""
+    path = out_dir / OPTIMAL_FILE
+    if path.exists():
+        return {"optimal": np.asarray(json.loads(path.read_text())["optimal"], np.float32)}
+    tokens = windows.tokens[: min(8, len(windows.tokens))]
+    found = []
+    for _, attn in _layers(module, params, tokens):
+        w, _ = synergy.optimal_weights(attn, "fidelity", horizon=spec.horizon)
+        found.append(np.asarray(w))
+    files.write_json(path, {"optimal": np.stack(found).tolist(), "windows": len(tokens)})
+    return {"optimal": np.stack(found)}
+
+
+def _layers(module, params, tokens):
+    run = pretrained.layer_by_layer(module, params, tokens)
+    for _ in range(module.config.num_layers):
+        yield next(run)
+
+
+def window_record(record: dict, b: int) -> dict:
+    """Window b's numbers out of a batch record: per layer every per-window field, and the
+    rollout's network fidelity and the first token's share."""
+    layers = {str(k): _index(d, b) for k, d in record["layers"].items()}
+    share = record["rollout"]["sink_share"][b]
+    return {
+        "layers": layers,
+        "rollout": {"network_fidelity": float(share.min()), "first_token_share": float(share[0])},
+    }
+
+
+def _index(tree, b):
+    if isinstance(tree, dict):
+        return {k: _index(v, b) for k, v in tree.items() if k != "pairwise_synergy"}
+    return np.asarray(tree)[b].tolist()
+
+
+def description(model, corpus_path, windows: corpus.Windows, cspec, spec) -> dict:
+    return {
+        "source": str(model),
+        "corpus": str(corpus_path),
+        "num_documents": windows.num_documents,
+        "documents_used": windows.documents_used,
+        "num_windows": int(len(windows.tokens)),
+        "total_windows": windows.total_windows,
+        "tokens_per_window": cspec.tokens,
+        "dropped_tail_tokens": windows.dropped_tail_tokens,
+        "short_documents": windows.short_documents,
+        "corpus_spec": dataclasses.asdict(cspec),
+        "spec": dataclasses.asdict(spec),
+    }

@@ -1,0 +1,4 @@
+"""Helpers every layer uses: argument checks, files, devices, locks, settings, timing.
+
+Nothing here imports the rest of beyondpar.
+"""

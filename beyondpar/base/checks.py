@@ -1,0 +1,71 @@
+"""Argument checks shared by the public functions and configs; they run outside jit.
+
+Each raises ValueError naming the argument, what it must be and what it got.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_concrete(x) -> bool:
+    """True when values can be inspected (not a tracer inside a user's jit)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+_warned_float64 = False
+
+
+def as_float_array(name: str, x) -> jax.Array:
+    """Float array of `x`; integer and bool inputs become the default float dtype.
+
+    float64 input while JAX runs in float32 mode is computed in float32: said once.
+    """
+    global _warned_float64
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    dtype = getattr(x, "dtype", None)
+    if dtype == np.float64 and not jax.config.jax_enable_x64 and not _warned_float64:
+        _warned_float64 = True
+        warnings.warn(
+            f"{name} is float64 but JAX runs in float32 mode, so it is computed in float32; "
+            "enable float64 with jax.config.update('jax_enable_x64', True)",
+            stacklevel=3,
+        )
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        x = jnp.asarray(x, dtype=jnp.result_type(float))
+    return jnp.asarray(x)
+
+
+def positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def non_negative_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def open_unit_interval(name: str, value) -> float:
+    if not (isinstance(value, (int, float, np.floating)) and 0.0 < float(value) < 1.0):
+        raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")
+    return float(value)
+
+
+def one_of(name: str, value, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def boolean(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value

@@ -1,0 +1,116 @@
+"""Devices and meshes: one 1-D `data` mesh over every device of every process.
+
+Data parallelism is `jax.jit` with `NamedSharding`: parameters replicated, the batch
+split along `data`. Several processes (hosts) run the same code after
+`jax.distributed.initialize`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA = "data"
+
+# JAX logs at INFO that it found no TPU on every CPU machine; not news to our users.
+logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+
+
+def use_all_cpu_cores(batch_size: int | None = None) -> int:
+    """Expose one CPU device per core, so data-parallel code also spreads over CPU cores.
+
+    With `batch_size`, the most cores that divide it (a batch of 50 on 4 cores uses 2).
+    Must run before JAX creates its backends (first array or device query); entry points
+    call it at start. Returns the number of CPU devices asked for.
+    """
+    count = cpu_device_count(os.cpu_count() or 1, batch_size)
+    jax.config.update("jax_num_cpu_devices", count)
+    return count
+
+
+def cpu_device_count(cores: int, batch_size: int | None = None) -> int:
+    """The most devices, at most one per core, that split `batch_size` evenly."""
+    return max(d for d in range(1, cores + 1) if batch_size is None or batch_size % d == 0)
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 1, process_id: int = 0) -> bool:
+    """Join a multi-process run when asked to by the arguments or by the environment.
+
+    Returns True when running distributed. On CPU, collectives go through gloo.
+    """
+    from_env = bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+    if num_processes <= 1 and not from_env:
+        return False
+    if jax.distributed.is_initialized():  # a second run in the same processes
+        return True
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if num_processes > 1:
+        if not coordinator_address:
+            raise ValueError(
+                "distributed.coordinator_address must be host:port when "
+                f"num_processes={num_processes} > 1, got ''"
+            )
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    else:
+        jax.distributed.initialize()
+    return True
+
+
+def data_mesh(devices=None) -> jax.sharding.Mesh:
+    """`devices` (default: all devices of all processes) on one `data` axis.
+
+    The axis is Auto: the compiler places the few collectives data parallelism needs.
+    """
+    devices = jax.devices() if devices is None else list(devices)
+    return jax.make_mesh(
+        (len(devices),), (DATA,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices
+    )
+
+
+def local_mesh(batch_size: int | None = None) -> jax.sharding.Mesh | None:
+    """The `data` mesh of this process's devices, or None when there is one device or
+    fewer items in `batch_size` than devices (nothing to split)."""
+    devices = jax.local_devices()
+    if len(devices) < 2 or (batch_size is not None and batch_size < len(devices)):
+        return None
+    return data_mesh(devices)
+
+
+def split_over_devices(batch):
+    """A host batch split along its first axis over the local devices when that divides
+    evenly (so each device's work stays on it), else one array on the default device."""
+    mesh = data_mesh(jax.local_devices())
+    if np.shape(batch)[0] % mesh.size:
+        return jax.numpy.asarray(batch)
+    return jax.device_put(np.asarray(batch), batch_sharded(mesh))
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharded(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(DATA))
+
+
+def check_batch_size(batch_size: int, mesh) -> None:
+    if batch_size % mesh.size:
+        raise ValueError(
+            f"optim.batch_size must be divisible by the device count {mesh.size}, got {batch_size}"
+        )
+
+
+def shard_batch(global_batch: np.ndarray, mesh) -> jax.Array:
+    """A global host array (identical on every process) as a batch split over `data`."""
+    return jax.make_array_from_callback(
+        global_batch.shape, batch_sharded(mesh), lambda index: global_batch[index]
+    )
+
+
+def is_main_process() -> bool:
+    return jax.process_index() == 0

@@ -1,0 +1,67 @@
+"""Speed of evaluating one paper-sized checkpoint with every synergy analysis on, part
+by part (metrics, optimal weights, pruning curves) and whole."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+
+from beyondpar import model as model_lib
+from beyondpar import tasks
+from beyondpar.base.timing import timed
+from beyondpar.study import evaluate, pruning_curves
+
+
+def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dict:
+    """Evaluation of one paper-sized checkpoint with every analysis on, part by part; the
+    first call includes compilation, the best of `repeats` later calls does not."""
+    module = model_lib.Transformer(model_lib.ModelConfig(num_heads=heads))
+    params = model_lib.init_params(module, jax.random.PRNGKey(0))
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, 100, 256)
+    spec = evaluate.EvalSpec(num_sequences=sequences)
+    parts = {
+        "metrics + diversity + pairwise + cross-head": lambda: evaluate.per_sequence(
+            module, params, examples, evaluate.EvalSpec(optimal_weights=False, pruning=False)
+        ),
+        "optimal weights (both objectives)": lambda: evaluate.optimal_mixes(
+            *evaluate.forward(module, params, jnp.asarray(examples.inputs))[1:], spec
+        ),
+        "pruning (4 orders)": lambda: _pruning(module, params, examples, spec),
+    }
+    cold, warm = {}, {}
+    for name, fn in parts.items():
+        _, cold[name] = timed(fn)
+        warm[name] = min(timed(fn)[1] for _ in range(repeats))
+    _, total_cold = timed(lambda: evaluate.evaluate_params(module, params, examples, spec))
+    total = min(
+        timed(lambda: evaluate.evaluate_params(module, params, examples, spec))[1]
+        for _ in range(repeats)
+    )
+    result = {
+        "heads": heads,
+        "sequences": sequences,
+        "devices": len(jax.local_devices()),
+        "seconds_warm": warm,
+        "seconds_first_call": cold,
+        "total_s": total,
+        "total_first_call_s": total_cold,
+        "share": {name: v / sum(warm.values()) for name, v in warm.items()},
+    }
+    print(f"{heads} heads, {sequences} sequences of 100 tokens, {result['devices']} device(s)")
+    for name in parts:
+        print(
+            f"{name:<46} {warm[name]:7.2f} s ({result['share'][name]:5.1%}); "
+            f"first call {cold[name]:6.2f} s"
+        )
+    print(
+        f"{'full evaluation (evaluate_params)':<46} {total:7.2f} s; first call {total_cold:6.2f} s"
+    )
+    print(json.dumps(result))
+    return result
+
+
+def _pruning(module, params, examples, spec):
+    _, attn, weights = evaluate.forward(module, params, jnp.asarray(examples.inputs))
+    return pruning_curves.pruning_curves(module, params, examples, weights, attn, spec)

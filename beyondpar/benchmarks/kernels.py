@@ -1,0 +1,130 @@
+"""Speed of the metric kernels as ratios taken in one run: against the paper's method,
+against a NumPy loop of the same algorithm, and against this machine's own matmul rate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondpar import graphs, metrics
+from beyondpar.base import parallel
+from beyondpar.base.timing import best_time
+from beyondpar.benchmarks.baselines import numpy_exact, paper_method
+from beyondpar.benchmarks.machine import matmul_flops_per_s
+
+T = K = 100  # the paper's sequence length and horizon
+
+
+def metrics_suite(
+    repeats: int = 5,
+    sequences: int = 50,
+    layers: int = 4,
+    operators: int = 17,
+    plain_session: bool = True,
+):
+    """Fidelity + hitting time on a batch shaped like the paper's 16-head evaluation.
+
+    The headline kernel time takes the batch split over the local devices, as
+    `evaluate` hands it over; `fused_from_one_device` includes splitting it first;
+    `fidelity_plain_session` is the fidelity kernel in a fresh Python process with JAX's
+    default single CPU device (a notebook), measured in the same run.
+    """
+    host = graphs.random_causal(0, (sequences, layers, operators), T)
+    n = host.size // (T * T)
+    timings = _kernel_times(host, repeats)
+    paper_s, numpy_s = _baseline_times(host, repeats)
+    rate = matmul_flops_per_s(repeats)
+    kernel_s = timings["fused"]
+    flop = 2 * 2 * K * T * T * n  # two metrics, 2 K T^2 each
+    us = {name: 1e6 * v / n for name, v in timings.items()}
+    us.update(paper_method=1e6 * paper_s, numpy_exact=1e6 * numpy_s)
+    result = {
+        "matrices": n,
+        "devices": len(jax.local_devices()),
+        "matmul_gflops": rate / 1e9,
+        "us_per_matrix": us,
+        "speedup_vs_paper": paper_s / (kernel_s / n),
+        "speedup_vs_numpy_exact": numpy_s / (kernel_s / n),
+        "effective_gflops": flop / kernel_s / 1e9,
+        "fraction_of_matmul": flop / kernel_s / rate,
+        "fraction_of_matmul_normalized_walk": flop / timings["fused_normalized_walk"] / rate,
+    }
+    if plain_session:
+        plain = plain_session_fidelity_us(sequences, layers, operators)
+        us["fidelity_plain_session"] = plain
+        result["plain_session_vs_launcher"] = plain / us["fidelity"]
+    _print_metrics(result)
+    return result
+
+
+def _kernel_times(host: np.ndarray, repeats: int) -> dict:
+    """Best seconds of each kernel on the batch split over the local devices."""
+    one_device = jnp.asarray(host)
+    batch = parallel.split_over_devices(host)
+
+    def fused(c, walk="reference"):
+        return lambda: metrics.operator_metrics(c, horizon=K, max_steps=K, walk=walk)
+
+    return {
+        "fused": best_time(fused(batch), repeats),
+        "fused_from_one_device": best_time(fused(one_device), repeats),
+        "fused_normalized_walk": best_time(fused(batch, "normalized"), repeats),
+        "fidelity": best_time(lambda: metrics.minimax_fidelity(batch, K), repeats),
+        "hitting_time": best_time(lambda: metrics.hitting_time(batch, K), repeats),
+    }
+
+
+def _baseline_times(host: np.ndarray, repeats: int) -> tuple[float, float]:
+    """Seconds per matrix of the paper's method (one matrix) and of the NumPy loop."""
+    sample = np.asarray(host.reshape(-1, T, T)[:8], np.float64)
+    sample /= sample.sum(-1, keepdims=True)
+    start = time.perf_counter()
+    paper_method(sample[0], np.random.default_rng(0))
+    paper_s = time.perf_counter() - start
+    numpy_s = min(_time_loop(numpy_exact, sample) for _ in range(repeats)) / len(sample)
+    return paper_s, numpy_s
+
+
+def _time_loop(fn, mats) -> float:
+    start = time.perf_counter()
+    for m in mats:
+        fn(m)
+    return time.perf_counter() - start
+
+
+def _print_metrics(r: dict) -> None:
+    us = r["us_per_matrix"]
+    print(f"{r['matrices']} operators, T=100, K=100, {r['devices']} device(s)")
+    print(f"matmul rate            {r['matmul_gflops']:10.1f} GFLOP/s")
+    for name, value in us.items():
+        print(f"{name:<22} {value:10.1f} us/matrix")
+    print(f"speed-up vs paper      {r['speedup_vs_paper']:10.0f}x")
+    print(f"speed-up vs NumPy loop {r['speedup_vs_numpy_exact']:10.1f}x")
+    print(f"effective rate         {r['effective_gflops']:10.1f} GFLOP/s")
+    print(f"fraction of matmul     {r['fraction_of_matmul']:10.1%}")
+    print(f"  (normalised walk)    {r['fraction_of_matmul_normalized_walk']:10.1%}")
+    if "plain_session_vs_launcher" in r:
+        print(f"plain session / launcher (fidelity) {r['plain_session_vs_launcher']:6.2f}x")
+    print(json.dumps(r))
+
+
+def plain_session_fidelity_us(sequences: int = 50, layers: int = 4, operators: int = 17) -> float:
+    """us/matrix of `minimax_fidelity` in a fresh Python process that never asked for one
+    CPU device per core, i.e. a plain script or notebook."""
+    code = (
+        "import json, jax, jax.numpy as jnp\n"
+        "from beyondpar import graphs, metrics\n"
+        "from beyondpar.base.timing import best_time\n"
+        f"shape = ({sequences}, {layers}, {operators})\n"
+        "c = jnp.asarray(graphs.random_causal(0, shape, 100))\n"
+        "s = best_time(lambda: metrics.minimax_fidelity(c, 100), 5)\n"
+        "print(json.dumps({'us': 1e6 * s / c[..., 0, 0].size, 'devices': jax.device_count()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["us"]

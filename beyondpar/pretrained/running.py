@@ -1,0 +1,103 @@
+"""Running a loaded model: logits and every layer's attention at once, or one layer at a
+time for texts too long to keep every layer's T x T maps, with the same head mask as
+the paper's model."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from beyondpar import graphs
+from beyondpar import model as model_lib
+from beyondpar.pretrained.loading import family
+
+
+def check_tokens(module, tokens_BxT) -> np.ndarray:
+    tokens = np.asarray(tokens_BxT)
+    if tokens.ndim != 2 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens must have shape (B, T) with T >= 1, got {tokens.shape}")
+    cfg = module.config
+    if tokens.shape[1] > cfg.max_len:
+        raise ValueError(
+            f"text must be at most the model's context of {cfg.max_len} tokens, "
+            f"got {tokens.shape[1]}"
+        )
+    if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
+        raise ValueError(
+            f"token ids must be in [0, {cfg.vocab_size}), got [{tokens.min()}, {tokens.max()}]"
+        )
+    return tokens_BxT if isinstance(tokens_BxT, jax.Array) else tokens  # keeps a sharding
+
+
+def check_head_mask(module, head_mask):
+    """A head mask as float32 (L, H) or (B, L, H) with entries in [0, 1]; None stays None.
+    The same rules as the paper's model (`beyondpar.model.check_head_mask`)."""
+    if head_mask is None:
+        return None
+    return model_lib.check_head_mask(head_mask, module.config).astype(jnp.float32)
+
+
+def apply_with_attention(module, params, tokens_BxT, head_mask=None):
+    """Logits (B, T, V) and float32 attention of every layer and query head (B, L, H, T, T).
+
+    `head_mask` (L, H) or per sequence (B, L, H) scales each head's output before its
+    layer's output projection (0 removes the head); None leaves the model as is.
+    """
+    tokens = check_tokens(module, tokens_BxT)
+    return _apply(module, params, tokens, check_head_mask(module, head_mask))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _apply(module, params, tokens, head_mask=None):
+    logits, state = module.apply(
+        {"params": params}, tokens, head_mask=head_mask, mutable=["intermediates"]
+    )
+    blocks = state["intermediates"]
+    attn = [blocks[layer_name(module, i)]["attention"][0] for i in range(module.config.num_layers)]
+    return logits, jnp.stack(attn, axis=1)
+
+
+def layer_name(module, index: int) -> str:
+    return f"{module.layer_prefix}_{index}"
+
+
+def layer_by_layer(module, params, tokens_BxT, head_mask=None) -> Iterator[tuple[int, jax.Array]]:
+    """Yield (layer, attention B x H x T x T) one layer at a time, then return the logits
+    (as StopIteration.value): only one layer's T x T maps are alive at once."""
+    tokens = check_tokens(module, tokens_BxT)
+    mask = check_head_mask(module, head_mask)
+    x = _embed(module, params, tokens)
+    for i in range(module.config.num_layers):
+        block = family(module).block_module(module.config, i)
+        layer_mask = None if mask is None else mask[..., i, :]
+        x, attn = _block(block, params[layer_name(module, i)], x, layer_mask)
+        yield i, attn
+    return _unembed(module, params, x)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _embed(module, params, tokens):
+    return module.apply({"params": params}, tokens, method="embed")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _unembed(module, params, x):
+    return module.apply({"params": params}, x, method="unembed")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _block(block, params, x, head_mask=None):
+    out, state = block.apply({"params": params}, x, head_mask, mutable=["intermediates"])
+    return out, state["intermediates"]["attention"][0]
+
+
+def head_importances(module, params) -> jax.Array:
+    """(L, H): the Frobenius norm of each head's block of each layer's attention output
+    projection (the weights the analyses mix heads with)."""
+    fam, cfg = family(module), module.config
+    kernels = [fam.out_kernel(params, i).astype(jnp.float32) for i in range(cfg.num_layers)]
+    return graphs.head_importance(jnp.stack(kernels), cfg.num_heads)

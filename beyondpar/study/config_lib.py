@@ -1,0 +1,144 @@
+"""The config every experiment family starts from, and the `get_config(arg)` parser.
+
+Configs are data: files in configs/ only override fields of `base_config()`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import ml_collections
+
+from beyondpar import metrics, tasks
+from beyondpar import model as model_lib
+from beyondpar.base import checks
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The paper's setup (5,000 samples, batch 50, 200 epochs, Adam 1e-3, T = 100)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=256,
+            embed_dim=64,
+            num_layers=4,
+            num_heads=4,
+            mlp_dim=128,
+            max_len=100,
+            dropout_rate=0.1,
+            norm_eps=model_lib.FLOAT32_EPS,
+        )
+    )
+    c.task = ml_collections.ConfigDict(
+        dict(name="copy", seq_len=100, lag=1, num_train=5000, num_eval=500)
+    )
+    c.optim = ml_collections.ConfigDict(dict(learning_rate=1e-3, batch_size=50, num_epochs=200))
+    c.eval_every_steps = 1000
+    c.log_every_steps = 100
+    c.checkpoint_every_steps = 1000
+    c.keep_checkpoints = 3
+    c.progress_bar = True
+    # Several processes: set num_processes > 1 (or JAX_COORDINATOR_ADDRESS in the env).
+    c.distributed = ml_collections.ConfigDict(
+        dict(coordinator_address="", num_processes=1, process_id=0)
+    )
+    # What evaluation of the run's checkpoints measures; the last two switch off the costlier
+    # analyses (the optimal-weight search and the pruning curves).
+    c.evaluation = ml_collections.ConfigDict(
+        dict(
+            num_sequences=50,
+            seed=1234,
+            horizon=100,
+            max_steps=100,
+            eps=0.25,
+            walk="reference",
+            optimal_weights=True,
+            pruning=True,
+        )
+    )
+    return c
+
+
+def run_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """`base_config()` with the arguments every family takes: 'task=cycle,heads=8,seed=1'."""
+    args = parse_arg(arg, task="copy", heads=4, seed=0)
+    config = base_config()
+    config.task.name = args.task
+    config.model.num_heads = args.heads
+    config.seed = args.seed
+    return config
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+    """'heads=8,task=cycle' -> ConfigDict, typed like `defaults`; unknown keys are errors."""
+    out = ml_collections.ConfigDict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        if key not in defaults:
+            raise ValueError(f"config argument must be one of {sorted(defaults)}, got {key!r}")
+        default = defaults[key]
+        if isinstance(default, bool):
+            out[key] = value.lower() in ("", "1", "true", "yes") if sep else True
+        else:
+            out[key] = type(default)(value)
+    return out
+
+
+def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
+    """The frozen hyperparameters a model gets (never the ConfigDict itself)."""
+    return model_lib.ModelConfig(**config.model.to_dict())
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raise ValueError for a config that cannot run, before any work starts."""
+    cfg = model_config(config)
+    task = config.task
+    if task.name not in tasks.TASKS:
+        raise ValueError(f"task.name must be one of {tasks.TASKS}, got {task.name!r}")
+    tasks.check(task.name, task.seq_len, cfg.vocab_size, task.lag)
+    if task.seq_len > cfg.max_len:
+        raise ValueError(f"task.seq_len must be <= model.max_len={cfg.max_len}, got {task.seq_len}")
+    if task.num_train < config.optim.batch_size:
+        raise ValueError(
+            f"task.num_train must be >= optim.batch_size={config.optim.batch_size}, "
+            f"got {task.num_train}"
+        )
+    positive = {
+        "optim.learning_rate": config.optim.learning_rate,
+        "optim.batch_size": config.optim.batch_size,
+        "optim.num_epochs": config.optim.num_epochs,
+        "task.num_eval": task.num_eval,
+        "eval_every_steps": config.eval_every_steps,
+        "log_every_steps": config.log_every_steps,
+        "checkpoint_every_steps": config.checkpoint_every_steps,
+        "keep_checkpoints": config.keep_checkpoints,
+    }
+    for name, value in positive.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    validate_evaluation(config.evaluation)
+
+
+def validate_evaluation(evaluation: ml_collections.ConfigDict) -> None:
+    """The `evaluation` block, checked when the config is made rather than after training."""
+    e = evaluation
+    for name in ("num_sequences", "horizon", "max_steps"):
+        checks.positive_int(f"evaluation.{name}", e[name])
+    checks.open_unit_interval("evaluation.eps", e.eps)
+    checks.one_of("evaluation.walk", e.walk, metrics.WALKS)
+    for name in ("optimal_weights", "pruning"):
+        checks.boolean(f"evaluation.{name}", e[name])
+
+
+def load_config_file(path: str | os.PathLike, arg: str | None = None) -> ml_collections.ConfigDict:
+    """`get_config(arg)` of a config file, as config_flags would load it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"base config must be an existing file, got {str(path)!r}")
+    spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()

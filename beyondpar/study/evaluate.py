@@ -1,0 +1,360 @@
+"""Checkpoints -> records: per-layer mixing and fidelity, amplification and accuracy.
+
+All metrics of one checkpoint come from one forward pass and one batched kernel call
+over every (sequence, layer, operator), operators being the mix with learned head
+importances, the uniform mix and every head alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+
+from beyondpar import checkpoints, metrics, pruning, synergy, tasks
+from beyondpar import model as model_lib
+from beyondpar.base import files, locks, parallel
+from beyondpar.study import config_lib, pruning_curves
+from beyondpar.study import workdir as workdir_lib
+
+RECORDS_FILE = "evaluation.jsonl"
+WALKS = metrics.WALKS
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What an evaluation measures (the `evaluation` block of a run's config).
+
+    `optimal_weights` and `pruning` switch off the costlier analyses (the weight search and
+    the masked forward passes); the rest is a few batched kernel calls.
+    """
+
+    num_sequences: int = 50
+    seed: int = 1234
+    horizon: int = 100
+    max_steps: int = 100
+    eps: float = 0.25
+    walk: str = "reference"
+    optimal_weights: bool = True
+    pruning: bool = True
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> EvalSpec:
+        return cls(**config.evaluation.to_dict())
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forward(module, params, inputs):
+    """Logits, float32 attention (N, L, H, T, T) and the learned head weights (L, H)."""
+    logits, attn = model_lib.apply_with_attention(module, params, inputs)
+    return logits, attn.astype(jnp.float32), model_lib.head_importances(module, params)
+
+
+@jax.jit
+def _operators(attn, mixes_LxMxH):
+    """Per sequence and layer: each weighted mix, the uniform mix, then every head alone."""
+    mixed = jnp.einsum("lmh,nlhij->nlmij", mixes_LxMxH, attn)
+    uniform = jnp.mean(attn, axis=2, keepdims=True)
+    return jnp.concatenate([mixed, uniform, attn], axis=2)  # N x L x (M + 1 + H) x T x T
+
+
+def optimal_mixes(attn, weights, spec: EvalSpec) -> dict:
+    """Per layer: the weights that maximise fidelity and those that minimise hitting time."""
+    if not spec.optimal_weights:
+        return {}
+    # One problem per layer (L x N x H x T x T), from the host: the search splits its own
+    # batch over devices, so sequences split over devices would be moved twice.
+    per_layer = np.swapaxes(np.asarray(attn), 0, 1)
+    settings = dict(walk=spec.walk, horizon=spec.horizon, max_steps=spec.max_steps, init=weights)
+    return {
+        name: synergy.optimal_weights(per_layer, name, **settings)[0] for name in synergy.OBJECTIVES
+    }
+
+
+def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:
+    """Every metric per sequence: arrays (N, L), (N, L, H) or (N, L, H, H), accuracies (N,).
+
+    Operators per layer: the learned mix, the optimal mixes (when switched on), the
+    uniform mix and every head; all go through the kernels in one call.
+    """
+    return _per_sequence(module, params, examples, spec)[0]
+
+
+def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
+    """(per-sequence metrics, attention (N, L, H, T, T), learned weights (L, H))."""
+    params = jax.device_put(params, parallel.replicated(parallel.data_mesh(jax.local_devices())))
+    # Sequences spread over the local devices: the forward pass and the metric kernels
+    # each work on their share without copies between devices.
+    inputs = parallel.split_over_devices(examples.inputs)
+    logits, attn, weights = forward(module, params, inputs)
+    optimal = optimal_mixes(attn, weights, spec)
+    norm = lambda w: w / jnp.sum(w, -1, keepdims=True)
+    mixes = jnp.stack([norm(weights), *optimal.values()], axis=1)  # L x M x H
+    operators = _operators(attn, mixes)
+    m = metrics.operator_metrics(operators, spec.horizon, spec.max_steps, spec.eps, spec.walk)
+    k = mixes.shape[1]  # index of the uniform mix; heads follow it
+    other = WALKS[1 - WALKS.index(spec.walk)]
+    m_other = metrics.operator_metrics(
+        operators[:, :, 0], spec.horizon, spec.max_steps, spec.eps, other
+    )
+    fid, hit = m.minimax_fidelity, m.hitting_time
+    amp = synergy.amplification(fid[..., k + 1 :], fid[..., 0])
+    share = synergy.cross_head_share(attn, weights, spec.horizon)  # N x L x T
+    worst = jnp.argmin(m.node_fidelity[..., 0, :], axis=-1)
+    out = {
+        "hitting_time": hit[..., 0],
+        f"hitting_time_{spec.walk}": hit[..., 0],
+        f"hitting_time_{other}": m_other.hitting_time,
+        "hitting_time_uniform": hit[..., k],
+        "hitting_time_per_head": hit[..., k + 1 :],
+        "hitting_time_best_head": jnp.min(hit[..., k + 1 :], axis=-1),
+        "tv_mixing_time": m.tv_mixing_time[..., 0],
+        "spectral_radius": m.spectral_radius[..., 0],
+        "spectral_mixing_time": m.spectral_mixing_time[..., 0],
+        # Both walks: the reference walk never leaves token 0 of causal attention, so its
+        # TV and spectral times saturate; the normalised walk's do not.
+        f"tv_mixing_time_{spec.walk}": m.tv_mixing_time[..., 0],
+        f"tv_mixing_time_{other}": m_other.tv_mixing_time,
+        f"spectral_mixing_time_{spec.walk}": m.spectral_mixing_time[..., 0],
+        f"spectral_mixing_time_{other}": m_other.spectral_mixing_time,
+        "fidelity": fid[..., 0],
+        "fidelity_uniform": fid[..., k],
+        "fidelity_per_head": fid[..., k + 1 :],
+        "best_individual": amp["best_individual"],
+        "gain": amp["gain"],
+        "combined_wins": (amp["gain"] > 0).astype(jnp.float32),
+        "head_diversity": synergy.head_diversity(attn),
+        "pairwise_synergy": synergy.pairwise_synergy(attn, spec.horizon),
+        "cross_head_share_minimax": jnp.take_along_axis(share, worst[..., None], -1)[..., 0],
+        "cross_head_share_mean": jnp.mean(share, axis=-1),
+        "head_weights": jnp.broadcast_to(weights, (examples.inputs.shape[0], *weights.shape)),
+        **_accuracies(logits, examples),
+    }
+    if optimal:
+        n = examples.inputs.shape[0]
+        mix = {name: 1 + i for i, name in enumerate(optimal)}  # after the learned mix
+        out["fidelity_optimal"] = fid[..., mix["fidelity"]]
+        out["hitting_time_optimal"] = hit[..., mix["hitting_time"]]
+        for name, w in optimal.items():
+            out[f"optimal_weights_{name}"] = jnp.broadcast_to(w, (n, *w.shape))
+    return jax.tree.map(np.asarray, out), attn, weights
+
+
+def _accuracies(logits, examples: tasks.Examples) -> dict:
+    correct = np.asarray(jnp.argmax(logits, -1)) == np.asarray(examples.targets)
+    mask = np.asarray(examples.predictable)
+    return {
+        "accuracy": np.mean(correct, -1),
+        "accuracy_predictable": np.sum(correct & mask, -1) / np.maximum(np.sum(mask, -1), 1),
+    }
+
+
+def summarize(values: dict) -> dict:
+    """Mean and standard deviation over sequences, as plain JSON numbers and lists."""
+    out = {}
+    for name, array in values.items():
+        array = np.asarray(array, np.float64)
+        out[name] = {"mean": array.mean(0).tolist(), "std": array.std(0).tolist()}
+    return out
+
+
+def eval_examples(config: ml_collections.ConfigDict, spec: EvalSpec) -> tasks.Examples:
+    """Held-out sequences of the run's task, from a seed separate from training."""
+    t = config.task
+    key = jax.random.PRNGKey(spec.seed)
+    return tasks.make_examples(
+        t.name, key, spec.num_sequences, t.seq_len, config.model.vocab_size, t.lag
+    )
+
+
+def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
+    """One record: `info` (run, step, task, ...) plus the summarised metrics."""
+    cfg = module.config
+    record = {
+        **info,
+        "heads": cfg.num_heads,
+        "layers": cfg.num_layers,
+        "num_sequences": int(examples.inputs.shape[0]),
+        "seq_len": int(examples.inputs.shape[1]),
+        "walk": spec.walk,
+        "evaluation": dataclasses.asdict(spec),
+    }
+    values, attn, weights = _per_sequence(module, params, examples, spec)
+    record["metrics"] = summarize(values)
+    record["attention_necessity"] = pruning.attention_necessity(module, params, examples)
+    if spec.pruning and cfg.num_heads > 1:
+        record["pruning"] = pruning_curves.pruning_curves(
+            module, params, examples, weights, attn, spec
+        )
+    return record
+
+
+# ---------------------------------------------------------------- runs on disk
+
+
+def read_config(run_dir: str | os.PathLike) -> ml_collections.ConfigDict:
+    """A run's config; a garbled config.json is a ValueError naming the file."""
+    return ml_collections.ConfigDict(workdir_lib.read_config(run_dir))
+
+
+def evaluate_checkpoint(run_dir: str | os.PathLike, step: int | None = None, root=None) -> dict:
+    """Record of a run's checkpoint at `step` (latest by default)."""
+    run_dir = Path(run_dir)
+    config = read_config(run_dir)
+    step, state = checkpoints.load(run_dir / workdir_lib.CHECKPOINT_DIR, step)
+    module = model_lib.Transformer(config_lib.model_config(config))
+    spec = EvalSpec.from_config(config)
+    name = run_name(run_dir, root)
+    return evaluate_params(
+        module,
+        state["params"],
+        eval_examples(config, spec),
+        spec,
+        run=name,
+        step=int(step),
+        task=config.task.name,
+        seed=int(config.seed),
+    )
+
+
+def run_name(run_dir: Path, root=None) -> str:
+    """A run's name in records: its path under `root` (its folder name when it is `root`)."""
+    relative = Path(run_dir).relative_to(root) if root else Path(".")
+    return Path(run_dir).name if str(relative) == "." else str(relative)
+
+
+def find_runs(root: str | os.PathLike) -> list[Path]:
+    """Run directories under `root`: folders with config.json and a checkpoints folder."""
+    root = Path(root)
+    found = {
+        p.parent
+        for p in root.rglob(workdir_lib.CONFIG_FILE)
+        if (p.parent / workdir_lib.CHECKPOINT_DIR).is_dir()
+    }
+    return sorted(found)
+
+
+RECORD_KEYS = ("run", "step", "task", "heads", "layers", "metrics")
+
+
+def read_records(path: str | os.PathLike, problems: list[str] | None = None) -> list[dict]:
+    """Records of a JSON-lines file. A torn last line (a killed writer) is ignored; any
+    other line that is not a record is skipped and, with `problems`, named there."""
+    return files.read_json_lines(path, RECORD_KEYS, problems)
+
+
+def _pairs(runs: list[Path], steps: str) -> Iterator[tuple[Path, int | None]]:
+    for run in runs:
+        saved = checkpoints.list_steps(run / workdir_lib.CHECKPOINT_DIR)
+        if not saved:
+            yield run, None
+        elif steps == "all":
+            yield from ((run, s) for s in saved)
+        else:
+            yield run, saved[-1]
+
+
+def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool = True):
+    """Evaluate every run under `root`; append records to root/evaluation.jsonl.
+
+    (run, step) pairs already recorded are skipped, so an interrupted evaluation resumes.
+    Returns (new records, failures as (run/step, message)); a failed checkpoint does not
+    stop the others.
+    """
+    if steps not in ("latest", "all"):
+        raise ValueError(f"steps must be 'latest' or 'all', got {steps!r}")
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"runs directory must exist, got {str(root)!r}")
+    runs = find_runs(root)
+    if not runs:
+        raise FileNotFoundError(
+            f"no runs under {root}: looked for folders holding {workdir_lib.CONFIG_FILE} and "
+            f"{workdir_lib.CHECKPOINT_DIR}/"
+        )
+    with locks.lock(root):
+        return _evaluate_runs(root, runs, steps, progress)
+
+
+def _evaluate_runs(root: Path, runs: list[Path], steps: str, progress: bool):
+    out = root / RECORDS_FILE
+    done = {(r["run"], r["step"]) for r in read_records(out)}
+    todo = [
+        (run, step) for run, step in _pairs(runs, steps) if (run_name(run, root), step) not in done
+    ]
+    records, failures = [], []
+    for run, step in tqdm.tqdm(todo, desc="evaluating", unit="ckpt", disable=not progress):
+        name = f"{run_name(run, root)}@{step if step is not None else '?'}"
+        try:
+            if step is None:
+                raise FileNotFoundError("no checkpoint saved")
+            record = evaluate_checkpoint(run, step, root)
+        except Exception as err:  # noqa: BLE001 - reported by name, the rest go on
+            failures.append((name, f"{type(err).__name__}: {err}".splitlines()[0]))
+            tqdm.tqdm.write(f"skipped {name}: {failures[-1][1]}")
+            if os.environ.get("BEYONDPAR_DEBUG"):
+                traceback.print_exc()
+            continue
+        files.append_json_line(out, record)
+        records.append(record)
+    return records, failures
+
+
+# ---------------------------------------------------------------- the paper's checkpoints
+
+
+def evaluate_reference(
+    path: str | os.PathLike, spec: EvalSpec = EvalSpec(), seq_len: int | None = None
+) -> dict:
+    """Record of a checkpoint released with the paper, named <H>_heads_<task>.npz|.pt."""
+    path = Path(path)
+    heads, sep, task = path.stem.partition("_heads_")
+    if not (sep and heads.isdigit() and task in tasks.TASKS):
+        raise ValueError(f"path must be named <H>_heads_<task>.npz or .pt, got {path.name!r}")
+    module, params = checkpoints.import_reference(path, int(heads))
+    cfg = module.config
+    key = jax.random.PRNGKey(spec.seed)
+    examples = tasks.make_examples(
+        task, key, spec.num_sequences, seq_len or cfg.max_len, cfg.vocab_size
+    )
+    # Released weights have no training step or seed: recorded as None, shown as "-".
+    return evaluate_params(
+        module, params, examples, spec, run=path.name, step=None, task=task, seed=None
+    )
+
+
+def reference_files(folder: str | os.PathLike) -> list[Path]:
+    """`<H>_heads_<task>.npz|.pt` in a folder (a .pt beside its .npz is the same weights)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"reference folder must exist, got {str(folder)!r}")
+    paths = sorted(
+        p
+        for p in folder.iterdir()
+        if "_heads_" in p.name and p.suffix in (".npz", ".pt") and ".expected" not in p.name
+    )
+    paths = [p for p in paths if not (p.suffix == ".pt" and p.with_suffix(".npz") in paths)]
+    if not paths:
+        raise FileNotFoundError(f"no <H>_heads_<task>.npz or .pt files in {folder}")
+    return paths
+
+
+def evaluate_reference_folder(folder, spec: EvalSpec = EvalSpec()):
+    """(records, failures) of every released checkpoint in `folder`; an unreadable file is
+    named in failures and the others are evaluated."""
+    records, failures = [], []
+    for path in reference_files(folder):
+        try:
+            records.append(evaluate_reference(path, spec))
+        except Exception as err:  # noqa: BLE001 - zip, pickle and shape errors alike
+            failures.append((path.name, f"unreadable: {type(err).__name__}: {err}".splitlines()[0]))
+    return records, failures

@@ -1,0 +1,71 @@
+"""A run's workdir: the files it holds, and the rule that it belongs to one experiment.
+
+`prepare(path, config, step)`: a run resumed with a config that changes the model, the
+data, the optimiser or the seed is refused before anything is written, naming every
+differing field; changes that only extend or observe a run are allowed, appended with the
+step to `config_history.jsonl`, and config.json is rewritten atomically. One process per
+workdir: `base.locks.lock`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import ml_collections
+
+from beyondpar.base import files, settings
+
+CONFIG_FILE = "config.json"  # the run's config, rewritten atomically on allowed changes
+HISTORY_FILE = "config_history.jsonl"  # every allowed change, with the step it came at
+CHECKPOINT_DIR = "checkpoints"  # orbax steps and their checksums
+METRICS_FILE = "metrics.jsonl"  # one JSON line per logged step
+
+# Fields a resumed run may change: they extend or observe it, never alter its numbers.
+MUTABLE = (
+    "optim.num_epochs",
+    "eval_every_steps",
+    "log_every_steps",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "progress_bar",
+    "evaluation.",
+    "distributed.",
+)
+
+
+def is_mutable(field: str) -> bool:
+    return any(field == m or (m.endswith(".") and field.startswith(m)) for m in MUTABLE)
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """A run's config.json; a garbled one is a ValueError naming the file."""
+    file = Path(path) / CONFIG_FILE
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); the run cannot be read") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def prepare(path: str | os.PathLike, config: ml_collections.ConfigDict, step: int) -> None:
+    """Write config.json for a new run, or check and record a resumed run's changes."""
+    path = Path(path)
+    new = json.loads(json.dumps(config.to_dict()))  # as config.json would hold it
+    if not (path / CONFIG_FILE).exists():
+        files.write_json(path / CONFIG_FILE, new)
+        return
+    diff = settings.refuse_changes(
+        read_config(path),
+        new,
+        f"workdir {path} holds another experiment; resuming it with this config would change",
+        "use a new workdir, or the old values",
+        free=is_mutable,
+    )
+    if diff:
+        changed = {k: [old, value] for k, (old, value) in diff.items()}
+        files.append_json_line(path / HISTORY_FILE, {"step": step, "changes": changed})
+        files.write_json(path / CONFIG_FILE, new)

@@ -1,0 +1,293 @@
+"""Corpus analysis: documents and windows in a stated order, per-window records that
+resume, bootstrap intervals, the loss-pruning curves, and one line for every bad input."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beyondpar import pretrained, pruning
+from beyondpar.analysis import corpus, loss_pruning, measures, series, statistics
+from beyondpar.analysis import text as text_lib
+from beyondpar.analysis import windows as windows_lib
+from conftest import DATA, analyze_cli
+
+HF = DATA / "hf"
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = DATA / "text" / "declaration.txt"
+SPEC = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False)
+
+
+class WordTokenizer:
+    """One token per whitespace-separated word: window counts in closed form."""
+
+    class _Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def encode(self, text):
+        return self._Encoding([len(w) for w in text.split()])
+
+
+def test_documents_of_each_corpus_kind(tmp_path):
+    txt = tmp_path / "c.txt"
+    txt.write_text("one two three\n\nfour five\n  \n\nsix\n")
+    assert [d.text.strip() for d in corpus.read_documents(txt)] == [
+        "one two three",
+        "four five",
+        "six",
+    ]
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text(
+        json.dumps({"text": "a b"}) + "\n\n" + json.dumps({"text": "c", "id": 2}) + "\n"
+    )
+    docs = corpus.read_documents(jsonl)
+    assert [d.text for d in docs] == ["a b", "c"] and docs[1].source == f"{jsonl}:3"
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "b.txt").write_text("second\n\nstill second")
+    (folder / "a.txt").write_text("first")
+    (folder / "skip.md").write_text("not a txt file")
+    assert [d.text for d in corpus.read_documents(folder)] == ["first", "second\n\nstill second"]
+
+
+def test_windows_are_consecutive_counted_and_cut_in_order():
+    docs = [
+        corpus.Document("a", "w " * 10),
+        corpus.Document("b", "w " * 3),
+        corpus.Document("c", "w " * 8),
+    ]
+    w = corpus.make_windows(docs, WordTokenizer(), 4, None, 100)
+    assert w.tokens.shape == (4, 4) and w.document.tolist() == [0, 0, 2, 2]
+    assert (w.dropped_tail_tokens, w.short_documents, w.total_windows) == (2 + 3 + 0, 1, 4)
+    first = corpus.make_windows(docs, WordTokenizer(), 4, 3, 100)
+    assert first.document.tolist() == [0, 0, 2] and first.total_windows == 4
+    assert first.documents_used == 2 and first.num_documents == 3
+    with pytest.raises(ValueError, match="no document of the corpus is as long as --tokens=11"):
+        corpus.make_windows(docs, WordTokenizer(), 11, None, 100)
+    with pytest.raises(ValueError, match="--tokens=64 is longer than the model's context of 32"):
+        corpus.make_windows(docs, WordTokenizer(), 64, None, 32)
+    with pytest.raises(ValueError, match="--max_windows must be an integer >= 1, got 0"):
+        corpus.make_windows(docs, WordTokenizer(), 4, 0, 100)
+
+
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("empty.txt", b"\n\n  \n", "holds no document"),
+        ("bad.jsonl", b'{"text": "ok"}\n{"text": \n', r"bad.jsonl:2 is not JSON"),
+        ("notext.jsonl", b'{"text": "ok"}\n{"body": "x"}\n', r"notext.jsonl:2 must be an object"),
+        ("blob.txt", b"GGUF\x00\x01\x02", "is binary, not text"),
+        ("latin.txt", "caf\xe9".encode("latin-1"), "is not UTF-8 text"),
+        ("data.csv", b"a,b\n", "must be a .txt file, a .jsonl file or a folder"),
+    ],
+)
+def test_bad_corpora_are_named(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        corpus.read_documents(path)
+
+
+def test_bootstrap_interval_brackets_the_mean_like_the_normal_theory():
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 2.0, (400, 2))
+    stat = statistics.interval(x, seed=1)
+    half = 1.96 * 2.0 / np.sqrt(400)
+    for k in range(2):
+        assert stat["low"][k] < stat["mean"][k] < stat["high"][k]
+        assert (stat["high"][k] - stat["low"][k]) / 2 == pytest.approx(half, rel=0.2)
+    same = statistics.interval(np.ones((5, 1)), seed=0)
+    assert same == {"mean": [1.0], "low": [1.0], "high": [1.0]}
+
+
+@pytest.fixture(scope="module")
+def corpus_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    cspec = windows_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=4)
+    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    summary, windows = windows_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
+    return out, summary, windows, cspec, spec
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_window_records_are_the_single_window_analysis(corpus_run):
+    out, summary, windows, _, spec = corpus_run
+    records = lines(out / windows_lib.WINDOWS_FILE)
+    assert sorted(r["window"] for r in records) == list(range(7))
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    alone = text_lib.analyze_tokens(module, params, windows.tokens[5:6], spec)
+    rec = next(r for r in records if r["window"] == 5)
+    for layer in ("0", "1"):
+        got = rec["layers"][layer]["mixes"]["uniform"]["fidelity"]
+        want = alone["layers"][int(layer)]["mixes"]["uniform"]["fidelity"][0]
+        assert got == pytest.approx(float(want), rel=1e-5)
+        got_heads = rec["layers"][layer]["without_sink"]["heads"]["fidelity_median"]
+        want_heads = alone["layers"][int(layer)]["without_sink"]["heads"]["fidelity_median"][0]
+        np.testing.assert_allclose(got_heads, want_heads, rtol=1e-5)
+    share = np.asarray(alone["rollout"]["sink_share"][0])
+    assert rec["rollout"]["first_token_share"] == pytest.approx(float(share[0]), rel=1e-5)
+
+
+def test_summary_means_wins_and_description(corpus_run):
+    out, summary, windows, _, _ = corpus_run
+    records = sorted(lines(out / windows_lib.WINDOWS_FILE), key=lambda r: r["window"])
+    layer = summary["layers"]["1"]
+    gains = np.array([r["layers"]["1"]["mixes"]["learned"]["gain"] for r in records])
+    assert layer["mixes"]["learned"]["gain"]["mean"] == pytest.approx(gains.mean(), rel=1e-9)
+    assert layer["mixes"]["learned"]["wins_share"] == pytest.approx(np.mean(gains > 0))
+    fid = np.array([r["layers"]["1"]["heads"]["fidelity"] for r in records])
+    np.testing.assert_allclose(layer["heads"]["fidelity"]["mean"], fid.mean(0), rtol=1e-9)
+    assert layer["best_head"] == int(np.argmax(fid.mean(0)))
+    assert (summary["num_windows"], summary["tokens_per_window"]) == (7, 24)
+    assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 24, rel=1e-5)
+    report = (out / "corpus.json").read_text()
+    assert json.loads(report)["num_windows"] == 7
+
+
+def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tmp_path):
+    out, _, _, cspec, spec = corpus_run
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in (windows_lib.SETTINGS_FILE, windows_lib.WINDOWS_FILE):
+        (copy / name).write_text((out / name).read_text())
+    kept = (copy / windows_lib.WINDOWS_FILE).read_text().splitlines()[:3]
+    (copy / windows_lib.WINDOWS_FILE).write_text("\n".join(kept) + '\n{"window": 3, "lay')
+    other_batch = windows_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=3)
+    summary, _ = windows_lib.run(HF / "llama-tiny", TEXT, other_batch, spec, copy, progress=False)
+    records = lines_skipping_torn(copy / windows_lib.WINDOWS_FILE)
+    assert sorted(r["window"] for r in records) == list(range(7))
+    done = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
+    for r in records:  # batch 3 on one device = batch 4 over four devices, window by window
+        a = r["layers"]["1"]["heads"]["fidelity"]
+        np.testing.assert_allclose(
+            a, done[r["window"]]["layers"]["1"]["heads"]["fidelity"], rtol=1e-5
+        )
+    before = (copy / windows_lib.WINDOWS_FILE).read_text()
+    windows_lib.run(HF / "llama-tiny", TEXT, other_batch, spec, copy, progress=False)
+    assert (copy / windows_lib.WINDOWS_FILE).read_text() == before
+    with pytest.raises(ValueError, match=r"other settings \(corpus_spec.tokens: 24 -> 16"):
+        windows_lib.run(
+            HF / "llama-tiny",
+            TEXT,
+            windows_lib.CorpusSpec(tokens=16),
+            spec,
+            copy,
+            progress=False,
+        )
+    assert (copy / windows_lib.WINDOWS_FILE).read_text() == before
+
+
+def lines_skipping_torn(path):
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def test_loss_pruning_curves_start_at_the_models_loss():
+    module, params, tokenizer = pretrained.load(HF / "llama-tiny")
+    docs = corpus.read_documents(TEXT)
+    windows = corpus.make_windows(docs, tokenizer, 24, 4, module.config.max_len)
+    cspec = windows_lib.CorpusSpec(tokens=24, pruning=True, pruning_windows=4, pruning_points=4)
+    curves = loss_pruning.corpus_curves(module, params, windows, cspec, SPEC)
+    logits, _ = pretrained.apply_with_attention(module, params, windows.tokens)
+    logits = np.asarray(logits[:, :-1], np.float64)
+    targets = windows.tokens[:, 1:]
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    loss = -np.take_along_axis(logp, targets[..., None], -1).mean()
+    for name in ("projection", "gradient", "fidelity", "random"):
+        c = curves[name]
+        assert c["heads_pruned"] == [0, 2, 4, 6]  # 2 layers x 3 prunable heads, 4 points
+        assert c["loss"][0] == pytest.approx(loss, rel=1e-4)
+        assert len(c["order"]) == 6 and len({tuple(p) for p in c["order"]}) == 6
+        fraction = np.array(c["heads_pruned"]) / 6
+        assert c["loss_auc"] == pytest.approx(np.trapezoid(c["loss"], fraction))
+        np.testing.assert_allclose(c["perplexity"], np.exp(c["loss"]), rtol=1e-6)
+    mask = np.ones((2, 4), np.float32)
+    for layer, head in curves["projection"]["order"][:6]:
+        mask[layer, head] = 0
+    examples = loss_pruning.next_token_examples(windows.tokens)
+    last = pruning.sequence_losses(module, params, examples.inputs, examples.targets, mask)
+    assert curves["projection"]["loss"][-1] == pytest.approx(float(np.mean(last)), rel=1e-5)
+
+
+def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\nnot json\n')
+    model = f"--model={HF / 'llama-tiny'}"
+    cases = [
+        ([f"--corpus={empty}", "--tokens=8"], "holds no document"),
+        ([f"--corpus={bad}", "--tokens=8"], f"{bad}:2 is not JSON"),
+        ([f"--corpus={TEXT}", "--tokens=100"], "longer than the model's context of 64"),
+        ([f"--corpus={TEXT}", "--tokens=16", "--sink_tokens=15"], "--sink_tokens must be less"),
+        ([f"--corpus={TEXT}", "--tokens=16", "--batch_size=0"], "--batch_size must be an integer"),
+    ]
+    for flags, message in cases:
+        out = tmp_path / "out"
+        done = analyze_cli(model, *flags, f"--out={out}")
+        assert done.returncode == 2, (flags, done.stderr[-1500:])
+        assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
+        assert not out.exists()
+    out = tmp_path / "ok"
+    done = analyze_cli(
+        model,
+        f"--corpus={TEXT}",
+        "--tokens=16",
+        "--max_windows=3",
+        f"--out={out}",
+        "--horizon=10",
+        "--nopairwise",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (out / "report.md").read_text()
+    assert "3 windows of 16 tokens" in report and "baseline: uniform causal" in report
+
+
+def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
+
+    models = [str(HF / "llama-tiny"), str(HF / "qwen3-tiny")]
+    cspec = windows_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
+    out = tmp_path / "series"
+    records, written = series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
+    assert [r["model"] for r in records] == models
+    for record, model in zip(records, models, strict=True):
+        summary = json.loads((out / Path(model).name / "corpus.json").read_text())
+        assert summary["num_windows"] == 3 and summary["source"] == model
+        for layer, row in record["layers"].items():
+            d = summary["layers"][layer]
+            uniform = d["mixes"]["uniform"]["fidelity"]["mean"]
+            assert row["uniform_fidelity_pct"] == pytest.approx(100 * uniform)
+            assert row["sink_mass"] == pytest.approx(np.mean(d["sink_mass"]["mean"]))
+        network = summary["rollout"]["network_fidelity"]["mean"]
+        assert record["network_fidelity_pct"] == pytest.approx(100 * network)
+    assert "2 model(s), one corpus" in written.read_text() and "over windows" in written.read_text()
+    windows = out / "llama-tiny" / "windows.jsonl"
+    before = (windows.stat().st_mtime_ns, (out / "series.jsonl").read_text())
+    series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
+    assert (windows.stat().st_mtime_ns, (out / "series.jsonl").read_text()) == before
+    other = windows_lib.CorpusSpec(tokens=12, max_windows=3)
+    with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
+        series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
+    done = analyze_cli(
+        f"--model={','.join(models)}",
+        f"--corpus={TEXT}",
+        "--tokens=16",
+        "--max_windows=2",
+        f"--out={tmp_path / 'cli'}",
+        "--horizon=10",
+        "--nopairwise",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
+    assert len((tmp_path / "cli" / "series.jsonl").read_text().splitlines()) == 2

@@ -1,0 +1,263 @@
+"""The analysis of a text through a pretrained model and of attention from elsewhere."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beyondpar import graphs, metrics, pretrained
+from beyondpar.analysis import measures, series, text_report
+from beyondpar.analysis import text as text_lib
+from conftest import DATA, analyze_cli
+
+HF = DATA / "hf"
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = "Multi-head attention lets every head of a layer read the earlier tokens"
+SPEC = measures.AnalysisSpec(horizon=40, max_steps=40)
+
+
+def test_text_record_measures_the_models_own_attention():
+    module, params, tokenizer = pretrained.load(HF / "gpt2-tiny")
+    record = text_lib.text_record(HF / "gpt2-tiny", SHORT, SPEC)
+    ids = tokenizer.encode(SHORT).ids
+    assert record["tokens"] == ids and record["seq_len"] == len(ids)
+    assert "".join(record["token_labels"]) == SHORT
+    _, attn = pretrained.apply_with_attention(module, params, np.asarray([ids]))
+    attn = np.asarray(attn, np.float64)[0]  # L x H x T x T
+    for layer in range(2):
+        kernel = np.asarray(params[f"h_{layer}"]["c_proj"]["kernel"])
+        weights = graphs.head_importance(kernel, 4)
+        learned = graphs.combine_heads(attn[layer], weights)
+        got = record["layers"][layer]
+        np.testing.assert_allclose(
+            got["mixes"]["learned"]["fidelity"][0], metrics.minimax_fidelity(learned, 40), rtol=1e-4
+        )
+        np.testing.assert_allclose(
+            got["heads"]["fidelity"][0], metrics.minimax_fidelity(attn[layer], 40), rtol=1e-4
+        )
+        np.testing.assert_allclose(
+            got["heads"]["hitting_time_reference"][0],
+            metrics.hitting_time(attn[layer], 40, "reference"),
+            rtol=1e-4,
+        )
+        np.testing.assert_allclose(
+            got["heads"]["tv_mixing_time_normalized"][0],
+            metrics.tv_mixing_time(attn[layer], 0.25, 40, "normalized"),
+        )
+        assert got["best_head"][0] == int(np.argmax(metrics.minimax_fidelity(attn[layer], 40)))
+    all_weights = np.stack(
+        [
+            graphs.head_importance(np.asarray(params[f"h_{i}"]["c_proj"]["kernel"]), 4)
+            for i in range(2)
+        ]
+    )
+    sink = graphs.rollout_sink(attn, all_weights, 0.5)
+    np.testing.assert_allclose(record["rollout"]["sink_share"][0], sink, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(record["rollout"]["network_fidelity"][0], np.min(sink), rtol=1e-4)
+    assert set(record["timings_s"]) >= {"load", "forward", "per-head and mixed metrics", "rollout"}
+
+
+def test_attention_from_elsewhere_and_the_report(tmp_path):
+    attn = np.load(HF / "llama-tiny" / "expected.npz")["attention"]  # B x L x H x T x T
+    path = tmp_path / "attn.npz"
+    np.savez(path, attention=attn)
+    record = text_lib.attention_record(
+        path, measures.AnalysisSpec(horizon=30, max_steps=30, layers=(1,))
+    )
+    assert list(record["layers"]) == [1] and record["num_sequences"] == 2
+    uniform = graphs.combine_heads(attn[:, 1].astype(np.float64))
+    np.testing.assert_allclose(
+        record["layers"][1]["mixes"]["uniform"]["fidelity"],
+        metrics.minimax_fidelity(uniform, 30),
+        rtol=1e-4,
+    )
+    np.testing.assert_allclose(
+        record["rollout"]["sink_share"],
+        graphs.rollout_sink(attn.astype(np.float64)),
+        rtol=1e-4,
+        atol=1e-7,
+    )
+    written = text_report.write(record, tmp_path / "out")
+    assert sorted(p.name for p in written) == [
+        "analysis.json",
+        "fidelity_heads.png",
+        "pairwise_synergy.png",
+        "report.md",
+        "sink_share.png",
+    ]
+    saved = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    np.testing.assert_allclose(
+        saved["layers"]["1"]["head_diversity"], record["layers"][1]["head_diversity"]
+    )
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| 1 | " in text and "Network fidelity" in text
+
+
+@pytest.mark.parametrize(
+    "attention,message",
+    [
+        (np.ones((2, 2, 4, 4)), "attention rows must sum to 1"),
+        (
+            np.ones((4, 4)) / 4,
+            r"must have shape \(L, H, T, T\) or \(B, L, H, T, T\), got shape \(4, 4\)",
+        ),
+    ],
+)
+def test_bad_attention_files_are_named(tmp_path, attention, message):
+    path = tmp_path / "bad.npz"
+    np.savez(path, attention=attention)
+    with pytest.raises(ValueError, match=f"attention file {path}: .*{message}"):
+        text_lib.attention_record(path, SPEC)
+    np.savez(path, probs=attention)
+    with pytest.raises(ValueError, match=r"must hold the key 'attention', got keys \['probs'\]"):
+        text_lib.attention_record(path, SPEC)
+
+
+def test_empty_and_too_long_texts_and_bad_layers():
+    with pytest.raises(ValueError, match="text must not be empty"):
+        text_lib.text_record(HF / "llama-tiny", "  ", SPEC)
+    text = str(np.load(HF / "llama-tiny" / "expected.npz")["text"])
+    with pytest.raises(ValueError, match="fit the model's context of 64 tokens, got 158 tokens"):
+        text_lib.text_record(HF / "llama-tiny", text, SPEC)
+    with pytest.raises(ValueError, match=r"layers must be in \[0, 2\), got \[2\]"):
+        text_lib.text_record(HF / "llama-tiny", SHORT, measures.AnalysisSpec(layers=(0, 2)))
+
+
+def test_analyze_cli(tmp_path):
+    run = analyze_cli
+    done = run(
+        f"--model={HF / 'llama3-rope'}",
+        f"--text={SHORT}",
+        f"--out={tmp_path}",
+        "--layers=1",
+        "--horizon=20",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "report.md").exists() and (tmp_path / "sink_share.png").exists()
+    assert f"wrote {tmp_path / 'report.md'}" in done.stdout
+    failed = run(f"--model={tmp_path / 'nothing'}", "--text=x", f"--out={tmp_path / 'x'}")
+    assert failed.returncode == 2 and "must be a checkpoint folder or a model name" in failed.stderr
+    assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------- sink-aware measures
+
+
+def test_sink_mass_drop_and_uniform_baseline_closed_forms():
+    attn = np.tril(np.random.default_rng(0).random((2, 3, 6, 6)))
+    attn /= attn.sum(-1, keepdims=True)
+    np.testing.assert_allclose(graphs.sink_mass(attn), attn[..., 0].mean(-1))
+    np.testing.assert_allclose(graphs.sink_mass(attn, 2), attn[..., :2].sum(-1).mean(-1))
+    dropped = np.asarray(graphs.drop_sink_tokens(attn, 2))
+    rest = attn[..., 2:, 2:]
+    np.testing.assert_allclose(dropped, rest / rest.sum(-1, keepdims=True), rtol=1e-12)
+    parked = np.zeros((4, 4))
+    parked[:, 0] = 1  # every query reads only token 0
+    np.testing.assert_array_equal(graphs.drop_sink_tokens(parked, 1), np.eye(3))
+    for t in (5, 40, 120):  # uniform causal attention keeps exactly 1/T of its worst token
+        base = measures.baseline(t, SPEC)
+        assert base["fidelity"] == pytest.approx(1 / t, rel=1e-5)
+    with pytest.raises(ValueError, match=r"sink_tokens must be in \[0, 5\) for T=6 tokens, got 5"):
+        graphs.drop_sink_tokens(attn, 5)
+
+
+def test_sink_tokens_analysis_measures_the_graph_without_them():
+    spec = measures.AnalysisSpec(horizon=30, max_steps=30, sink_tokens=2, pairwise=False)
+    record = text_lib.text_record(HF / "llama-tiny", SHORT, spec)
+    module, params, tokenizer = pretrained.load(HF / "llama-tiny")
+    ids = np.asarray([tokenizer.encode(SHORT).ids])
+    _, attn = pretrained.apply_with_attention(module, params, ids)
+    t = ids.shape[1]
+    layer = record["layers"][1]
+    np.testing.assert_allclose(layer["sink_mass"], graphs.sink_mass(attn[:, 1], 2), rtol=1e-6)
+    dropped = graphs.drop_sink_tokens(attn[:, 1], 2)
+    node = np.asarray(metrics.node_fidelity(dropped, 30))
+    inner = layer["without_sink"]["heads"]
+    np.testing.assert_allclose(inner["fidelity"], node.min(-1), rtol=1e-5)
+    np.testing.assert_allclose(inner["fidelity_median"], np.median(node, -1), rtol=1e-5)
+    np.testing.assert_allclose(inner["fidelity_p10"], np.percentile(node, 10, -1), rtol=1e-5)
+    assert record["baseline_without_sink"]["fidelity"] == pytest.approx(1 / (t - 2), rel=1e-5)
+    report = text_report.markdown(record)
+    assert "without the first 2 token(s)" in report and "baseline: uniform causal" in report
+    with pytest.raises(ValueError, match="--sink_tokens must be less than the window minus 1"):
+        text_lib.text_record(HF / "llama-tiny", "one two", dataclasses.replace(spec, sink_tokens=5))
+
+
+# ---------------------------------------------------------------- bad input, series
+
+
+def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    folder = tmp_path / "cut"
+    shutil.copytree(HF / "llama-tiny", folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    gguf_cut = tmp_path / "model.gguf"
+    gguf_cut.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 8)
+    cases = [
+        (
+            [f"--model={HF / 'gpt2-tiny'}", f"--text_file={latin}"],
+            f"--text_file {latin} is not UTF-8",
+        ),
+        (
+            [f"--model={HF / 'gpt2-tiny'}", f"--text_file={tmp_path}"],
+            f"--text_file {tmp_path} cannot",
+        ),
+        ([f"--model={folder}", "--text=hello there"], f"weights file {weights}"),
+        ([f"--model={gguf_cut}", "--text=hello there"], f"GGUF file {gguf_cut} cannot be read"),
+        (
+            [f"--model={HF / 'gpt2-tiny'}", "--text=hello there", "--sink_tokens=9"],
+            "--sink_tokens must be less than the window minus 1",
+        ),
+    ]
+    for flags, message in cases:
+        out = tmp_path / "out"
+        done = analyze_cli(*flags, f"--out={out}")
+        assert done.returncode == 2, (flags, done.stderr[-1500:])
+        assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
+        assert not out.exists()
+
+
+def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
+    for step in (100, 20):
+        shutil.copytree(HF / "gpt2-tiny", tmp_path / "ckpts" / f"step{step}")
+    out = tmp_path / "series"
+    flags = [f"--model={tmp_path / 'ckpts' / 'step*'}", f"--text={SHORT}", f"--out={out}"]
+    done = analyze_cli(*flags, "--horizon=20", "--nopairwise")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (out / "series.md").read_text()
+    assert report.index("| step 20 |") < report.index("| step 100 |")
+    lines = (out / "series.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    record = text_lib.text_record(
+        tmp_path / "ckpts" / "step20", SHORT, measures.AnalysisSpec(horizon=20, pairwise=False)
+    )
+    first = json.loads(lines[1])  # step20 sorts after step100 as a path
+    assert first["label"] == "step 20"
+    uniform = 100 * np.mean(record["layers"][1]["mixes"]["uniform"]["fidelity"])
+    assert first["layers"]["1"]["uniform_fidelity_pct"] == pytest.approx(uniform, rel=1e-6)
+    mtime = (out / "step20" / "report.md").stat().st_mtime_ns
+    again = analyze_cli(*flags, "--horizon=20", "--nopairwise")
+    assert again.returncode == 0
+    assert len((out / "series.jsonl").read_text().splitlines()) == 2
+    assert (out / "step20" / "report.md").stat().st_mtime_ns == mtime
+    refused = analyze_cli(*flags, "--horizon=30", "--nopairwise")
+    assert refused.returncode == 2
+    assert "other settings (spec.horizon: 20 -> 30)" in refused.stderr
+    assert series.label("pythia-160m/step143000") == "step 143000"
+    assert series.label("/models/final") == "final"
+    with pytest.raises(ValueError, match="matches no file or folder"):
+        series.expand(str(tmp_path / "none*"))
+
+
+def test_largest_shares_name_the_tokens_in_order():
+    record = text_lib.text_record(HF / "gpt2-tiny", SHORT, SPEC)
+    top = record["rollout"]["largest_shares"]
+    share = np.asarray(record["rollout"]["sink_share"][0])
+    assert [t["position"] for t in top] == np.argsort(-share)[:10].tolist()
+    assert top[0]["token"] == record["token_labels"][top[0]["position"]]
+    assert top[0]["share"] == pytest.approx(share.max())

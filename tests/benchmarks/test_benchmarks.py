@@ -1,0 +1,79 @@
+"""The benchmark baselines compute what the kernels compute, and the suites report."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from beyondpar import graphs, metrics, model, pretrained
+from beyondpar.benchmarks import baselines, corpus, evaluation, kernels, text, training
+from beyondpar.benchmarks.models import SMOLLM2_135M
+from conftest import SMOLLM2_GGUF, needs_smollm2
+
+
+def test_numpy_baselines_agree_with_kernels():
+    c = graphs.random_causal(4, (), 12, dtype=np.float64)
+    fidelity, hit = baselines.numpy_exact(c, k=30)
+    np.testing.assert_allclose(fidelity, metrics.minimax_fidelity(c, 30), rtol=1e-12)
+    np.testing.assert_allclose(hit, metrics.hitting_time(c, 30), rtol=1e-12)
+    paper_fidelity, paper_hit = baselines.paper_method(c, np.random.default_rng(0), 400, 30)
+    np.testing.assert_allclose(paper_fidelity, fidelity, rtol=1e-12)
+    _, stderr = metrics.monte_carlo_hitting_time(
+        jax.random.PRNGKey(0), c, 400, 30, return_stderr=True
+    )
+    assert abs(paper_hit - hit) < 4 * float(stderr)
+
+
+def test_flop_count_of_the_papers_step():
+
+    flops = training.train_step_flops(model.ModelConfig(), batch=50, t=100)
+    assert 5.5e9 < flops < 6.5e9  # "about 6 GFLOP forward + backward"
+
+
+@pytest.mark.slow
+def test_suites_report_their_ratios(capsys):
+    r = kernels.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
+    assert r["matrices"] == 8 and r["speedup_vs_paper"] > 1
+    assert set(r["us_per_matrix"]) >= {"fused", "paper_method", "numpy_exact"}
+    t = training.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
+    assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith('{"devices"')
+
+
+@pytest.mark.slow
+def test_analysis_suites_report_every_part(capsys):
+
+    tiny = dict(model_type="gpt2", vocab_size=50, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+    p = text.pretrained_suite(t=32, config=tiny, gguf=False)
+    assert set(p["seconds"]) >= {"load (build + random init)", "forward", "rollout", "report"}
+    assert p["speedup_vs_paper_fidelity"] > 0 and p["peak_rss_gb_without_pairwise"] > 0
+    s = evaluation.synergy_suite(sequences=2, heads=2)
+    assert set(s["seconds_warm"]) == set(s["share"]) and abs(sum(s["share"].values()) - 1) < 1e-9
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"heads": 2')
+
+
+def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys):
+
+    tiny = dict(SMOLLM2_135M, vocab_size=64, hidden_size=32)
+    tiny.update(intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    tiny.update(num_key_value_heads=2, max_position_embeddings=64)
+    r = corpus.corpus_suite(windows=5, tokens=24, batch_size=2, config=tiny)
+    assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (5, 24, 2, 4)
+    parts = {"forward", "rollout", "per-head and mixed metrics", "synergy analyses"}
+    assert parts | {"summary (bootstrap intervals)", "report (markdown + plots)"} <= set(
+        r["seconds"]
+    )
+    assert r["total_s"] == pytest.approx(sum(r["seconds"].values()))
+    assert 0 < r["peak_rss_gb"] < 64
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"windows": 5')
+
+
+@needs_smollm2
+def test_corpus_benchmark_has_the_real_models_shape():
+    built = pretrained.build(SMOLLM2_135M).config
+    real = pretrained.gguf_file.GgufFile(SMOLLM2_GGUF).config()
+    real = pretrained.build(real).config
+    assert built.eps == pytest.approx(real.eps)  # GGUF stores it as float32
+    assert built == dataclasses.replace(real, eps=built.eps)

@@ -1,0 +1,112 @@
+"""Ablations: the grid, dry runs, resumption without retraining, the CLI."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from beyondpar import checkpoints
+from beyondpar.study import ablation, config_lib, evaluate, train
+from configs import ablation as ablation_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def smoke_ablation():
+    config = ablation_config.get_config("base=smoke")
+    config.levels.heads = (1, 2)
+    config.levels.task = ("copy",)
+    config.overrides.optim__num_epochs = 2
+    config.overrides.evaluation__pruning = False  # tested on their own
+    return config
+
+
+def test_default_grid_is_the_papers():
+    points = ablation.grid(ablation_config.get_config("seeds=2"))
+    assert len(points) == 4 * 2 * 2
+    assert {p["heads"] for p in points} == {1, 4, 8, 16}
+    assert {p["task"] for p in points} == {"copy", "cycle"}
+    config = ablation.run_config(ablation_config.get_config(), points[0])
+    assert config.task.seq_len == 32  # the CPU base
+
+
+def test_dry_run_prints_train_commands(tmp_path):
+    commands = ablation.dry_run(smoke_ablation(), tmp_path)
+    assert len(commands) == 2
+    assert "--config.model.num_heads=2" in commands[1]
+    assert "--config.optim.num_epochs=2" in commands[1]
+    assert f"--workdir={tmp_path}/heads-2_seed-0_task-copy" in commands[1]
+    assert commands[0].startswith("python launch/train.py --config=")
+
+
+@pytest.mark.slow
+def test_interrupted_ablation_resumes_without_retraining(tmp_path, monkeypatch):
+    real_train = train.train_and_evaluate
+    trained = []
+
+    def counting(config, workdir):
+        trained.append(Path(workdir).name)
+        if len(trained) == 2 and not hasattr(counting, "killed"):
+            counting.killed = True
+            raise KeyboardInterrupt  # killed while training the second run
+        return real_train(config, workdir)
+
+    monkeypatch.setattr(train, "train_and_evaluate", counting)
+    with pytest.raises(KeyboardInterrupt):
+        ablation.run(smoke_ablation(), tmp_path, progress=False)
+    first = tmp_path / "heads-1_seed-0_task-copy"
+    stamp = (first / "checkpoints" / "16").stat().st_mtime_ns
+    written, failures = ablation.run(smoke_ablation(), tmp_path, progress=False)
+    assert trained == [
+        "heads-1_seed-0_task-copy",
+        "heads-2_seed-0_task-copy",
+        "heads-2_seed-0_task-copy",
+    ]
+    assert failures == []
+    assert (first / "checkpoints" / "16").stat().st_mtime_ns == stamp
+    assert checkpoints.list_steps(tmp_path / "heads-2_seed-0_task-copy" / "checkpoints")[-1] == 16
+    records = evaluate.read_records(tmp_path / evaluate.RECORDS_FILE)
+    assert sorted(r["heads"] for r in records) == [1, 2]
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| layer | H=1 | H=2 |" in text
+    assert {p.name for p in written} >= {"report.md", "results.csv", "metrics_vs_heads.png"}
+    # A third run trains and evaluates nothing.
+    ablation.run(smoke_ablation(), tmp_path, progress=False)
+    assert len(trained) == 3 and len(evaluate.read_records(tmp_path / evaluate.RECORDS_FILE)) == 2
+
+
+def test_bad_grid():
+    config = smoke_ablation()
+    config.axes.heads = "model.num_head"
+    with pytest.raises(
+        ValueError, match=r"axes.heads must name a config field, got 'model.num_head'"
+    ):
+        ablation.run_config(config, {"heads": 2})
+    config = smoke_ablation()
+    config.overrides.optim__num_epoch = 1
+    with pytest.raises(ValueError, match=r"overrides.optim__num_epoch must name a config field"):
+        ablation.run_config(config, {"heads": 2})
+    with pytest.raises(FileNotFoundError, match="base config must be an existing file"):
+        config_lib.load_config_file("configs/nope.py")
+
+
+@pytest.mark.slow
+def test_ablate_cli(tmp_path):
+    args = [
+        sys.executable,
+        str(ROOT / "launch" / "ablate.py"),
+        "--config=configs/ablation.py:base=smoke",
+        "--config.levels.heads=(2,)",
+        "--config.levels.task=('cycle',)",
+        "--config.overrides.evaluation__pruning=False",
+        "--config.overrides.evaluation__optimal_weights=False",
+        f"--workdir={tmp_path}",
+    ]
+    dry = subprocess.run([*args, "--dry_run"], capture_output=True, text=True, cwd=ROOT)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert dry.stdout.count("launch/train.py") == 1 and not (tmp_path / "report").exists()
+    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"wrote {tmp_path / 'report' / 'report.md'}" in result.stdout
+    assert "## Task: cycle" in (tmp_path / "report" / "report.md").read_text()

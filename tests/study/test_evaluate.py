@@ -1,0 +1,266 @@
+"""Evaluation of checkpoints: the paper's numbers, trees of runs, failures, resumption."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from beyondpar import checkpoints, graphs, metrics, pruning, synergy, tasks
+from beyondpar import model as model_lib
+from beyondpar.study import evaluate, train
+from configs import smoke
+from conftest import DATA
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reference_checkpoints_reproduce_the_paper(fixture):
+    name, _, expected = fixture
+    heads, task = name.split("_heads_")
+    module, params = checkpoints.import_reference(DATA / f"{name}.npz", int(heads))
+    examples = tasks.label(task, expected["tokens"], module.config.vocab_size)
+    got = evaluate.per_sequence(module, params, examples, evaluate.EvalSpec())
+    rtol = 1e-4  # float32 attention from the model, as the paper's pipeline
+    np.testing.assert_allclose(got["fidelity"], expected["fidelity_learned"] / 100, rtol=rtol)
+    np.testing.assert_allclose(
+        got["fidelity_uniform"], expected["fidelity_uniform"] / 100, rtol=rtol
+    )
+    np.testing.assert_allclose(
+        got["fidelity_per_head"], expected["fidelity_per_head"] / 100, rtol=rtol
+    )
+    for walk in ("reference", "normalized"):
+        np.testing.assert_allclose(
+            got[f"hitting_time_{walk}"], expected[f"hitting_time_{walk}"], rtol=rtol
+        )
+    np.testing.assert_allclose(got["head_weights"][0], expected["head_weights"], rtol=1e-6)
+    best = (expected["fidelity_per_head"] / 100).max(-1)
+    np.testing.assert_allclose(got["gain"], expected["fidelity_learned"] / 100 - best, atol=1e-8)
+
+
+def test_reference_record_names_task_and_heads():
+    record = evaluate.evaluate_reference(
+        DATA / "1_heads_cycle.npz", evaluate.EvalSpec(num_sequences=3)
+    )
+    assert (record["task"], record["heads"], record["num_sequences"]) == ("cycle", 1, 3)
+    assert record["metrics"]["accuracy_predictable"]["mean"] > 0.99
+    assert len(record["metrics"]["fidelity"]["mean"]) == 4
+    with pytest.raises(ValueError, match=r"named <H>_heads_<task>.npz or .pt, got 'x.npz'"):
+        evaluate.evaluate_reference(Path("x.npz"))
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """Two finished smoke runs under one folder."""
+    root = tmp_path_factory.mktemp("tree")
+    config = smoke.get_config()
+    config.optim.num_epochs = 2
+    config.evaluation.update(optimal_weights=False, pruning=False)  # tested on their own
+    train.train_and_evaluate(config, str(root / "a"))
+    shutil.copytree(root / "a", root / "group" / "b")
+    return root
+
+
+def test_tree_evaluation_resumes_and_covers_all_steps(tree, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(tree, root)
+    new, failures = evaluate.evaluate_tree(root, progress=False)
+    assert failures == []
+    assert sorted((r["run"], r["step"]) for r in new) == [("a", 16), ("group/b", 16)]
+    again, _ = evaluate.evaluate_tree(root, progress=False)
+    assert again == []  # everything recorded is skipped
+    more, _ = evaluate.evaluate_tree(root, steps="all", progress=False)
+    assert sorted((r["run"], r["step"]) for r in more) == [("a", 8), ("group/b", 8)]
+    records = evaluate.read_records(root / evaluate.RECORDS_FILE)
+    assert len(records) == 4
+    a, b = (next(r for r in records if r["run"] == n and r["step"] == 16) for n in ("a", "group/b"))
+    assert a["metrics"] == b["metrics"]  # the same weights give the same numbers
+    assert a["metrics"]["fidelity"]["mean"][0] > 0 and len(a["metrics"]["fidelity"]["mean"]) == 2
+
+
+def test_corrupt_checkpoint_is_reported_and_skipped(tree, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(tree, root)
+    step_dir = root / "group" / "b" / "checkpoints" / "16"
+    for f in step_dir.rglob("*"):
+        if f.is_file() and f.stat().st_size > 0 and "metadata" not in f.name:
+            f.write_bytes(b"\0" * 7)
+    with open(root / evaluate.RECORDS_FILE, "w") as f:
+        f.write('{"run": "torn')  # a writer killed mid-line
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "evaluate.py"), f"--runs={root}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 1
+    assert "FAILED group/b@16" in result.stdout
+    records = evaluate.read_records(root / evaluate.RECORDS_FILE)
+    assert [(r["run"], r["step"]) for r in records] == [("a", 16)]
+    assert (root / "report" / "report.md").read_text().count("| a | 16 | copy | 2 | 0 |") == 1
+
+
+@pytest.mark.slow
+def test_evaluate_cli_on_reference(tmp_path):
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(DATA / "1_heads_cycle.npz", ref)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "evaluate.py"),
+            f"--reference={ref}",
+            f"--out={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [
+        json.loads(ln) for ln in (tmp_path / "out" / "records.jsonl").read_text().splitlines()
+    ]
+    assert [r["run"] for r in records] == ["1_heads_cycle.npz"]
+    assert "## Task: cycle" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_bad_steps_argument(tmp_path):
+    with pytest.raises(ValueError, match="steps must be 'latest' or 'all', got 'first'"):
+        evaluate.evaluate_tree(tmp_path, steps="first")
+    with pytest.raises(FileNotFoundError, match="runs directory must exist"):
+        evaluate.evaluate_tree(tmp_path / "nope")
+
+
+def test_committed_arrays_are_accepted():
+    c = jax.device_put(np.eye(4)[[0, 0, 1, 2]], jax.devices()[1])
+    assert np.isfinite(float(evaluate.metrics.hitting_time(c, 10)))
+
+
+@pytest.mark.parametrize("walk", ["reference", "normalized"])
+def test_every_record_field_is_the_kernel_on_the_operator_it_names(walk):
+    """Fields of the learned mix come from the learned mix, per-head fields from each head;
+    the normalised walk shows TV mixing unsaturated, so a field from the wrong operator
+    cannot agree by accident."""
+    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    expected = dict(np.load(DATA / "4_heads_copy.expected.npz"))
+    examples = tasks.label("copy", expected["tokens"], module.config.vocab_size)
+    spec = evaluate.EvalSpec(walk=walk, horizon=60, max_steps=80, eps=0.3)
+    got = evaluate.per_sequence(module, params, examples, spec)
+    _, attn = model_lib.apply_with_attention(module, params, expected["tokens"])
+    attn = np.asarray(attn, np.float64)
+    learned = graphs.combine_heads(attn, expected["head_weights"][None])
+    other = "normalized" if walk == "reference" else "reference"
+    kernels = {
+        "fidelity": metrics.minimax_fidelity(learned, 60),
+        "fidelity_uniform": metrics.minimax_fidelity(graphs.combine_heads(attn), 60),
+        "fidelity_per_head": metrics.minimax_fidelity(attn, 60),
+        "hitting_time": metrics.hitting_time(learned, 80, walk),
+        f"hitting_time_{walk}": metrics.hitting_time(learned, 80, walk),
+        f"hitting_time_{other}": metrics.hitting_time(learned, 80, other),
+        "tv_mixing_time": metrics.tv_mixing_time(learned, 0.3, 80, walk),
+        "spectral_radius": metrics.spectral_radius(learned, walk),
+        "spectral_mixing_time": metrics.spectral_mixing_time(learned, 0.3, 80, walk),
+    }
+    for name, value in kernels.items():
+        np.testing.assert_allclose(got[name], value, rtol=2e-4, atol=1e-6, err_msg=name)
+    if walk == "normalized":  # unsaturated: the fields can tell operators apart
+        uniform = graphs.combine_heads(attn)
+        uniform_tv = metrics.tv_mixing_time(uniform, 0.3, 80, walk)
+        assert np.any(np.asarray(got["tv_mixing_time"]) != np.asarray(uniform_tv))
+        uniform_hit = metrics.hitting_time(uniform, 80, walk)
+        assert np.abs(np.asarray(got["hitting_time"]) - np.asarray(uniform_hit)).max() > 1e-3
+
+
+def test_synergy_fields_of_a_record_are_the_functions_on_its_attention():
+    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    expected = dict(np.load(DATA / "4_heads_copy.expected.npz"))
+    tokens = expected["tokens"][:, :50]
+    examples = tasks.label("copy", tokens, module.config.vocab_size)
+    spec = evaluate.EvalSpec(horizon=40, max_steps=40, pruning=False)
+    got = evaluate.per_sequence(module, params, examples, spec)
+    _, attn = model_lib.apply_with_attention(module, params, tokens)
+    attn = np.asarray(attn, np.float64)
+    w_fid, w_hit = got["optimal_weights_fidelity"][0], got["optimal_weights_hitting_time"][0]
+    np.testing.assert_allclose(w_fid.sum(-1), 1.0, rtol=1e-5)
+    opt_fid = metrics.minimax_fidelity(graphs.combine_heads(attn, w_fid[None]), 40)
+    np.testing.assert_allclose(got["fidelity_optimal"], opt_fid, rtol=1e-4)
+    opt_hit = metrics.hitting_time(graphs.combine_heads(attn, w_hit[None]), 40)
+    np.testing.assert_allclose(got["hitting_time_optimal"], opt_hit, rtol=1e-4)
+    # One weight vector for all sequences: never worse than the learned mix or any one head
+    # on the mean over sequences.
+    assert np.all(got["fidelity_optimal"].mean(0) >= got["fidelity"].mean(0) - 1e-6)
+    best_head = got["fidelity_per_head"].mean(0).max(-1)
+    assert np.all(got["fidelity_optimal"].mean(0) >= best_head - 1e-6)
+    fastest_head = got["hitting_time_per_head"].mean(0).min(-1)
+    assert np.all(got["hitting_time_optimal"].mean(0) <= fastest_head + 1e-5)
+    np.testing.assert_allclose(got["head_diversity"], synergy.head_diversity(attn), rtol=1e-5)
+    np.testing.assert_allclose(
+        got["pairwise_synergy"], synergy.pairwise_synergy(attn, 40), rtol=1e-3, atol=1e-7
+    )
+    share = np.asarray(synergy.cross_head_share(attn, got["head_weights"][0][None], 40))
+    np.testing.assert_allclose(got["cross_head_share_mean"], share.mean(-1), rtol=1e-4, atol=1e-6)
+    learned = graphs.combine_heads(attn, got["head_weights"][0][None])
+    worst = np.argmin(metrics.node_fidelity(learned, 40), -1)
+    np.testing.assert_allclose(
+        got["cross_head_share_minimax"],
+        np.take_along_axis(share, worst[..., None], -1)[..., 0],
+        rtol=1e-3,
+        atol=1e-6,
+    )
+
+
+def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
+    """The paper's 4-head copy checkpoint needs no head (its target is the current token);
+    the 1-head cycle checkpoint falls to about chance without its heads."""
+    found = {}
+    for name, heads, task in (("4_heads_copy", 4, "copy"), ("1_heads_cycle", 1, "cycle")):
+        module, params = checkpoints.import_reference(DATA / f"{name}.npz", heads)
+        examples = tasks.make_examples(task, jax.random.PRNGKey(0), 6, 100, 256)
+        necessity = pruning.attention_necessity(module, params, examples)
+        cases = [
+            (np.zeros((4, heads)), necessity["accuracy_without_heads"]),
+            (np.ones((4, heads)), necessity["accuracy"]),
+        ]
+        for layer in range(4):  # each layer's heads masked in turn, in layer order
+            mask = np.ones((4, heads)) * (np.arange(4) != layer)[:, None]
+            cases.append((mask, necessity["accuracy_without_layer"][layer]))
+        for mask, got in cases:
+            logits, _ = model_lib.apply_with_attention(module, params, examples.inputs, mask)
+            predictable = np.asarray(examples.predictable)
+            correct = (np.asarray(logits).argmax(-1) == np.asarray(examples.targets)) & predictable
+            assert float(got) == pytest.approx(float(correct.sum() / predictable.sum()), abs=1e-6)
+        found[task] = necessity
+    assert found["copy"]["accuracy_without_heads"] > 0.99 and not found["copy"]["needs_attention"]
+    assert found["cycle"]["accuracy"] > 0.99 and found["cycle"]["needs_attention"]
+    assert found["cycle"]["accuracy_without_heads"] < 0.05
+    assert found["cycle"]["chance"] == 1 / 256
+    # Every layer alone suffices for the shift: masking one layer keeps its accuracy.
+    assert found["cycle"]["accuracy_without_layer"] == pytest.approx([1.0] * 4, abs=0.02)
+
+
+def test_attention_necessity_masks_each_layer_in_turn(monkeypatch):
+    """The masks themselves (the released checkpoints cannot tell layers apart): all heads,
+    none, then layer l alone masked, in layer order; the accuracies map back in order."""
+    seen = {}
+
+    def fake(module, params, examples, masks):
+        seen["masks"] = np.asarray(masks)
+        return np.zeros(len(masks)), np.arange(len(masks), dtype=np.float32) / 10
+
+    monkeypatch.setattr(pruning, "masked_scores", fake)
+    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    examples = tasks.make_examples("cycle", jax.random.PRNGKey(0), 2, 100, 256)
+    necessity = pruning.attention_necessity(module, params, examples)
+    masks = seen["masks"]
+    assert masks.shape == (6, 4, 4)
+    assert masks[0].all() and not masks[1].any()
+    for layer in range(4):
+        want = np.ones((4, 4))
+        want[layer] = 0
+        np.testing.assert_array_equal(masks[2 + layer], want)
+    assert necessity["accuracy_without_layer"] == pytest.approx([0.2, 0.3, 0.4, 0.5])
+    assert necessity["accuracy"] == 0 and necessity["accuracy_without_heads"] == pytest.approx(0.1)

@@ -1,0 +1,199 @@
+"""Reports: a golden Markdown file from synthetic records, CSV/JSON rows and plots."""
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beyondpar.study import report, synergy_report
+from conftest import DATA
+
+GOLDEN = DATA / "golden_report.md"
+
+
+def record(run, task, heads, seed, step, offset):
+    """A synthetic record with 2 layers whose numbers follow from its arguments."""
+    base = 0.01 * heads + 0.001 * seed + offset
+
+    def stat(values, spread=0.0):
+        return {
+            "mean": values,
+            "std": [spread] * len(values) if isinstance(values, list) else spread,
+        }
+
+    fid = [base, base + 0.002]
+    best = [base - 0.001 * (heads > 1), base + 0.003]
+    return {
+        "run": run,
+        "step": step,
+        "task": task,
+        "heads": heads,
+        "seed": seed,
+        "layers": 2,
+        "num_sequences": 4,
+        "walk": "reference",
+        "metrics": {
+            "hitting_time": stat([10.0 / heads + seed, 5.0 + seed], 0.5),
+            "tv_mixing_time": stat([101.0, 101.0]),
+            "spectral_mixing_time": stat([100.0, 100.0]),
+            "fidelity": stat(fid, 0.001),
+            "fidelity_uniform": stat(fid, 0.001),
+            "best_individual": stat(best, 0.001),
+            "gain": stat([f - b for f, b in zip(fid, best, strict=True)], 0.001),
+            "combined_wins": stat([1.0 * (heads > 1), 0.0]),
+            "accuracy": stat(0.9 + 0.01 * heads + offset),
+            "accuracy_predictable": stat(0.95 + 0.001 * heads),
+            "tv_mixing_time_normalized": stat([12.0 - heads, 8.0]),
+            "fidelity_optimal": stat([f + 0.001 for f in fid]),
+            "hitting_time_optimal": stat([9.0 / heads + seed, 4.5 + seed]),
+            "hitting_time_uniform": stat([11.0 / heads + seed, 5.5 + seed]),
+            "hitting_time_best_head": stat([9.5 / heads + seed, 4.8 + seed]),
+            "hitting_time_per_head": stat([[9.5 / heads + seed] * heads, [4.8 + seed] * heads]),
+            "fidelity_per_head": stat([[b] * heads for b in best]),
+            "head_diversity": stat([0.1 * heads + 0.01 * seed + offset, 0.2 + 0.01 * seed]),
+            "pairwise_synergy": stat([np.eye(heads).tolist()] * 2),
+        },
+        "seq_len": 32,
+        "evaluation": {
+            "num_sequences": 4,
+            "seed": 1234,
+            "horizon": 100,
+            "max_steps": 100,
+            "walk": "reference",
+        },
+        **({"pruning": pruning(heads, offset)} if heads > 1 else {}),
+    }
+
+
+def pruning(heads, offset):
+    accuracy = [1.0 - 0.1 * k * (1 + offset) for k in range(2 * heads - 1)]
+    curve = {
+        "heads_pruned": list(range(len(accuracy))),
+        "accuracy": accuracy,
+        "fidelity": [[0.1, 0.1]] * len(accuracy),
+        "hitting_time": [[3.0, 3.0]] * len(accuracy),
+        "order": [[0, h] for h in range(len(accuracy) - 1)],
+    }
+    return {
+        "projection": {
+            **curve,
+            "auc": float(np.trapezoid(accuracy, np.linspace(0, 1, len(accuracy)))),
+        },
+        "random": {**curve, "auc": 0.5},
+    }
+
+
+def synthetic_records():
+    out = []
+    for task in ("copy", "cycle"):
+        for heads in (1, 4):
+            for seed in (0, 1):
+                run = f"{task}-h{heads}-s{seed}"
+                out.append(record(run, task, heads, seed, 10, 0.0))
+                out.append(record(run, task, heads, seed, 20, 0.1 if task == "copy" else 0.0))
+    return out
+
+
+def test_markdown_matches_golden():
+    text = report.markdown(synthetic_records())
+    if os.environ.get("BEYONDPAR_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), (
+        "report.md changed; if on purpose, update the reference with "
+        "BEYONDPAR_UPDATE_GOLDEN=1 pytest tests/test_report.py and review the diff"
+    )
+
+
+def test_optimal_table_puts_every_column_in_its_unit():
+    """Fidelity in % in all four fidelity columns (the best head's too), hitting time in
+    steps; the optimum is never below the best single head."""
+
+    runs = [record("r", "copy", 4, 0, 10, 0.0), record("s", "copy", 4, 1, 10, 0.0)]
+    rows = [line.split("|")[1:-1] for line in synergy_report.optimal_table(runs, "copy")[2:]]
+    for layer, row in enumerate(rows):
+        cells = [float(c) for c in row]
+        best = np.mean([np.max(r["metrics"]["fidelity_per_head"]["mean"][layer]) for r in runs])
+        fastest = np.mean(
+            [np.min(r["metrics"]["hitting_time_per_head"]["mean"][layer]) for r in runs]
+        )
+        assert cells[:2] == [4, layer + 1]
+        assert cells[5] == pytest.approx(100 * best, abs=0.006)
+        assert cells[2] >= cells[5] and cells[6] <= cells[9]
+        assert cells[9] == pytest.approx(fastest, abs=0.006)
+
+
+def test_aggregate_over_seeds():
+    cells = report.aggregate(synthetic_records())
+    mean, std, seeds = cells[("copy", 4)]["fidelity"]
+    # latest step (20): base = 0.04 + 0.001 * seed + 0.1, seeds 0 and 1
+    np.testing.assert_allclose(mean, [0.1405, 0.1425])
+    np.testing.assert_allclose(std, [np.std([0.140, 0.141], ddof=1)] * 2)
+    assert seeds == 2
+
+
+def test_files_and_plots(tmp_path):
+    records = synthetic_records()
+    written = report.write_report(records, tmp_path)
+    names = sorted(p.name for p in written)
+    multi = [
+        f"{kind}_{task}-h4-s{seed}.png"
+        for kind in ("pruning", "synergy")
+        for task in ("copy", "cycle")
+        for seed in (0, 1)
+    ]
+    assert names == sorted(
+        [
+            "amplification.png",
+            "diversity.png",
+            "metrics_vs_heads.png",
+            "metrics_vs_step.png",
+            "report.md",
+            "results.csv",
+            "results.json",
+            *multi,
+        ]
+    )
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert len(rows) == len(records) * 2
+    assert json.loads((tmp_path / "results.json").read_text())[0]["layer"] == 1
+    first = next(
+        r for r in rows if r["run"] == "copy-h4-s1" and r["step"] == "20" and r["layer"] == "2"
+    )
+    assert float(first["fidelity_fraction_mean"]) == pytest.approx(0.143)
+    assert float(first["hitting_time_steps_mean"]) == pytest.approx(6.0)
+    assert float(first["tv_mixing_time_normalized_steps_mean"]) == pytest.approx(8.0)
+    assert float(first["pruning_auc_random_fraction"]) == pytest.approx(0.5)
+    one_head = next(r for r in rows if r["run"] == "copy-h1-s0")
+    assert one_head["pruning_auc_random_fraction"] == ""  # no heads to prune
+    for name in names:
+        if name.endswith(".png"):
+            assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert not list(Path(tmp_path).glob(".*"))
+
+
+def test_empty_records():
+    with pytest.raises(ValueError, match="records must not be empty"):
+        report.markdown([])
+
+
+def test_report_says_which_tasks_need_attention():
+    records = synthetic_records()
+    for r in records:
+        needed = r["task"] != "copy"
+        r["attention_necessity"] = {
+            "accuracy": 1.0,
+            "accuracy_without_heads": 0.01 if needed else 1.0,
+            "accuracy_without_layer": [0.5, 0.5, 0.5, 0.5],
+            "chance": 1 / 256,
+            "needs_attention": needed,
+        }
+    text = report.markdown(records)
+    assert "## Does the task need attention?" in text
+    assert "| copy | " in text and "| 100.0 | 100.0 | 0.39 | no |" in text
+    assert "**copy does not need attention**" in text
+    assert "**cycle does not need attention**" not in text
+    rows = report.rows(records)
+    assert {r["needs_attention"] for r in rows if r["task"] == "copy"} == {False}

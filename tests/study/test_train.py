@@ -1,0 +1,346 @@
+"""Training: data parallelism, processes, resumption, failure and configs."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from beyondpar import checkpoints, tasks
+from beyondpar import model as model_lib
+from beyondpar.base import parallel
+from beyondpar.study import config_lib, train
+from configs import cpu, paper, smoke
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def one_step(devices):
+    config = smoke.get_config()
+    mesh = parallel.data_mesh(devices)
+    module = model_lib.Transformer(config_lib.model_config(config))
+    # SGD, not Adam: Adam maps the rounding noise of a gradient that is exactly zero in
+    # exact arithmetic (the key bias: softmax ignores a shift shared by all keys) to
+    # full-size steps of either sign, which no two reduction orders agree on.
+    tx = optax.sgd(0.1)
+    state = train.create_state(module, jax.random.PRNGKey(0), tx, 16)
+    state = jax.device_put(state, parallel.replicated(mesh))
+    train_set, _ = train.make_datasets(config)
+    batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
+    step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(1))
+    state, loss = step(state, batch)
+    state, loss = step(state, batch)
+    return jax.device_get(state), float(loss)
+
+
+def test_data_parallel_step_equals_single_device():
+    assert jax.device_count() == 4
+    single, loss1 = one_step(jax.devices()[:1])
+    four, loss4 = one_step(jax.devices())
+    np.testing.assert_allclose(loss4, loss1, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), four, single)
+
+
+def read_metrics(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_close_except_key_bias(a, b, rtol, atol):
+    """Equal parameters, but for the key biases, whose true gradient is zero (see above)
+    and whose Adam steps are the sign of rounding noise: only bounded by steps * lr."""
+    for (path, x), (_, y) in zip(
+        jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b), strict=True
+    ):
+        if "'key']['bias'" in jax.tree_util.keystr(path):
+            assert np.abs(x).max() < 8 * 3e-3 and np.abs(y).max() < 8 * 3e-3
+        else:
+            np.testing.assert_allclose(
+                x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path)
+            )
+
+
+def final_params(workdir):
+    step, state = checkpoints.load(Path(workdir) / "checkpoints")
+    return step, state["params"]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("smoke")
+    train.train_and_evaluate(smoke.get_config(), str(workdir))
+    return workdir
+
+
+def test_smoke_training_learns_copy(smoke_run):
+    records = read_metrics(smoke_run)
+    assert [r["step"] for r in records] == list(range(8, 65, 8))
+    last = records[-1]
+    assert last["eval/accuracy"] > 0.9, last
+    assert records[0]["train/loss"] > 2 * last["train/loss"]
+    saved = json.loads((smoke_run / "config.json").read_text())
+    assert saved["model"]["num_heads"] == 2 and saved["task"]["name"] == "copy"
+    assert checkpoints.list_steps(smoke_run / "checkpoints") == [56, 64]
+
+
+def test_interrupted_run_resumes_bit_identical(smoke_run, tmp_path, monkeypatch):
+    real_save = checkpoints.save
+
+    def save_then_die(mgr, step, state, force=False):
+        real_save(mgr, step, state, force)
+        if step == 24:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoints, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(smoke.get_config(), str(tmp_path))
+    monkeypatch.setattr(checkpoints, "save", real_save)
+    assert checkpoints.list_steps(tmp_path / "checkpoints") == [16, 24]
+    train.train_and_evaluate(smoke.get_config(), str(tmp_path))
+    step, resumed = final_params(tmp_path)
+    step_full, full = final_params(smoke_run)
+    assert step == step_full == 64
+    jax.tree.map(np.testing.assert_array_equal, resumed, full)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [
+        r["step"] for r in read_metrics(smoke_run)
+    ]
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+    real = train.make_train_step
+
+    def poisoned(*args):
+        step_fn = real(*args)
+
+        def wrapped(state, batch):
+            new_state, loss = step_fn(state, batch)
+            return new_state, jnp.where(new_state["step"] == 21, jnp.nan, loss)
+
+        return wrapped
+
+    monkeypatch.setattr(train, "make_train_step", poisoned)
+    with pytest.raises(
+        FloatingPointError, match="loss is nan at step 21; .* checkpoint is step 16"
+    ):
+        train.train_and_evaluate(smoke.get_config(), str(tmp_path))
+    assert checkpoints.list_steps(tmp_path / "checkpoints") == [8, 16]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path):
+    port, workdir = free_port(), tmp_path / "two"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "XLA_FLAGS": ""}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "distributed_worker.py"),
+                str(port),
+                str(i),
+                str(workdir),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    config = smoke.get_config()
+    config.optim.num_epochs = 1
+    train.train_and_evaluate(config, str(tmp_path / "one"))
+    step2, two = final_params(workdir)
+    step1, one = final_params(tmp_path / "one")
+    assert step1 == step2 == 8
+    assert_close_except_key_bias(two, one, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            lambda c: c.model.update(num_heads=3),
+            "num_heads must divide embed_dim=16, got num_heads=3",
+        ),
+        (lambda c: c.task.update(name="sort"), r"task.name must be one of .*, got 'sort'"),
+        (lambda c: c.task.update(seq_len=17), "task.seq_len must be <= model.max_len=16, got 17"),
+        (
+            lambda c: c.optim.update(learning_rate=-1e-3),
+            "optim.learning_rate must be > 0, got -0.001",
+        ),
+        (lambda c: c.optim.update(batch_size=30), "divisible by the device count 4, got 30"),
+        (
+            lambda c: c.task.update(num_train=10),
+            "task.num_train must be >= optim.batch_size=32, got 10",
+        ),
+        (lambda c: c.update(eval_every_steps=0), "eval_every_steps must be > 0, got 0"),
+    ],
+)
+def test_bad_configs(change, message, tmp_path):
+    config = smoke.get_config()
+    change(config)
+    with pytest.raises(ValueError, match=message):
+        train.train_and_evaluate(config, str(tmp_path))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, heads", [("cycle", 1), ("induction", 16)])
+def test_cpu_config_learns_the_demos_tasks(task, heads, tmp_path):
+    """The CPU default reaches >= 95% of the predictable positions of the demo's tasks in
+    their hardest settings: cycle with one head, induction with 16 heads of dimension 4."""
+    config = cpu.get_config(f"task={task},heads={heads}")
+    config.progress_bar = False
+    train.train_and_evaluate(config, str(tmp_path))
+    last = read_metrics(tmp_path)[-1]
+    assert last["step"] == 400
+    assert last["eval/accuracy_predictable"] >= 0.95, last
+
+
+def test_cpu_device_count_divides_the_batch():
+    assert parallel.cpu_device_count(2, 50) == 2
+    assert parallel.cpu_device_count(4, 50) == 2
+    assert parallel.cpu_device_count(8, 48) == 8
+    assert parallel.cpu_device_count(7, 49) == 7
+    assert parallel.cpu_device_count(3) == 3
+
+
+def test_distributed_needs_a_coordinator():
+    with pytest.raises(
+        ValueError, match="coordinator_address must be host:port when num_processes=2"
+    ):
+        parallel.initialize("", 2, 0)
+
+
+def test_load_errors(smoke_run, tmp_path):
+    with pytest.raises(FileNotFoundError, match="must hold orbax checkpoints, got none"):
+        checkpoints.load(tmp_path)
+    with pytest.raises(ValueError, match=r"step must be one of \[56, 64\], got 3"):
+        checkpoints.load(smoke_run / "checkpoints", 3)
+
+
+def test_config_arguments():
+    config = paper.get_config("task=cycle,heads=8")
+    assert (config.task.name, config.model.num_heads, config.task.seq_len) == ("cycle", 8, 100)
+    assert (config.task.num_train, config.optim.batch_size, config.optim.num_epochs) == (
+        5000,
+        50,
+        200,
+    )
+    assert config.optim.learning_rate == 1e-3
+    assert cpu.get_config("heads=16").model.num_heads == 16
+    with pytest.raises(
+        ValueError, match=r"config argument must be one of \['heads', 'seed', 'task'\], got 'head'"
+    ):
+        paper.get_config("head=8")
+
+
+def test_train_cli_rejects_misspelt_override(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "train.py"),
+            "--config=configs/smoke.py",
+            "--config.optim.learnin_rate=0.1",
+            f"--workdir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "learnin_rate" in result.stderr
+    assert not (tmp_path / "config.json").exists()
+
+
+def test_batch_order_changes_between_epochs_and_depends_on_seed_and_step():
+    config = smoke.get_config()
+    train_set, _ = train.make_datasets(config)
+    per_epoch = train_set.steps_per_epoch
+    first = np.concatenate([train_set.indices(s) for s in range(per_epoch)])
+    second = np.concatenate([train_set.indices(s) for s in range(per_epoch, 2 * per_epoch)])
+    assert sorted(first) == sorted(second) == list(range(per_epoch * config.optim.batch_size))
+    assert not np.array_equal(first, second)
+    again, _ = train.make_datasets(config)  # a new process: same order for the same step
+    np.testing.assert_array_equal(again.indices(per_epoch + 1), train_set.indices(per_epoch + 1))
+
+
+def test_dropout_masks_change_with_the_step():
+    """Learning rate 0: the parameters never move, so only dropout makes losses differ."""
+    config = smoke.get_config()
+    mesh = parallel.data_mesh()
+    module = model_lib.Transformer(config_lib.model_config(config))
+    tx = optax.sgd(0.0)
+    state = train.create_state(module, jax.random.PRNGKey(0), tx, 16)
+    train_set, _ = train.make_datasets(config)
+    batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
+    step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(1))
+    losses = []
+    for _ in range(3):
+        state, loss = step(state, batch)
+        losses.append(float(loss))
+    assert len(set(losses)) == 3, losses
+    replay = train.create_state(module, jax.random.PRNGKey(0), tx, 16)
+    _, loss = step(replay, batch)
+    assert float(loss) == losses[0]
+
+
+def test_resume_drops_lines_logged_after_the_last_checkpoint(tmp_path, monkeypatch):
+    """Killed after the step-12 log line but before the step-16 checkpoint: on resume from
+    step 8 every step is logged exactly once."""
+    config = smoke.get_config()
+    config.log_every_steps = 4
+    real_write = train.MetricsWriter.write
+
+    def write_then_die(self, step, values):
+        real_write(self, step, values)
+        if step == 12:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train.MetricsWriter, "write", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(config, str(tmp_path))
+    monkeypatch.setattr(train.MetricsWriter, "write", real_write)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [4, 8, 12]
+    train.train_and_evaluate(config, str(tmp_path))
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(4, 65, 4))
+
+
+def test_evaluate_split_is_independent_of_batch_size():
+    """50 sequences in batches of 8, 12, 16 and 64 (all padded) give one answer."""
+    config = smoke.get_config()
+    mesh = parallel.data_mesh()
+    module = model_lib.Transformer(config_lib.model_config(config))
+    params = model_lib.init_params(module, jax.random.PRNGKey(0), 16)
+    examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 50, 16, 16)
+    examples = tasks.Examples(*(np.asarray(a) for a in examples))
+    logits = np.asarray(module.apply({"params": params}, examples.inputs), np.float64)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    targets = np.asarray(examples.targets)
+    nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    correct = logits.argmax(-1) == targets
+    mask = np.asarray(examples.predictable)
+    expected = {
+        "loss": nll.mean(),
+        "accuracy": correct.mean(),
+        "accuracy_predictable": (correct & mask).sum() / mask.sum(),
+    }
+    eval_step = train.make_eval_step(module, mesh)
+    for batch_size in (8, 12, 16, 64):
+        got = train.evaluate_split(eval_step, params, examples, batch_size, mesh)
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=f"{name} {batch_size}")

@@ -1,0 +1,480 @@
+"""Trustworthy runs: one experiment and one process per workdir, damaged files named and
+skipped, failed runs recorded, finite checkpoints, readable output."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from beyondpar import checkpoints
+from beyondpar.base import files, locks, settings
+from beyondpar.study import ablation, evaluate, report, train, workdir
+from configs import ablation as ablation_config
+from configs import smoke
+from conftest import DATA
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(script: str, *flags) -> subprocess.CompletedProcess:
+    """Run `launch/<script>` with `flags` as a user would, output captured."""
+    return subprocess.run(
+        [sys.executable, f"launch/{script}", *flags], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def short():
+    config = smoke.get_config()
+    config.optim.num_epochs = 1  # 8 steps, checkpoints at 8
+    config.evaluation.update(optimal_weights=False, pruning=False)
+    return config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("run")
+    train.train_and_evaluate(short(), str(path))
+    return path
+
+
+def snapshot(path: Path) -> dict:
+    """Every file but the lock (which holds the pid of the last process to take it)."""
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != locks.LOCK_FILE)
+    return {p: p.stat().st_mtime_ns for p in files}
+
+
+# ---------------------------------------------------------------- one experiment
+
+
+@pytest.mark.parametrize(
+    "change,listed",
+    [
+        (lambda c: c.model.update(num_heads=4), "model.num_heads: 2 -> 4"),
+        (lambda c: c.model.update(mlp_dim=64), "model.mlp_dim: 32 -> 64"),
+        (lambda c: c.optim.update(learning_rate=0.01), "optim.learning_rate: 0.003 -> 0.01"),
+        (lambda c: c.update(seed=3), "seed: 0 -> 3"),
+    ],
+)
+def test_resume_with_another_experiment_is_refused_before_writing(run, change, listed):
+    config = short()
+    change(config)
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=f"holds another experiment.*{listed}"):
+        train.train_and_evaluate(config, str(run))
+    assert snapshot(run) == before
+
+
+def test_extending_a_run_is_recorded_in_its_history(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = short()
+    config.optim.num_epochs = 2
+    config.log_every_steps = 4
+    train.train_and_evaluate(config, str(copy))
+    history = [json.loads(x) for x in (copy / "config_history.jsonl").read_text().splitlines()]
+    assert history == [
+        {"step": 8, "changes": {"log_every_steps": [8, 4], "optim.num_epochs": [1, 2]}}
+    ]
+    assert json.loads((copy / "config.json").read_text())["optim"]["num_epochs"] == 2
+    assert checkpoints.list_steps(copy / "checkpoints")[-1] == 16
+
+
+def test_observing_fields_may_change_and_every_change_is_kept(run, tmp_path):
+    """`evaluation.*` and the intervals observe a run: a resume may change them, and each
+    resume's changes append one line to the history (earlier lines are kept)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = short()
+    config.evaluation.num_sequences = 4
+    config.evaluation.horizon = 10
+    train.train_and_evaluate(config, str(copy))
+    config.keep_checkpoints = 5
+    config.evaluation.num_sequences = 6
+    train.train_and_evaluate(config, str(copy))
+    history = [json.loads(x) for x in (copy / "config_history.jsonl").read_text().splitlines()]
+    assert history == [
+        {
+            "step": 8,
+            "changes": {"evaluation.horizon": [20, 10], "evaluation.num_sequences": [8, 4]},
+        },
+        {"step": 8, "changes": {"evaluation.num_sequences": [4, 6], "keep_checkpoints": [2, 5]}},
+    ]
+    assert json.loads((copy / "config.json").read_text())["evaluation"]["num_sequences"] == 6
+
+
+def test_workdir_change_rules_field_by_field():
+    assert workdir.is_mutable("evaluation.walk") and workdir.is_mutable("distributed.process_id")
+    assert workdir.is_mutable("optim.num_epochs") and workdir.is_mutable("keep_checkpoints")
+    for fixed in ("evaluation", "evaluationx.walk", "optim.num_epochs_x", "optim.learning_rate"):
+        assert not workdir.is_mutable(fixed), fixed
+    assert settings.changes({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == {
+        "a.c": (2, 3),
+        "d": (None, 4),
+    }
+
+
+def test_checksums_follow_checkpoint_rotation(run, tmp_path):
+    """keep_checkpoints = 2: after four saves only the two newest steps remain, and the
+    checksums file holds exactly theirs, so a damaged kept step is caught."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = short()
+    config.optim.num_epochs = 4
+    train.train_and_evaluate(config, str(copy))
+    folder = copy / "checkpoints"
+    assert checkpoints.list_steps(folder) == [24, 32]
+    sums = json.loads((folder / "checksums.json").read_text())
+    assert set(sums) == {"24", "32"}
+    for step in (24, 32):
+        _, state = checkpoints.load(folder, step)
+        assert checkpoints.checksum(state) == sums[str(step)]
+    sums["24"] = "f" * 64
+    (folder / "checksums.json").write_text(json.dumps(sums))
+    with pytest.raises(checkpoints.CheckpointError, match="step 24 does not match its checksum"):
+        checkpoints.load(folder, 24)
+
+
+LOCK_HOLDER = """
+import sys, time
+from beyondpar.base import locks
+with locks.lock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_busy_workdir_stops_a_second_process_at_once(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        start = time.perf_counter()
+        with pytest.raises(
+            locks.FolderBusy, match=f"workdir {tmp_path} is in use .*pid {holder.pid}"
+        ):
+            train.train_and_evaluate(short(), str(tmp_path))
+        assert time.perf_counter() - start < 5
+        assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
+        cli = launch("train.py", "--config=configs/smoke.py", f"--workdir={tmp_path}")
+        assert cli.returncode == 2 and "is in use by another process" in cli.stderr
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a killed holder releases the lock
+        holder.wait()
+        holder.stdout.close()
+    with locks.lock(tmp_path), locks.lock(tmp_path):  # free again, and re-entrant
+        pass
+
+
+# ---------------------------------------------------------------- ablations
+
+
+def smoke_grid(**levels):
+    config = ablation_config.get_config("base=smoke")
+    config.levels.task = ("copy",)
+    config.levels.update(**levels)
+    config.overrides.optim__num_epochs = 1
+    config.overrides.evaluation__optimal_weights = False
+    config.overrides.evaluation__pruning = False
+    return config
+
+
+def test_invalid_grid_points_are_listed_before_any_training(tmp_path):
+    config = smoke_grid(heads=(2, 3, 5))
+    for call in (ablation.run, ablation.dry_run):
+        with pytest.raises(
+            ValueError, match="2 of 3 grid points are invalid; nothing was trained"
+        ) as err:
+            call(config, tmp_path)
+        assert (
+            "heads-3_seed-0_task-copy: num_heads must divide embed_dim=16, got num_heads=3"
+            in str(err.value)
+        )
+        assert "heads-5_seed-0_task-copy" in str(err.value)
+    assert not list(tmp_path.iterdir())
+    config = smoke_grid(heads=(2,))
+    config.overrides.evaluation__walk = "lazy"
+    with pytest.raises(
+        ValueError,
+        match=r"evaluation.walk must be one of \('reference', 'normalized'\), got 'lazy'",
+    ):
+        ablation.run(config, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        FloatingPointError("training loss is nan at step 3; stopped, no checkpoint saved yet"),
+        RuntimeError("out of memory allocating 4 GB"),
+        OSError(28, "No space left on device"),
+    ],
+)
+def test_a_failed_run_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch, error):
+    real = train.train_and_evaluate
+
+    def failing(config, path):
+        if config.model.num_heads == 1:
+            raise error
+        return real(config, path)
+
+    monkeypatch.setattr(train, "train_and_evaluate", failing)
+    written, failures = ablation.run(smoke_grid(heads=(1, 2)), tmp_path, progress=False)
+    kind = type(error).__name__
+    assert failures == [("heads-1_seed-0_task-copy", f"{kind}: {error}")]
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Failed" in text and f"- heads-1_seed-0_task-copy: {kind}" in text
+    assert "| layer | H=2 |" in text  # the rest is reported
+
+
+def test_overrides_from_the_command_line(tmp_path):
+    result = launch(
+        "ablate.py",
+        "--config=configs/ablation.py:base=smoke",
+        "--config.overrides.optim__learning_rate=1e-2",
+        f"--workdir={tmp_path}",
+        "--dry_run",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("--config.optim.learning_rate=0.01") == 8
+
+
+# ---------------------------------------------------------------- damaged files
+
+
+def test_damaged_latest_checkpoint_is_skipped_on_resume(run, tmp_path, capfd):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = short()
+    config.optim.num_epochs = 2
+    train.train_and_evaluate(config, str(copy))  # steps 8 and 16
+    for data in (copy / "checkpoints" / "16").rglob("d/*"):
+        data.write_bytes(data.read_bytes()[:20])
+    capfd.readouterr()
+    config.optim.num_epochs = 3
+    train.train_and_evaluate(config, str(copy))
+    err = capfd.readouterr().err
+    assert f"{copy}: checkpoint step 16 is unreadable" in err
+    assert f"{copy}: resuming from step 8" in err
+    assert len(err.strip().splitlines()) == 2, err[:3000]
+    assert checkpoints.list_steps(copy / "checkpoints") == [16, 24]
+    assert (copy / "damaged_checkpoints" / "step16").is_dir()
+
+
+def test_a_failed_read_leaves_no_late_reports_on_a_busy_machine(run, tmp_path):
+    """Orbax's abandoned reads report "Event loop is closed" as they finish; on a busy
+    machine (threads holding the interpreter here) that comes late. None may reach the
+    program's hooks after the one-line error."""
+    import threading
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for data in (copy / "checkpoints" / "8").rglob("d/*"):
+        data.write_bytes(data.read_bytes()[:20])
+    late, busy = [], True
+
+    def burn():
+        while busy:
+            sum(range(10_000))
+
+    burners = [threading.Thread(target=burn) for _ in range(4)]
+    hook = sys.unraisablehook
+    sys.unraisablehook = late.append
+    try:
+        for thread in burners:
+            thread.start()
+        for _ in range(4):
+            with pytest.raises(checkpoints.CheckpointError, match="step 8 is unreadable"):
+                checkpoints.load(copy / "checkpoints")
+            time.sleep(0.5)
+    finally:
+        busy = False
+        for thread in burners:
+            thread.join()
+        import gc
+
+        gc.collect()
+        sys.unraisablehook = hook
+    assert [str(r.exc_value) for r in late] == []
+
+
+def test_checksum_mismatch_and_flipped_bits_never_load(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    sums = copy / "checkpoints" / "checksums.json"
+    stored = json.loads(sums.read_text())
+    assert set(stored) == {"8"}
+    sums.write_text(json.dumps({"8": "0" * 64}))
+    with pytest.raises(checkpoints.CheckpointError, match="step 8 does not match its checksum"):
+        checkpoints.load(copy / "checkpoints")
+    sums.write_text(json.dumps(stored))
+    _, good = checkpoints.load(copy / "checkpoints")
+    assert checkpoints.checksum(good) == stored["8"]
+    for data in (copy / "checkpoints" / "8").rglob("d/*"):
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0x10
+        data.write_bytes(bytes(raw))
+    with pytest.raises(checkpoints.CheckpointError, match="step 8"):
+        checkpoints.load(copy / "checkpoints")
+
+
+def test_evaluation_names_damaged_files_and_goes_on(run, tmp_path):
+    root = tmp_path / "tree"
+    for name in ("good", "bad_config", "bad_checkpoint"):
+        shutil.copytree(run, root / name)
+    (root / "bad_config" / "config.json").write_text('{"model": ')
+    for data in (root / "bad_checkpoint" / "checkpoints" / "8").rglob("d/*"):
+        data.write_bytes(data.read_bytes()[:20])
+    result = launch("evaluate.py", f"--runs={root}")
+    assert result.returncode == 1
+    out = result.stdout
+    assert "evaluated 1 checkpoint(s), skipped 0 already recorded, failed 2" in out
+    assert (
+        f"FAILED bad_config@8: ValueError: {root / 'bad_config' / 'config.json'} is not valid JSON"
+        in out
+    )
+    assert "FAILED bad_checkpoint@8: CheckpointError: step 8 is unreadable" in out
+    assert f"wrote {root / 'report' / 'report.md'}" in out
+    assert len(result.stderr.splitlines()) < 20, result.stderr[-3000:]
+    # A valid JSON line that is not a record: named, skipped, the rest reported.
+    with (root / evaluate.RECORDS_FILE).open("a") as f:
+        f.write('{"hello": 1}\n')
+    again = launch("evaluate.py", f"--runs={root}")
+    assert f"skipped {root / evaluate.RECORDS_FILE}:2: not a record" in again.stdout
+    assert "skipped 1 already recorded" in again.stdout
+
+
+def test_nothing_to_evaluate_is_an_error(tmp_path):
+    result = launch("evaluate.py", f"--runs={tmp_path}")
+    assert result.returncode == 2
+    assert (
+        f"no runs under {tmp_path}: looked for folders holding config.json and checkpoints/"
+        in result.stderr
+    )
+
+
+def test_damaged_reference_files_are_named(tmp_path):
+    shutil.copy(DATA / "1_heads_cycle.npz", tmp_path)
+    (tmp_path / "4_heads_copy.npz").write_bytes((DATA / "4_heads_copy.npz").read_bytes()[:1000])
+    (tmp_path / "2_heads_copy.npz").write_bytes(b"garbage" * 100)
+    records, failures = evaluate.evaluate_reference_folder(
+        tmp_path, evaluate.EvalSpec(num_sequences=2, pruning=False, optimal_weights=False)
+    )
+    assert [r["run"] for r in records] == ["1_heads_cycle.npz"]
+    assert records[0]["step"] is None and records[0]["seed"] is None
+    assert [name for name, _ in failures] == ["2_heads_copy.npz", "4_heads_copy.npz"]
+    assert all(message.startswith("unreadable: ") for _, message in failures)
+
+
+# ---------------------------------------------------------------- NaN
+
+
+def test_non_finite_state_is_never_saved(tmp_path, monkeypatch):
+    real = train.make_train_step
+
+    def poisoned(*args):
+        step_fn = real(*args)
+
+        def wrapped(state, batch):
+            new, loss = step_fn(state, batch)
+            bad = new["step"] >= 8  # the loss stays finite: only the state goes bad
+            new["opt_state"] = jax_tree_where(bad, new["opt_state"])
+            return new, loss
+
+        return wrapped
+
+    monkeypatch.setattr(train, "make_train_step", poisoned)
+    with pytest.raises(
+        FloatingPointError,
+        match="not finite at step 8; stopped before saving them, no checkpoint saved yet",
+    ):
+        train.train_and_evaluate(short(), str(tmp_path))
+    assert checkpoints.list_steps(tmp_path / "checkpoints") == []
+
+
+def jax_tree_where(bad, tree):
+    import jax
+
+    return jax.tree.map(
+        lambda x: jnp.where(bad, jnp.nan, x) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
+
+
+def test_train_cli_ends_with_one_summary_line(tmp_path):
+    result = launch(
+        "train.py",
+        "--config=configs/smoke.py",
+        f"--workdir={tmp_path}",
+        "--config.optim.num_epochs=1",
+        "--config.progress_bar=False",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("trained copy H=2 to step 8 in ") and f"workdir {tmp_path}" in last
+    assert "Unable to initialize backend" not in result.stdout + result.stderr
+
+
+def test_float64_in_float32_mode_warns_once():
+    code = (
+        "import warnings, numpy as np\n"
+        "from beyondpar import metrics\n"
+        "c = np.full((2, 2), 0.5)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    metrics.minimax_fidelity(c); metrics.hitting_time(c)\n"
+        "print(len(w), str(w[0].message))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "JAX_ENABLE_X64": "0"},
+    )
+    count, message = out.stdout.split(" ", 1)
+    assert count == "1" and "float64 but JAX runs in float32 mode" in message
+
+
+def test_report_of_reference_records_shows_no_placeholders():
+
+    record = evaluate.evaluate_reference(
+        DATA / "1_heads_cycle.npz",
+        evaluate.EvalSpec(num_sequences=2, pruning=False, optimal_weights=False),
+    )
+    text = report.markdown([record])
+    assert "| 1_heads_cycle.npz | - | cycle | 1 | - |" in text
+    assert "Single-head models only: nothing to mix." in text
+    assert np.isfinite(record["metrics"]["fidelity"]["mean"]).all()
+
+
+def test_a_damaged_npz_is_named_and_its_file_closed(tmp_path):
+    import gc
+    import warnings
+
+    good = files.read_npz(DATA / "1_heads_cycle.npz")
+    assert good.keys() == dict(np.load(DATA / "1_heads_cycle.npz")).keys()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes((DATA / "4_heads_copy.npz").read_bytes()[:1000])
+    single = tmp_path / "single.npz"
+    np.save(tmp_path / "single.npy", np.ones(3))
+    (tmp_path / "single.npy").rename(single)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for path in (cut, single):
+            with pytest.raises(Exception) as err:
+                checkpoints._read_state_dict(path)
+            del err
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    with pytest.raises(ValueError, match="single.npz must be an .npz archive"):
+        files.read_npz(single)

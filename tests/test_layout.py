@@ -1,0 +1,178 @@
+"""The package's plan, read from its source with `ast`: imports flow one way (entry points
+-> workflows -> models -> kernels -> base helpers), the two workflows never import each
+other, no module reaches into another's private names, and modules stay small."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PACKAGE = ROOT / "beyondpar"
+KERNELS = {"graphs", "metrics", "synergy", "weighting", "pruning"}
+MODELS = {"model", "tasks", "checkpoints", "pretrained"}
+WORKFLOWS = {"study", "analysis"}
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(name: str) -> tuple[int, str]:
+    """(rank, group) of a beyondpar module; a module imports only ranks <= its own."""
+    top = name.split(".")[1] if name.count(".") else ""
+    if top == "base":
+        return 0, "base"
+    if top in KERNELS:
+        return 1, "kernels"
+    if top in MODELS:
+        return 2, "models"
+    if top in WORKFLOWS:
+        return 3, top
+    if top == "benchmarks":
+        return 4, "benchmarks"
+    return 5, "package"
+
+
+def imports(tree: ast.AST, name: str) -> list[tuple[str, ast.AST]]:
+    """(imported beyondpar module, node): `from beyondpar.x import y` counts as x.y when y
+    is a module of the package, else as x."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node) for a in node.names if a.name.startswith("beyondpar")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("beyondpar"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                is_module = (ROOT / Path(*full.split("."))).with_suffix(".py").exists() or (
+                    ROOT / Path(*full.split("."))
+                ).is_dir()
+                found.append((full if is_module else node.module, node))
+    return found
+
+
+def sources():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, module_name(path), ast.parse(path.read_text())
+
+
+def test_imports_flow_down_and_workflows_stay_apart():
+    wrong = []
+    for path, name, tree in sources():
+        rank, group = layer(name)
+        for target, node in imports(tree, name):
+            t_rank, t_group = layer(target)
+            if t_rank > rank or (t_rank == rank == 3 and t_group != group):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {name} -> {target}")
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_graphs_and_metrics_import_only_base_helpers():
+    for path in (PACKAGE / "graphs.py", PACKAGE / "metrics.py"):
+        targets = {t for t, _ in imports(ast.parse(path.read_text()), "")}
+        assert all(t.startswith("beyondpar.base") for t in targets), (path.name, targets)
+
+
+def test_no_function_imports_the_package():
+    local = []
+    for path, _, tree in sources():
+        for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            for node in ast.walk(func):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    names = [getattr(node, "module", None) or ""] + [a.name for a in node.names]
+                    if any(n.startswith("beyondpar") for n in names):
+                        local.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not local, f"function-local imports of beyondpar: {local}"
+
+
+def test_no_module_uses_another_modules_private_names():
+    used = []
+    for path, _, tree in sources():
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("beyondpar"):
+                modules |= {a.asname or a.name for a in node.names}
+                used += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_")
+                ]
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                used.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value.id}.{node.attr}")
+    assert not used, f"private names of other modules: {used}"
+
+
+def test_functions_are_short():
+    long = []
+    for path, _, tree in sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_folder_inits_only_reexport():
+    for path in PACKAGE.rglob("__init__.py"):
+        body = ast.parse(path.read_text()).body
+        for node in body:
+            docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            version = isinstance(node, ast.Assign) and [t.id for t in node.targets] == [
+                "__version__"
+            ]
+            assert docstring or version or isinstance(node, ast.Import | ast.ImportFrom), (
+                f"{path.relative_to(ROOT)}:{node.lineno} holds logic"
+            )
+
+
+def test_top_level_is_small_and_has_no_prefixed_family():
+    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert len(modules) <= 12, modules
+    prefixes = [m.split("_")[0] for m in modules if "_" in m]
+    assert not [m for m in modules if m.split("_")[0] in prefixes and "_" in m], modules
+
+
+@pytest.mark.parametrize("folder", ["configs", "launch"])
+def test_configs_and_launchers_import_no_private_or_sibling_logic(folder):
+    """Configs are data: they import config helpers, never a workflow; launchers only
+    parse flags, so they need nothing private."""
+    for path in sorted((ROOT / folder).glob("*.py")):
+        targets = {t for t, _ in imports(ast.parse(path.read_text()), "")}
+        if folder == "configs":
+            workflows = {t for t in targets if layer(t)[0] >= 3}
+            assert workflows <= {"beyondpar.study.config_lib"}, (path.name, workflows)
+        assert not any(t.rsplit(".", 1)[-1].startswith("_") for t in targets), path.name
+
+
+def test_the_public_api_is_where_users_look():
+    """The names DESIGN.md's public API lists, at their documented paths."""
+    from beyondpar import checkpoints, graphs, metrics, model, pretrained, pruning, synergy, tasks
+
+    names = {
+        graphs: "combine_heads head_importance dag_operator rollout rollout_sink sink_mass "
+        "drop_sink_tokens uniform_causal",
+        metrics: "sink_signal minimax_fidelity node_fidelity hitting_time tv_mixing_time "
+        "spectral_mixing_time survival spectral_radius relaxation_time operator_metrics "
+        "monte_carlo_hitting_time map_blocks",
+        synergy: "amplification pairwise_synergy optimal_weights cross_head_share head_diversity",
+        checkpoints: "import_reference load CheckpointError checksum",
+        model: "apply_with_attention",
+        pretrained: "load apply_with_attention layer_by_layer build",
+        tasks: "make_examples ATTENTION_TASKS",
+        pruning: "gradient_importance fidelity_order attention_necessity ORDERS",
+    }
+    missing = [
+        f"{m.__name__}.{n}" for m, ns in names.items() for n in ns.split() if not hasattr(m, n)
+    ]
+    assert not missing, missing
+    assert pretrained.gguf_file.GgufFile.tokenizer
