@@ -17,7 +17,8 @@ llama.cpp gives (its `src/llama-vocab.cpp`), on any text.
 Control and unknown-type tokens are special (kept whole, left out of `decode`), user-defined
 ones are kept whole and decoded; BOS and EOS are added as the file says, with llama.cpp's
 defaults where it says nothing (`encode(text, add_special_tokens=False)` leaves them out,
-as llama.cpp's `add_special=false` does).
+as llama.cpp's `add_special=false` does). Not applied: llama.cpp's exceptions by model
+name (for Phi-3 it drops the whitespace after special tokens).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def build(source) -> Tokenizer:
     if kind == "gpt2":
         style = _pre_tokenizer_name(source)
         tok = _byte_level_bpe(source, tokens, style)
-        add_bos, default_ids = style in _WHOLE_WORDS, (11, 11)
+        add_bos, default_ids = style in _WHOLE_WORDS, (11, 11)  # llama.cpp's BOS/EOS ids
     elif kind == "llama":
         tok = _sentencepiece(source, tokens)
         add_bos, default_ids = True, (1, 2)
