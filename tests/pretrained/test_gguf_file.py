@@ -131,7 +131,7 @@ def rewrite(path, tmp_path, change) -> object:
             r"general.architecture must be one of \['llama', 'qwen2', 'qwen3', 'gpt2'\], "
             "got 'falcon'",
         ),
-        ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.model must be 'gpt2'.*got 'llama'"),
+        ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model must be 'gpt2'.*got 'bert'"),
         ({"tokenizer.ggml.pre": "chatglm-bpe"}, "tokenizer.ggml.pre must be one of .*chatglm"),
         ({"llama.attention.head_count": None}, "must hold metadata 'llama.attention.head_count'"),
     ],
