@@ -111,6 +111,16 @@ def rotary_dim(head_dim: int, partial_factor: float) -> int:
     return int(head_dim * partial_factor)
 
 
+def rotary_tables(t: int, inv_freq_half: np.ndarray, scale: float = 1.0):
+    """(T, rotary_dim) cos and sin of positions 0..T-1 (times `scale`), built once per
+    length in NumPy: the angles in float32 as transformers forms them, their cos and sin
+    rounded once from float64. Peaked attention between distant positions amplifies a
+    last-bit difference here; these tables keep it nearest a float64 reference."""
+    angles = np.arange(t, dtype=np.float32)[:, None] * np.asarray(inv_freq_half, np.float32)
+    angles = np.concatenate([angles, angles], -1).astype(np.float64)
+    return (np.cos(angles) * scale).astype(np.float32), (np.sin(angles) * scale).astype(np.float32)
+
+
 def rotate_half_split(x_BxTxHxD, inv_freq_half: np.ndarray, scale: float = 1.0):
     """Rotary embedding of positions 0..T-1 with the feature halves paired (HF's layout).
 
@@ -121,10 +131,8 @@ def rotate_half_split(x_BxTxHxD, inv_freq_half: np.ndarray, scale: float = 1.0):
     t = x_BxTxHxD.shape[1]
     rot = 2 * len(inv_freq_half)
     x_rot, x_pass = x_BxTxHxD[..., :rot], x_BxTxHxD[..., rot:]
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * jnp.asarray(inv_freq_half, jnp.float32)
-    angles = jnp.concatenate([angles, angles], -1)[None, :, None, :]
-    cos = (jnp.cos(angles) * scale).astype(x_rot.dtype)
-    sin = (jnp.sin(angles) * scale).astype(x_rot.dtype)
+    cos, sin = rotary_tables(t, inv_freq_half, scale)
+    cos, sin = (jnp.asarray(a, x_rot.dtype)[None, :, None, :] for a in (cos, sin))
     x1, x2 = jnp.split(x_rot, 2, axis=-1)
     rotated = x_rot * cos + jnp.concatenate([-x2, x1], -1) * sin
     return jnp.concatenate([rotated, x_pass], -1) if x_pass.shape[-1] else rotated

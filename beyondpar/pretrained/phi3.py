@@ -58,7 +58,7 @@ class Phi3Config:
                     f"when head_dim is not given, got {heads}"
                 )
             head_dim = embed // heads
-        return cls(
+        config = cls(
             vocab_size=field(c, "vocab_size"),
             max_len=field(c, "max_position_embeddings"),
             embed_dim=embed,
@@ -73,6 +73,9 @@ class Phi3Config:
             activation=one_of("hidden_act", c.get("hidden_act", "silu"), layers.ACTIVATIONS),
             tied=bool(c.get("tie_word_embeddings", False)),
         )
+        for length in (1, config.max_len):  # short and long factors counted now, not at run
+            config.rope.inverse_frequencies(head_dim, length)
+        return config
 
 
 def _rope_parameters(c: dict) -> dict:

@@ -2,18 +2,16 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_fixtures import HF, copy_checkpoint, expected, logits_and_attention
 from safetensors.numpy import load_file, save_file
 
 from beyondpar import pretrained
-from conftest import DATA
 
-HF = DATA / "hf"
 FAMILIES = (
     "gpt2-tiny",
     "llama-tiny",
@@ -24,35 +22,15 @@ FAMILIES = (
     "gemma2-tiny",
     "gemma3-tiny",
     "phi3-tiny",
+    "gemma2-pattern",
+    "gemma3-legacy",
+    "gemma3-multimodal",
+    "phi3-longrope",
 )
 
 # Six layers of peaked attention: transformers' own float32 forward is 1.6e-5 away from
 # this fixture's float64 attention (its float64 forward 7.5e-6), so float32 gets 2e-5.
 ATTENTION_ATOL = {"gemma3-tiny": 2e-5}
-
-
-def expected(name):
-    return dict(np.load(HF / name / "expected.npz"))
-
-
-def copy_checkpoint(name, tmp_path, config=None, tensors=None) -> Path:
-    """A copy of a fixture folder with config fields and tensors changed."""
-    folder = tmp_path / name
-    shutil.copytree(HF / name, folder)
-    if config is not None:
-        data = json.loads((folder / "config.json").read_text())
-        data.update(config)
-        (folder / "config.json").write_text(json.dumps(data))
-    if tensors is not None:
-        weights = load_file(folder / "model.safetensors")
-        save_file(tensors(weights), folder / "model.safetensors")
-    return folder
-
-
-def logits_and_attention(folder, tokens=None, dtype=None):
-    module, params, _ = pretrained.load(folder, dtype)
-    tokens = expected("llama-tiny")["tokens"] if tokens is None else tokens
-    return pretrained.apply_with_attention(module, params, tokens)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
