@@ -107,6 +107,9 @@ class GemmaConfig:
             )
         num_layers = field(c, "num_hidden_layers")
         types = layer_types(c, num_layers, 2 if gemma2 else None)
+        # As transformers: Gemma 3's attention takes no cap, its multimodal class no final one.
+        attn_cap = positive_number(c, "attn_logit_softcapping", nullable=True)
+        final_cap = positive_number(c, "final_logit_softcapping", nullable=True)
         return cls(
             model_type=kind,
             vocab_size=field(c, "vocab_size"),
@@ -121,10 +124,8 @@ class GemmaConfig:
             query_pre_attn_scalar=positive_number(c, "query_pre_attn_scalar"),
             layer_ropes=layer_ropes(c, types, gemma2),
             layer_windows=layer_windows(c, types),
-            attn_softcap=positive_number(c, "attn_logit_softcapping", True) if gemma2 else None,
-            final_softcap=None
-            if kind == "gemma3"
-            else positive_number(c, "final_logit_softcapping", True),
+            attn_softcap=attn_cap if gemma2 else None,
+            final_softcap=None if kind == "gemma3" else final_cap,
             qk_norm=not gemma2,
             attention_bias=bool(c.get("attention_bias")),
             activation=one_of("hidden_activation", c.get("hidden_activation"), layers.ACTIVATIONS),
@@ -183,8 +184,8 @@ def layer_ropes(c: dict, types: tuple[str, ...], gemma2: bool) -> tuple[rotary.R
             )
         return (rotary.Rope.from_params(params, c, ROPE_TYPES),) * len(types)
     by_type = _rope_parameters_by_type(c)
-    theta = {"full_attention": c.get("rope_theta", 1e6)}
-    theta["sliding_attention"] = c.get("rope_local_base_freq", 1e4)
+    theta = {"full_attention": c.get("rope_theta") or 1e6}
+    theta["sliding_attention"] = c.get("rope_local_base_freq") or 1e4
     ropes = {
         t: rotary.Rope.from_params(by_type[t], {}, ROPE_TYPES, theta=theta[t]) for t in LAYER_TYPES
     }
