@@ -7,13 +7,22 @@ with the same head mask; `layer_by_layer` yields one layer's attention at a time
 texts too long to keep every layer's T x T maps.
 """
 
-from beyondpar.pretrained import files, gguf_file, gpt2, gpt_neox, llama  # noqa: F401
-from beyondpar.pretrained.loading import FAMILIES, build, family, load, load_gguf  # noqa: F401
+from beyondpar.pretrained import files, gguf_file, gpt2, gpt_neox, llama, sharding  # noqa: F401
+from beyondpar.pretrained.loading import (  # noqa: F401
+    FAMILIES,
+    build,
+    family,
+    layer_name,
+    load,
+    load_gguf,
+    parameter_shapes,
+)
 from beyondpar.pretrained.running import (  # noqa: F401
     apply_with_attention,
     check_head_mask,
     check_tokens,
+    gather_heads,
     head_importances,
     layer_by_layer,
-    layer_name,
+    place_tokens,
 )
