@@ -168,12 +168,6 @@ def batch_sharding(mesh, batch_size: int) -> NamedSharding:
     return NamedSharding(mesh, P(DATA) if split else P())
 
 
-def data_submesh(mesh) -> jax.sharding.Mesh:
-    """The devices of `mesh` at model index 0, as a `data` x 1 mesh: where a result
-    gathered over `model` lives, once per batch part."""
-    return jax.sharding.Mesh(mesh.devices[:, :1], (DATA, MODEL))
-
-
 def place(values, sharding) -> jax.Array:
     """A host array (NumPy, or a jax.Array on a CPU device) as a jax.Array laid out by
     `sharding`: each device receives only its part, never the whole array first. An

@@ -194,11 +194,21 @@ class GgufFile:
     def _hf_names(self) -> dict[str, str]:
         return self.hf_names()
 
+    @functools.cached_property
+    def _compiled(self) -> set:
+        """The (type, rows, cols) whose tensors hold enough values to compile for."""
+        totals: dict = {}
+        for info in self.tensors.values():
+            key = (info.tensor_type, *info.rows_cols)
+            totals[key] = totals.get(key, 0) + info.n_elements
+        return {key for key, values in totals.items() if gguf_quants.worth_compiling(values)}
+
     def _decode(self, info, cols: int, transpose: bool, dtype, order=None):
         kind = info.tensor_type
+        compiled = (kind, *info.rows_cols) in self._compiled
         try:
             raw = self.header.raw(info)
-            return gguf_quants.decode(raw, kind, cols, transpose, dtype, order)
+            return gguf_quants.decode(raw, kind, cols, transpose, dtype, order, compiled)
         except NotImplementedError as err:
             raise ValueError(
                 f"GGUF file {self.path}: tensor {info.name!r} has quantisation type "

@@ -5,8 +5,9 @@ Each supported ggml type has a kernel from its raw blocks (uint8) to float32 tha
 the `gguf` package's arithmetic in the same order (so the values are the package's,
 bit for bit on CPU); per tensor shape it is fused with the transpose of a Dense kernel
 and the cast into one jitted pass on the host's CPU device, whose output is the
-parameter itself: no float32 host copy, no separate transpose. Types without a kernel
-(the IQ and TQ families, ...) and vectors go through the package's NumPy code.
+parameter itself: no float32 host copy, no separate transpose. Compiling costs about
+0.1 s per shape, so small models (and vectors, and types without a kernel: the IQ and
+TQ families, ...) go through the package's NumPy code instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 Q = GGMLQuantizationType
+KERNEL_MIN_VALUES = 1 << 24  # values of one (type, shape) from which a kernel pays off
 
 # Byte offsets of the float16 fields (scales d, minimums m) in each type's blocks.
 FLOAT16_FIELDS = {
@@ -194,19 +196,27 @@ def _cpu():
     return jax.local_devices(backend="cpu")[0]
 
 
-def decode(raw, qtype, cols: int, transpose=False, dtype=np.float32, order=None):
+def decode(raw, qtype, cols: int, transpose=False, dtype=np.float32, order=None, compiled=True):
     """The values of a tensor stored as `raw` (uint8, rows x bytes per row) as a
     (rows, cols) array, rows taken in `order` (default: as stored), transposed when
-    asked, in `dtype`: a jax.Array on the host's CPU device (a NumPy array for the
-    types the package dequantises and for vectors)."""
+    asked, in `dtype`: a jax.Array on the host's CPU device from the type's kernel, or,
+    when not `compiled`, for vectors and for types without a kernel, a NumPy array (a
+    transposed view) from the package's code."""
     qtype, dtype = Q(qtype), np.dtype(dtype)
     rows = raw.shape[0]
     raw = raw if order is None else raw[order]
-    if qtype not in KERNELS or rows == 1:
+    if not compiled or qtype not in KERNELS or rows == 1:
         values = dequantize(raw, qtype).reshape(rows, cols)
-        return np.ascontiguousarray(values.T if transpose else values, dtype)
+        values = values.T if transpose else values
+        return values if values.dtype == dtype else values.astype(dtype)
     kernel = _kernel(qtype, rows, cols, transpose, dtype)
     return kernel(jax.device_put(raw, _cpu()))
+
+
+def worth_compiling(values: int) -> bool:
+    """Whether `values` values of one (type, shape) repay compiling a kernel for them
+    (about 0.1 s) over the package's NumPy code (a few ns more per value)."""
+    return values >= KERNEL_MIN_VALUES
 
 
 def dequantize(raw, qtype) -> np.ndarray:

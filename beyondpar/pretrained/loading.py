@@ -92,20 +92,22 @@ def _prefix(module, names) -> str:
 
 
 def parameter_shapes(module) -> dict[tuple[str, ...], tuple[int, ...]]:
-    """{parameter path: shape} of a model, traced one distinct block at a time: tracing
-    the whole network's init takes a second for 30 layers, one block a few ms."""
+    """{parameter path: shape} of a model, traced one distinct block at a time (tracing
+    the whole network's init takes a second for 30 layers, one block a few ms), on
+    abstract inputs (a concrete key or array would compile XLA code to make it)."""
     cfg = module.config
-    key, tokens = jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32)
-    x = jnp.zeros((1, 1, cfg.embed_dim), jnp.float32)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    x = jax.ShapeDtypeStruct((1, 1, cfg.embed_dim), jnp.float32)
     traced = {}
     for method, arg in (("embed", tokens), ("unembed", x)):
-        init = lambda a, m=method: module.init(key, a, method=m)["params"]  # noqa: E731
-        traced.update(jax.eval_shape(init, arg))
+        init = lambda k, a, m=method: module.init(k, a, method=m)["params"]  # noqa: E731
+        traced.update(jax.eval_shape(init, key, arg))
     blocks: dict = {}
     for i in range(cfg.num_layers):
         block = family(module).block_module(cfg, i)
         if block not in blocks:
-            blocks[block] = jax.eval_shape(lambda b=block: b.init(key, x))["params"]
+            blocks[block] = jax.eval_shape(lambda k, a, b=block: b.init(k, a)["params"], key, x)
         traced[layer_name(module, i)] = blocks[block]
     leaves = jax.tree_util.tree_leaves_with_path(traced)
     return {tuple(p.key for p in path): tuple(leaf.shape) for path, leaf in leaves}

@@ -81,14 +81,20 @@ def layer_by_layer(module, params, tokens_BxT, head_mask=None) -> Iterator[tuple
 
 
 def gather_heads(attn_BxHxTxT, mesh):
-    """A layer's attention with all its heads on each device that holds part of the
-    batch: split along `data` over the devices at model index 0 (replicated there when
-    the batch does not divide), so that mixing heads needs no collective. Unchanged
-    without a mesh or when its `model` axis is 1."""
-    if mesh is None or mesh.shape[parallel.MODEL] == 1:
+    """A layer's attention with all its heads together on each device that holds part of
+    the batch, as the analyses' kernels take it: on one device, or split along the batch
+    over every local device (on the first device of `mesh` when the batch does not
+    divide). Unchanged without a mesh, on one device, or when the batch is already split
+    over every local device by a mesh without a `model` axis."""
+    devices = attn_BxHxTxT.sharding.device_set
+    local = jax.local_devices()
+    if mesh is None or len(devices) == 1:
         return attn_BxHxTxT
-    sharding = parallel.batch_sharding(parallel.data_submesh(mesh), attn_BxHxTxT.shape[0])
-    return jax.device_put(attn_BxHxTxT, sharding)
+    if mesh.shape[parallel.MODEL] == 1 and len(devices) == len(local):
+        return attn_BxHxTxT
+    if attn_BxHxTxT.shape[0] % len(local) == 0:
+        return jax.device_put(attn_BxHxTxT, parallel.batch_sharded(parallel.data_mesh(local)))
+    return jax.device_put(attn_BxHxTxT, mesh.devices.flat[0])
 
 
 def place_tokens(params, tokens_BxT) -> jax.Array:

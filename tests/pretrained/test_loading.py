@@ -10,7 +10,7 @@ import pytest
 
 from beyondpar import pretrained
 from beyondpar.benchmarks import gguf_models, previous_load
-from beyondpar.pretrained import files, gguf_file, loading
+from beyondpar.pretrained import files, gguf_file, gguf_quants, loading
 from conftest import DATA
 
 HF = DATA / "hf"
@@ -65,7 +65,10 @@ def leaves(params):
     }
 
 
-def test_gguf_values_are_the_previous_paths_bit_for_bit(qwen2_gguf):
+@pytest.mark.parametrize("kernels", ["every shape", "large shapes only"])
+def test_gguf_values_are_the_previous_paths_bit_for_bit(qwen2_gguf, monkeypatch, kernels):
+    if kernels == "every shape":
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     module, params, tokenizer = pretrained.load(qwen2_gguf, progress=False)
     old_module, old_params, old_tokenizer = previous_load.load(qwen2_gguf)
     assert module.config == old_module.config
@@ -78,7 +81,10 @@ def test_gguf_values_are_the_previous_paths_bit_for_bit(qwen2_gguf):
     assert tokenizer.encode("ab cd").ids == old_tokenizer.encode("ab cd").ids
 
 
-def test_bfloat16_is_the_previous_paths_cast(qwen2_gguf):
+@pytest.mark.parametrize("kernels", ["every shape", "large shapes only"])
+def test_bfloat16_is_the_previous_paths_cast(qwen2_gguf, monkeypatch, kernels):
+    if kernels == "every shape":
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     _, params, _ = pretrained.load(qwen2_gguf, jnp.bfloat16, progress=False)
     _, old_params, _ = previous_load.load(qwen2_gguf, jnp.bfloat16)
     new, old = leaves(params), leaves(old_params)
@@ -88,6 +94,7 @@ def test_bfloat16_is_the_previous_paths_cast(qwen2_gguf):
 
 
 def test_one_thread_or_many_read_the_same(qwen2_gguf, monkeypatch):
+    monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     _, many, _ = pretrained.load(qwen2_gguf, progress=False)
     monkeypatch.setattr(gguf_file.GgufFile, "workers", 1)
     _, one, _ = pretrained.load(qwen2_gguf, progress=False)
@@ -162,3 +169,13 @@ def test_loaded_config_matches_the_written_shape(qwen2_gguf):
         256,
     )
     assert cfg["qkv_bias"] and not cfg["tied"]
+
+
+def test_kernels_are_compiled_only_for_shapes_with_many_values(qwen2_gguf, monkeypatch):
+    source = gguf_file.GgufFile(qwen2_gguf)
+    assert source._compiled == set()  # 0.2M values in all: NumPy is quicker than compiling
+    monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 6 * 256 * 64)  # gate and up
+    source = gguf_file.GgufFile(qwen2_gguf)
+    assert {(q.name, r, c) for q, r, c in source._compiled} == {("Q5_0", 256, 64)}
+    assert isinstance(source.read("model.layers.2.mlp.up_proj.weight", True), jax.Array)
+    assert isinstance(source.read("lm_head.weight", False), np.ndarray)

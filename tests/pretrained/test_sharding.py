@@ -55,10 +55,12 @@ def test_sharded_run_equals_one_device(unsharded, name, data, model):
     for layer in range(module.config.num_layers):
         index, layer_attn = next(run)
         assert index == layer
-        shard = layer_attn.addressable_shards[0].data
-        assert shard.shape == (len(tokens) // data, *attn.shape[2:])  # every head, its batch part
-        assert len(layer_attn.sharding.device_set) == data
+        # Gathered over model: every head on each device, the batch of 4 over the 4 devices.
+        assert {s.data.shape for s in layer_attn.addressable_shards} == {(1, *attn.shape[2:])}
+        assert layer_attn.sharding.device_set == set(jax.local_devices())
         np.testing.assert_allclose(layer_attn, attn[:, layer], atol=1e-6)
+    odd = pretrained.layer_by_layer(module, params, placed[:2])  # 2 windows on 4 devices
+    assert next(odd)[1].sharding.device_set == {mesh.devices.flat[0]}
 
 
 @pytest.mark.parametrize("name", FAMILIES)
