@@ -6,6 +6,7 @@ what it costs for the real file."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import gguf
@@ -15,6 +16,8 @@ from gguf import GGML_QUANT_SIZES
 from beyondpar.pretrained.gguf_quants import FLOAT16_FIELDS
 
 Q = gguf.GGMLQuantizationType
+# The writer logs every file it writes at INFO; not news in a benchmark.
+logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)
 
 QWEN25_05B = dict(
     vocab_size=151936,

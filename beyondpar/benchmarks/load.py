@@ -38,10 +38,10 @@ jax.block_until_ready(params)
 seconds = time.perf_counter() - start
 peak = rss()
 leaves = jax.tree_util.tree_leaves_with_path(params)
+sums = {jax.tree_util.keystr(p): float(np.asarray(x, np.float64).sum()) for p, x in leaves}
 print(json.dumps({
     "seconds": seconds, "peak_rss_gb": peak, "rss_before_load_gb": before,
-    "weights_gb": sum(x.nbytes for _, x in leaves) / 2**30,
-    "checksum": {jax.tree_util.keystr(p): float(np.asarray(x, np.float64).sum()) for p, x in leaves},
+    "weights_gb": sum(x.nbytes for _, x in leaves) / 2**30, "checksum": sums,
 }))
 """
 

@@ -71,7 +71,8 @@ class GgufFile:
     """One opened GGUF file: metadata, Hugging Face config, tensors, tokenizer."""
 
     # Threads reading tensors: one per core, at most 8 (each holds one tensor in flight).
-    workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    _cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    workers = min(8, len(_cores) if _cores else os.cpu_count() or 1)
 
     def __init__(self, path: Path):
         self.path = path

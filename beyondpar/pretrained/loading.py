@@ -124,14 +124,7 @@ def read_params(
     beyond the parameters themselves. `alongside` (the tokenizer) runs on the same
     threads; its error, like a tensor's, stops the load.
     """
-    fam = family(module)
-    wanted = {}
-    for keys, shape in parameter_shapes(module).items():
-        name, transpose = fam.hf_name(keys)
-        wanted[prefix + name] = (keys, transpose, shape)
-    missing = [n for n in wanted if n not in available]
-    if missing:
-        raise ValueError(f"checkpoint is missing tensors {missing[:5]} (of {len(missing)})")
+    wanted = _wanted(module, available, prefix)
     mesh = parallel.model_mesh() if mesh is None else mesh
     model_size = mesh.shape[parallel.MODEL]
     dtype = None if dtype is None else jnp.dtype(dtype)
@@ -145,13 +138,8 @@ def read_params(
         return keys, parallel.place(host, NamedSharding(mesh, spec))
 
     order = sorted(wanted, key=lambda n: -math.prod(wanted[n][2]))
-    total = sum(math.prod(wanted[n][2]) for n in order)
-    # On a terminal only (disable=None): a log or a captured stream gets no bar lines.
-    shown = None if progress else True
-    bar = tqdm.tqdm(
-        total=total, unit="param", unit_scale=True, desc="load", leave=False, disable=shown
-    )
     flat = {}
+    bar = _bar(sum(math.prod(wanted[n][2]) for n in order), progress)
     with bar, concurrent.futures.ThreadPoolExecutor(source.workers + 1) as pool:
         extra = pool.submit(alongside or (lambda: None))
         futures = [extra] + [pool.submit(read_one, n) for n in order]
@@ -167,6 +155,32 @@ def read_params(
                 future.cancel()
             raise
     return _unflatten(flat), extra.result()
+
+
+def _wanted(module, available: set, prefix: str) -> dict:
+    """{checkpoint name: (parameter path, transpose?, shape)}; a missing tensor is named."""
+    fam = family(module)
+    wanted = {}
+    for keys, shape in parameter_shapes(module).items():
+        name, transpose = fam.hf_name(keys)
+        wanted[prefix + name] = (keys, transpose, shape)
+    missing = [n for n in wanted if n not in available]
+    if missing:
+        raise ValueError(f"checkpoint is missing tensors {missing[:5]} (of {len(missing)})")
+    return wanted
+
+
+def _bar(total: int, progress: bool):
+    """A bar over the parameter values read, on a terminal only (tqdm's disable=None):
+    a log or a captured stream gets no bar lines; erased when done."""
+    return tqdm.tqdm(
+        total=total,
+        unit="param",
+        unit_scale=True,
+        desc="load",
+        leave=False,
+        disable=None if progress else True,
+    )
 
 
 def _unflatten(flat: dict) -> dict:

@@ -86,9 +86,12 @@ def test_load_suite_times_both_paths_on_the_same_values(capsys):
     r = load.load_suite(repeats=1, config=tiny, smollm2=False)
     (name,) = r["files"]
     f = r["files"][name]
-    assert f["types"] == {"Q5_0": 10, "Q8_0": 3, "Q6_K": 1, "Q4_K": 1, "F32": 17}
+    # Q4_K_M on 2 layers: layer 1 gets the wider types; rows of 64 values fall back.
+    assert f["types"] == {"Q5_0": 12, "Q8_0": 2, "Q6_K": 1, "Q4_K": 1, "F32": 11}
     assert f["same_values"] and f["speedup"] == pytest.approx(f["previous_seconds"] / f["seconds"])
-    weights = (512 * 64 * 2 + 2 * (64 * 64 * 2 + 2 * 32 * 64 + 3 * 64 * 256 + 64 * 3 + 128)) * 4
-    assert f["weights_gb"] == pytest.approx((weights + 64 * 4) / 2**30)
+    matrices = 64 * 64 * 2 + 32 * 64 * 2 + 64 * 256 * 3
+    vectors = 64 + 32 + 32 + 64 * 2  # q/k/v biases, two norms
+    values = 512 * 64 * 2 + 2 * (matrices + vectors) + 64
+    assert f["weights_gb"] == pytest.approx(values * 4 / 2**30)
     assert f["rss_before_load_gb"] < f["peak_rss_gb"] < 64
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"cores"')
