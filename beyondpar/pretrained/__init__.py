@@ -1,7 +1,8 @@
 """Pretrained checkpoints (GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Qwen2, Qwen3) in JAX.
 
 `load` reads a Hugging Face folder (config.json, safetensors weights, tokenizer.json) or
-a GGUF file (llama.cpp, Ollama), without torch or transformers; `apply_with_attention`
+a GGUF file (llama.cpp, Ollama), without torch or transformers, onto one device or a
+`data` x `model` mesh (`sharding` says which parameters split); `apply_with_attention`
 returns logits and every layer's attention like `beyondpar.model.apply_with_attention`,
 with the same head mask; `layer_by_layer` yields one layer's attention at a time, for
 texts too long to keep every layer's T x T maps.
