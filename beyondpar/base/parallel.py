@@ -156,10 +156,13 @@ def mesh_from_flag(text: str, flag: str = "--mesh") -> jax.sharding.Mesh:
 
 
 def mesh_of(tree) -> jax.sharding.Mesh | None:
-    """The mesh the leaves of `tree` are laid out on, or None when they are not on one."""
-    leaves = jax.tree.leaves(tree)
-    sharding = getattr(leaves[0], "sharding", None) if leaves else None
-    return sharding.mesh if isinstance(sharding, NamedSharding) else None
+    """The mesh the leaves of `tree` are laid out on (that of the first leaf with a
+    NamedSharding), or None when none is on one."""
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None
 
 
 def batch_sharding(mesh, batch_size: int) -> NamedSharding:
@@ -171,9 +174,9 @@ def batch_sharding(mesh, batch_size: int) -> NamedSharding:
 def place(values, sharding) -> jax.Array:
     """A host array (NumPy, or a jax.Array on a CPU device) as a jax.Array laid out by
     `sharding`: each device receives only its part, never the whole array first. An
-    array already on the one device `sharding` names is returned as it is."""
-    on_one = len(sharding.device_set) == 1
-    if on_one and isinstance(values, jax.Array) and values.devices() == sharding.device_set:
-        return values
+    array already on the one device `sharding` names keeps its buffer (no copy)."""
+    devices = sharding.device_set
+    if len(devices) == 1 and isinstance(values, jax.Array) and values.devices() == devices:
+        return jax.make_array_from_single_device_arrays(values.shape, sharding, [values])
     host = np.asarray(values)  # a view of a CPU buffer, not a copy
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

@@ -55,8 +55,10 @@ def test_place_gives_each_device_its_part():
         np.testing.assert_array_equal(shard.data, host[shard.index])
         assert shard.data.shape == (4, 4)
     one = jax.device_put(host, jax.local_devices()[0])
-    same = parallel.place(one, NamedSharding(parallel.model_mesh(), P()))
+    mesh = parallel.model_mesh()
+    same = parallel.place(one, NamedSharding(mesh, P()))
     assert same.unsafe_buffer_pointer() == one.unsafe_buffer_pointer()  # no copy
+    assert same.sharding == NamedSharding(mesh, P()) and parallel.mesh_of([same]) is mesh
 
 
 def test_batches_split_along_data_when_they_divide():

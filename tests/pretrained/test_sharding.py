@@ -2,6 +2,7 @@
 and attention as on one device for every family, parameters really split along the axis
 their layout asks for, one layer's attention gathered over `model` at a time."""
 
+import gguf
 import jax
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
+from beyondpar.pretrained import gguf_quants
 from conftest import DATA
 
 HF = DATA / "hf"
@@ -102,9 +104,17 @@ def test_gguf_loads_straight_onto_the_mesh(tmp_path, unsharded):
     np.testing.assert_allclose(got, logits, atol=1e-5)
 
 
-def test_default_is_one_device_and_tokens_follow_the_parameters():
-    _, params, _ = pretrained.load(HF / "llama-tiny", progress=False)
-    devices = {d for x in jax.tree.leaves(params) for d in x.sharding.device_set}
-    assert devices == {jax.local_devices()[0]}
-    tokens = pretrained.place_tokens(params, np.zeros((4, 8), int))
-    assert tokens.sharding.device_set == devices
+@pytest.mark.parametrize("kernels", [True, False])
+def test_default_is_one_device_and_tokens_follow_the_parameters(tmp_path, monkeypatch, kernels):
+    """Every parameter on the 1 x 1 mesh, whether its kernel's output was kept in place
+    or it came through NumPy: a batch placed beside them runs."""
+    if kernels:
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf", gguf.GGMLQuantizationType.Q8_0)
+    module, params, _ = pretrained.load(path, progress=False)
+    meshes = {x.sharding.mesh for x in jax.tree.leaves(params)}
+    assert len(meshes) == 1 and next(iter(meshes)).devices.tolist() == [[jax.local_devices()[0]]]
+    tokens = pretrained.place_tokens(params, expected("llama-tiny")["tokens"])
+    assert tokens.sharding.device_set == {jax.local_devices()[0]}
+    logits = pretrained.layer_by_layer(module, params, tokens)
+    assert next(logits)[1].shape == (2, 4, 64, 64)
