@@ -7,12 +7,14 @@ python launch/analyze.py --model=model.gguf --text_file=notes.txt --sink_tokens=
 python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=512 --max_windows=100
 python launch/analyze.py --model='runs/pythia/step*' --text_file=notes.txt --out=out/series
 python launch/analyze.py --model='runs/pythia/step*' --corpus=docs.jsonl --tokens=512 --out=out/s
+python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=512 --mesh=data:2,model:4
 
 --model is a folder (config.json, *.safetensors, tokenizer.json), a name in the local
 Hugging Face cache, or a GGUF file (llama.cpp, Ollama blobs); nothing is downloaded.
 Several models (comma-separated, or a glob) are a series, on a text or a corpus: one
 record per model in series.jsonl, a report against the checkpoint, and a rerun skips what
-is recorded (for a corpus, each model's windows resume too).
+is recorded (for a corpus, each model's windows resume too). --mesh spreads the weights
+over data x model devices (heads and MLP features along model, windows along data).
 """
 
 import sys
@@ -43,6 +45,12 @@ MAX_STEPS = flags.DEFINE_integer("max_steps", 100, "Step cap of the walks.")
 RESIDUAL = flags.DEFINE_float("residual", 0.5, "Residual share of each layer in the rollout.")
 PAIRWISE = flags.DEFINE_bool("pairwise", True, "Pairwise synergy (H^2/2 extra operators).")
 OPTIMAL = flags.DEFINE_bool("optimal_weights", False, "Search optimal head weights (slow).")
+MESH = flags.DEFINE_string(
+    "mesh",
+    None,
+    "data:D,model:M: weights split over M devices (heads, MLP features), batches over D; "
+    "default: the weights on one device.",
+)
 SINK_TOKENS = flags.DEFINE_integer(
     "sink_tokens", 0, "Also measure the graph without the first k tokens (0: off)."
 )
@@ -84,6 +92,7 @@ def main(argv):
     if CORPUS.value and TOKENS.value is None:
         raise app.UsageError("--corpus needs --tokens=T, the window length")
     try:
+        mesh = None if MESH.value is None else parallel.mesh_from_flag(MESH.value)
         if ATTENTION.value:
             record = text_lib.attention_record(ATTENTION.value, spec())
         elif CORPUS.value:
@@ -96,11 +105,13 @@ def main(argv):
             models = series.expand(MODEL.value)
             if len(models) > 1:
                 _, written = series.run_corpus(
-                    models, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value
+                    models, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value, mesh=mesh
                 )
                 print(f"wrote {written}")
                 return
-            summary, _ = windows.run(models[0], CORPUS.value, cspec, spec(), OUT.value, DTYPE.value)
+            summary, _ = windows.run(
+                models[0], CORPUS.value, cspec, spec(), OUT.value, DTYPE.value, mesh=mesh
+            )
             for path in corpus_report.write(summary, OUT.value):
                 print(f"wrote {path}")
             return
@@ -108,10 +119,10 @@ def main(argv):
             text = TEXT.value if TEXT.value else read_text_file(TEXT_FILE.value)
             models = series.expand(MODEL.value)
             if len(models) > 1:
-                _, written = series.run(models, text, spec(), OUT.value, DTYPE.value)
+                _, written = series.run(models, text, spec(), OUT.value, DTYPE.value, mesh=mesh)
                 print(f"wrote {written}")
                 return
-            record = text_lib.text_record(models[0], text, spec(), DTYPE.value)
+            record = text_lib.text_record(models[0], text, spec(), DTYPE.value, mesh)
     except (ValueError, FileNotFoundError, locks.FolderBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

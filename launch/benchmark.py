@@ -5,6 +5,7 @@ python launch/benchmark.py train   [--repeats 5]
 python launch/benchmark.py synergy [--repeats 1]     # one 16-head checkpoint, every analysis
 python launch/benchmark.py pretrained [--repeats 1]  # GPT-2-small shape, 1,024 tokens
 python launch/benchmark.py corpus                    # SmolLM2-135M shape, 100 x 512 tokens
+python launch/benchmark.py load [--repeats 3]        # GGUF loading: Qwen2.5-0.5B shape, SmolLM2
 """
 
 from absl import app, flags

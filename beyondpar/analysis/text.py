@@ -47,7 +47,8 @@ def analyze_tokens(
     cfg = module.config
     layers = _selected(spec, cfg.num_layers)
     spec.check_length(np.shape(tokens_BxT)[-1])
-    importances = pretrained.head_importances(module, params)
+    # On the host: the parameters may live on a mesh, each layer's attention on part of it.
+    importances = np.asarray(pretrained.head_importances(module, params))
     out, product = {}, None
     run = pretrained.layer_by_layer(module, params, tokens_BxT)
     for layer in range(cfg.num_layers):
@@ -119,11 +120,12 @@ def largest_shares(sink_share_BxT, labels, count: int = 10) -> list[dict]:
     return [{"position": int(i), "token": labels[i], "share": float(share[i])} for i in top]
 
 
-def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None) -> dict:
-    """Load a checkpoint, tokenise `text`, analyse it: the record `analysis_report` writes."""
+def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None, mesh=None) -> dict:
+    """Load a checkpoint (onto `mesh`, default one device), tokenise `text`, analyse it:
+    the record `analysis_report` writes."""
     timer = Timer()
     with timer.part("load"):
-        module, params, tokenizer = pretrained.load(path_or_name, dtype)
+        module, params, tokenizer = pretrained.load(path_or_name, dtype, mesh)
     ids = tokenize(tokenizer, text, module)
     record = analyze_tokens(module, params, np.asarray([ids]), spec, timer)
     labels = [tokenizer.decode([i]) for i in ids]

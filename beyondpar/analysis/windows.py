@@ -21,7 +21,7 @@ import tqdm
 
 from beyondpar import pretrained, synergy
 from beyondpar.analysis import corpus, loss_pruning, measures, statistics, text
-from beyondpar.base import files, locks, parallel, settings
+from beyondpar.base import files, locks, settings
 
 WINDOWS_FILE = "windows.jsonl"
 SETTINGS_FILE = "settings.json"
@@ -49,11 +49,12 @@ class CorpusSpec:
                 raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
 
 
-def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progress=True):
-    """Analyse every window not yet recorded, then summarise: (summary, windows)."""
+def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progress=True, mesh=None):
+    """Analyse every window not yet recorded, then summarise: (summary, windows). The
+    model's weights go on `mesh` (default one device), each batch along its `data` axis."""
     out_dir = Path(out_dir)
     docs = corpus.read_documents(corpus_path)
-    module, params, tokenizer = pretrained.load(model, dtype)
+    module, params, tokenizer = pretrained.load(model, dtype, mesh, progress)
     windows = corpus.make_windows(
         docs, tokenizer, cspec.tokens, cspec.max_windows, module.config.max_len
     )
@@ -90,9 +91,10 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
 def analyze_windows(
     module, params, windows, todo, spec, batch_size, keep, extra=None, timer=None, progress=True
 ):
-    """Windows `todo` through the model, `batch_size` at a time; `keep(index, line)` gets
-    each window's record as soon as its batch is done (so an interrupted run loses at most
-    one batch)."""
+    """Windows `todo` through the model, `batch_size` at a time (split along the `data`
+    axis of the parameters' mesh, or over the local devices without one); `keep(index,
+    line)` gets each window's record as soon as its batch is done (so an interrupted run
+    loses at most one batch)."""
     total = len(windows.tokens)
     bar = tqdm.tqdm(
         total=total, initial=total - len(todo), desc="windows", unit="window", disable=not progress
@@ -100,7 +102,7 @@ def analyze_windows(
     with bar:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            tokens = parallel.split_over_devices(windows.tokens[batch])
+            tokens = pretrained.place_tokens(params, windows.tokens[batch])
             record = text.analyze_tokens(module, params, tokens, spec, timer, extra=extra)
             for b, index in enumerate(batch):
                 line = {"window": index, "document": int(windows.document[index])}
@@ -150,12 +152,12 @@ def _optimal(module, params, windows, spec, out_dir: Path) -> dict:
     path = out_dir / OPTIMAL_FILE
     if path.exists():
         return {"optimal": np.asarray(json.loads(path.read_text())["optimal"], np.float32)}
-    tokens = windows.tokens[: min(8, len(windows.tokens))]
+    tokens = pretrained.place_tokens(params, windows.tokens[: min(8, len(windows.tokens))])
     found = []
     for _, attn in _layers(module, params, tokens):
         w, _ = synergy.optimal_weights(attn, "fidelity", horizon=spec.horizon)
         found.append(np.asarray(w))
-    files.write_json(path, {"optimal": np.stack(found).tolist(), "windows": len(tokens)})
+    files.write_json(path, {"optimal": np.stack(found).tolist(), "windows": tokens.shape[0]})
     return {"optimal": np.stack(found)}
 
 

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -92,21 +91,39 @@ def shard_files(folder: Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}  # noqa: SIM118 - not a dict
 
 
-def read_tensors(shards: dict[str, Path], names) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, tensor) in its stored dtype (bf16 stays bf16), one at a time, each shard
-    opened once; a damaged file is a ValueError naming it."""
-    by_file: dict[Path, list[str]] = {}
-    for name in names:
-        by_file.setdefault(shards[name], []).append(name)
-    for path, wanted in by_file.items():
-        with _open_safetensors(path) as f:
-            for name in wanted:
-                try:
-                    tensor = f.get_tensor(name)
-                except Exception as err:  # safetensors raises its own error types
-                    message = f"weights file {path}: tensor {name!r} cannot be read: {err}"
-                    raise ValueError(message) from err
-                yield name, tensor
+class Safetensors:
+    """The tensors of a checkpoint's safetensors files, read by name: each file opened
+    once (and closed on exit), one tensor at a time (`workers` = 1)."""
+
+    workers = 1
+
+    def __init__(self, shards: dict[str, Path]):
+        self.shards = shards
+        self._open: dict[Path, object] = {}  # path -> open safetensors handle
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+
+    def tensor(self, name: str) -> np.ndarray:
+        path = self.shards[name]
+        if path not in self._open:
+            self._open[path] = self._stack.enter_context(_open_safetensors(path))
+        try:
+            return self._open[path].get_tensor(name)
+        except Exception as err:  # safetensors raises its own error types
+            message = f"weights file {path}: tensor {name!r} cannot be read: {err}"
+            raise ValueError(message) from err
+
+    def read(self, name: str, transpose: bool, dtype=None) -> np.ndarray:
+        """The tensor as the model wants it: transposed when asked (a view), cast to
+        `dtype` when given, else in its stored dtype."""
+        array = self.tensor(name)
+        array = array.T if transpose else array
+        return array if dtype is None else array.astype(dtype, copy=False)
 
 
 @contextlib.contextmanager

@@ -246,8 +246,8 @@ class Gemma(nn.Module):
         self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
         self.layers = [GemmaBlock(cfg, i) for i in range(cfg.num_layers)]
         self.norm = layers.UnitOffsetRMSNorm(cfg.eps)
-        if not cfg.tied:
-            self.lm_head = nn.Dense(cfg.vocab_size, use_bias=False)
+        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
+            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
 
     def embed(self, tokens_BxT):
         x = self.embed_tokens(tokens_BxT)
@@ -256,7 +256,7 @@ class Gemma(nn.Module):
 
     def unembed(self, x):
         x = self.norm(x)
-        logits = self.embed_tokens.attend(x) if self.config.tied else self.lm_head(x)
+        logits = (self.embed_tokens if self.config.tied else self.lm_head).attend(x)
         return layers.softcap(logits, self.config.final_softcap)
 
     def __call__(self, tokens_BxT, head_mask=None):

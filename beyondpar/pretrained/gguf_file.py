@@ -1,25 +1,29 @@
 """GGUF files (llama.cpp, Ollama, LM Studio) read into the Hugging Face layout.
 
-The metadata becomes the config.json the family modules already read, every tensor gets
-its Hugging Face name and layout (Linear weights stay out x in; llama.cpp's row
-permutation of Llama q/k for its interleaved rotary is undone; the 1 llama.cpp's
-converter adds to Gemma's norm weights is taken off) and is dequantised by the `gguf`
-package one tensor at a time; the tokenizer is rebuilt from the stored vocabulary and
-merges with `tokenizers` (see `gguf_tokenizer`). What the file records is read; what it
-does not (Gemma's query_pre_attn_scalar, its sliding pattern when no key holds it) is
-what llama.cpp assumes for the architecture.
+The metadata becomes the config.json the family modules already read: what the file
+records is read; what it does not (Gemma's query_pre_attn_scalar, its sliding pattern
+when no key holds it) is what llama.cpp assumes for the architecture. Every tensor gets
+its Hugging Face name and layout (Linear weights stay out x in). The header is read in
+one pass (`gguf_header`); tensors stay in the memory map until read, then are
+dequantised by jitted kernels straight into the layout and dtype asked for
+(`gguf_quants`), every fix-up folded in: llama.cpp's row permutation of Llama q/k (for
+its interleaved rotary) undone, the 1 its converter adds to Gemma's norm weights taken
+off, any transpose. The tokenizer is rebuilt from the stored vocabulary and merges with
+`tokenizers` (see `gguf_tokenizer`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
-from beyondpar.pretrained import gguf_tokenizer
+from beyondpar.pretrained import gguf_header, gguf_quants, gguf_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3")
@@ -77,26 +81,23 @@ def find(path: str | os.PathLike) -> Path | None:
         if len(found) > 1:
             raise ValueError(f"folder {path} must hold one .gguf file, got {len(found)}")
         return found[0] if found else None
-    if path.is_file() and (path.suffix == ".gguf" or _has_magic(path)):
+    if path.is_file() and (path.suffix == ".gguf" or gguf_header.is_gguf(path)):
         return path
     return None
-
-
-def _has_magic(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
 
 
 class GgufFile:
     """One opened GGUF file: metadata, Hugging Face config, tensors, tokenizer."""
 
-    def __init__(self, path: Path):
-        from gguf import GGUFReader
+    # Threads reading tensors: one per core, at most 8 (each holds one tensor in flight).
+    _cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    workers = min(8, len(_cores) if _cores else os.cpu_count() or 1)
 
+    def __init__(self, path: Path):
         self.path = path
         try:
-            self.reader = GGUFReader(path)
-        except Exception as err:  # the reader raises many kinds on damaged files
+            self.header = gguf_header.read(path)
+        except (gguf_header.HeaderError, OSError) as err:
             message = f"GGUF file {path} cannot be read (damaged or cut short?): {err}"
             raise ValueError(message) from err
         self.arch = self.value("general.architecture")
@@ -105,15 +106,14 @@ class GgufFile:
                 f"GGUF file {path}: general.architecture must be one of {list(ARCHITECTURES)}, "
                 f"got {self.arch!r}"
             )
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.tensors = self.header.tensors
 
     def value(self, key: str, default=...):
-        field = self.reader.fields.get(key)
-        if field is None:
+        if key not in self.header.metadata:
             if default is ...:
                 raise ValueError(f"GGUF file {self.path} must hold metadata {key!r}, got none")
             return default
-        return field.contents()
+        return self.header.metadata[key]
 
     def arch_value(self, key: str, default=...):
         return self.value(f"{self.arch}.{key}", default)
@@ -281,37 +281,74 @@ class GgufFile:
 
     def read_tensors(self, hf_names, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
         """(Hugging Face name, array in its layout), dequantised one tensor at a time."""
-        names = self.hf_names()
-        config = self.config() if self.arch == "llama" else None
         for hf in hf_names:
-            gguf_name = names[hf]
-            array = self._dequantize(gguf_name)
-            if config is not None:
-                array = _unpermute_llama(gguf_name, array, config)
-            if self.arch in _GEMMA and gguf_name.endswith("norm.weight"):
-                array = array - np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + weight
-            if self.arch == "gpt2" and _block_part(gguf_name) in _CONV1D:
-                array = array.T
-            yield hf, array if dtype is None else array.astype(dtype)
+            yield hf, np.asarray(self.read(hf, transpose=False, dtype=dtype))
 
-    def _dequantize(self, name: str) -> np.ndarray:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
+    def read(self, hf_name: str, transpose: bool, dtype=None):
+        """One tensor in its Hugging Face layout, or transposed (a Flax Dense kernel), in
+        `dtype` (default float32), dequantised straight into that layout with the file's
+        fix-ups (`_row_order`, `_offset`): a jax.Array on the host's CPU device, or a
+        NumPy array."""
+        gguf_name = self._hf_names[hf_name]
+        info = self.tensors[gguf_name]
+        rows, cols = info.rows_cols
+        stored_transposed = self.arch == "gpt2" and _block_part(gguf_name) in _CONV1D
+        flip = transpose != stored_transposed
+        dtype = np.float32 if dtype is None else jnp.dtype(dtype)
+        order = self._row_order(gguf_name, rows)
+        values = self._decode(info, cols, flip, dtype, order, self._offset(gguf_name))
+        shape = tuple(reversed(info.shape))
+        return values.reshape(shape[::-1] if flip else shape)
 
-        tensor = self.tensors[name]
-        kind = GGMLQuantizationType(tensor.tensor_type)
+    @functools.cached_property
+    def _hf_names(self) -> dict[str, str]:
+        return self.hf_names()
+
+    @functools.cached_property
+    def _compiled(self) -> set:
+        """The (type, rows, cols) whose tensors hold enough values to compile for."""
+        totals: dict = {}
+        for info in self.tensors.values():
+            key = (info.tensor_type, *info.rows_cols)
+            totals[key] = totals.get(key, 0) + info.n_elements
+        return {key for key, values in totals.items() if gguf_quants.worth_compiling(values)}
+
+    def _decode(self, info, cols: int, transpose: bool, dtype, order=None, offset=0.0):
+        kind = info.tensor_type
+        compiled = (kind, *info.rows_cols) in self._compiled
         try:
-            flat = dequantize(tensor.data, kind)
+            raw = self.header.raw(info)
+            return gguf_quants.decode(raw, kind, cols, transpose, dtype, order, compiled, offset)
         except NotImplementedError as err:
             raise ValueError(
-                f"GGUF file {self.path}: tensor {name!r} has quantisation type {kind.name}, "
-                f"which the gguf package cannot dequantise ({err})"
+                f"GGUF file {self.path}: tensor {info.name!r} has quantisation type "
+                f"{kind.name}, which the gguf package cannot dequantise ({err})"
             ) from err
         except Exception as err:
-            message = f"GGUF file {self.path}: tensor {name!r} cannot be read: {err}"
+            message = f"GGUF file {self.path}: tensor {info.name!r} cannot be read: {err}"
             raise ValueError(message) from err
-        shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists ne0 (inner) first
-        return np.ascontiguousarray(flat.reshape(shape), dtype=np.float32)
+
+    def _dequantize(self, name: str) -> np.ndarray:
+        """A tensor's float32 values in the file's own layout (NumPy order)."""
+        info = self.tensors[name]
+        values = self._decode(info, info.rows_cols[1], False, np.dtype(np.float32))
+        return np.asarray(values).reshape(tuple(reversed(info.shape)))
+
+    def _row_order(self, name: str, rows: int) -> np.ndarray | None:
+        """Llama q/k rows in Hugging Face's order: llama.cpp stores each head's rows as
+        interleaved pairs (for its rotary), Hugging Face as two halves."""
+        part = _block_part(name)
+        if self.arch != "llama" or part not in ("attn_q", "attn_k"):
+            return None
+        heads = self.arch_value("attention.head_count")
+        if part == "attn_k":
+            heads = self.arch_value("attention.head_count_kv", heads)
+        return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
+
+    def _offset(self, name: str) -> float:
+        """What to add to a tensor's stored values: llama.cpp's converter stores Gemma's
+        norm weights (q/k norms too) as 1 + weight."""
+        return -1.0 if self.arch in _GEMMA and name.endswith("norm.weight") else 0.0
 
     # --------------------------------------------------------------- tokenizer
 
@@ -324,18 +361,3 @@ def _block_part(name: str) -> str | None:
     """`attn_q` of `blk.3.attn_q.weight`; None for tensors outside the blocks."""
     m = _BLOCK.match(name)
     return m.group(2) if m else None
-
-
-def _unpermute_llama(name: str, array: np.ndarray, config: dict) -> np.ndarray:
-    """Undo llama.cpp's q/k row order: it stores each head's rows as interleaved pairs
-    (for its rotary), Hugging Face as two halves."""
-    part = _block_part(name)
-    if part not in ("attn_q", "attn_k"):
-        return array
-    heads = config["num_attention_heads" if part == "attn_q" else "num_key_value_heads"]
-    rest = array.shape[1:]
-    return (
-        array.reshape(heads, array.shape[0] // heads // 2, 2, *rest)
-        .swapaxes(1, 2)
-        .reshape(array.shape)
-    )

@@ -101,15 +101,15 @@ class GptNeox(nn.Module):
         self.embed_in = nn.Embed(cfg.vocab_size, cfg.embed_dim)
         self.layers = [NeoxBlock(cfg) for _ in range(cfg.num_layers)]
         self.final_layer_norm = nn.LayerNorm(epsilon=cfg.eps)
-        if not cfg.tied:
-            self.embed_out = nn.Dense(cfg.vocab_size, use_bias=False)
+        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
+            self.embed_out = nn.Embed(cfg.vocab_size, cfg.embed_dim)
 
     def embed(self, tokens_BxT):
         return self.embed_in(tokens_BxT)
 
     def unembed(self, x):
         x = self.final_layer_norm(x)
-        return self.embed_in.attend(x) if self.config.tied else self.embed_out(x)
+        return (self.embed_in if self.config.tied else self.embed_out).attend(x)
 
     def __call__(self, tokens_BxT, head_mask=None):
         x = self.embed(tokens_BxT)
@@ -136,7 +136,7 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
     """Hugging Face tensor name of a parameter path, and whether it needs a transpose."""
     *mods, param = path
     if mods == ["embed_out"]:
-        return "embed_out.weight", True
+        return "embed_out.weight", False  # an Embed: vocab x hidden, as stored
     leaf = {"kernel": "weight", "scale": "weight", "bias": "bias", "embedding": "weight"}[param]
     names = []
     for m in mods:

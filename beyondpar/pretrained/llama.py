@@ -152,15 +152,15 @@ class Llama(nn.Module):
         self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
         self.layers = [LlamaBlock(cfg, i) for i in range(cfg.num_layers)]
         self.norm = layers.RMSNorm(cfg.eps)
-        if not cfg.tied:
-            self.lm_head = nn.Dense(cfg.vocab_size, use_bias=False)
+        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
+            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
 
     def embed(self, tokens_BxT):
         return self.embed_tokens(tokens_BxT)
 
     def unembed(self, x):
         x = self.norm(x)
-        return self.embed_tokens.attend(x) if self.config.tied else self.lm_head(x)
+        return (self.embed_tokens if self.config.tied else self.lm_head).attend(x)
 
     def __call__(self, tokens_BxT, head_mask=None):
         x = self.embed(tokens_BxT)
@@ -179,7 +179,7 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
     (the names Gemma and Phi-3 share with Llama, their fused projections included)."""
     *mods, param = path
     if mods == ["lm_head"]:
-        return "lm_head.weight", True
+        return "lm_head.weight", False  # an Embed: vocab x hidden, as stored
     leaf = {"kernel": "weight", "scale": "weight", "bias": "bias", "embedding": "weight"}[param]
     names = []
     for m in mods:

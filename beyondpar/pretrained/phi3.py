@@ -6,7 +6,7 @@ the first `partial_rotary_factor` of each head; `longrope` scaling (Phi-3-128k, 
 takes the short factors for texts of at most `original_max_position_embeddings` tokens
 and the long ones beyond, with its attention factor on cos and sin (as transformers
 picks them by the text's length); grouped-query attention; `sliding_window`, when set,
-on every layer; tied or separate output head.
+on every layer; tied or separate output head (kept as stored, vocab x hidden).
 """
 
 from __future__ import annotations
@@ -123,15 +123,15 @@ class Phi3(nn.Module):
         self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
         self.layers = [Phi3Block(cfg) for _ in range(cfg.num_layers)]
         self.norm = layers.RMSNorm(cfg.eps)
-        if not cfg.tied:
-            self.lm_head = nn.Dense(cfg.vocab_size, use_bias=False)
+        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
+            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
 
     def embed(self, tokens_BxT):
         return self.embed_tokens(tokens_BxT)
 
     def unembed(self, x):
         x = self.norm(x)
-        return self.embed_tokens.attend(x) if self.config.tied else self.lm_head(x)
+        return (self.embed_tokens if self.config.tied else self.lm_head).attend(x)
 
     def __call__(self, tokens_BxT, head_mask=None):
         x = self.embed(tokens_BxT)

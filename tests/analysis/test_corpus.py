@@ -11,6 +11,7 @@ from beyondpar import pretrained, pruning
 from beyondpar.analysis import corpus, loss_pruning, measures, series, statistics
 from beyondpar.analysis import text as text_lib
 from beyondpar.analysis import windows as windows_lib
+from beyondpar.base import parallel
 from conftest import DATA, analyze_cli
 
 HF = DATA / "hf"
@@ -162,7 +163,7 @@ def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tm
     records = lines_skipping_torn(copy / windows_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in records) == list(range(7))
     done = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
-    for r in records:  # batch 3 on one device = batch 4 over four devices, window by window
+    for r in records:  # batch 3 = batch 4, window by window
         a = r["layers"]["1"]["heads"]["fidelity"]
         np.testing.assert_allclose(
             a, done[r["window"]]["layers"]["1"]["heads"]["fidelity"], rtol=1e-5
@@ -180,6 +181,31 @@ def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tm
             progress=False,
         )
     assert (copy / windows_lib.WINDOWS_FILE).read_text() == before
+
+
+def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_path):
+    """The weights split over two devices along model (GQA: 4 heads on 2 kv heads), each
+    batch over two along data: every window's numbers as on one device."""
+    out, _, _, cspec, spec = corpus_run
+    mesh = parallel.model_mesh(2, 2)
+    windows_lib.run(HF / "llama-tiny", TEXT, cspec, spec, tmp_path, progress=False, mesh=mesh)
+    done = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
+    sharded = lines(tmp_path / windows_lib.WINDOWS_FILE)
+    assert sorted(r["window"] for r in sharded) == list(range(7))
+    for r in sharded:
+        for layer in ("0", "1"):
+            for field in ("fidelity", "fidelity_median", "hitting_time_normalized"):
+                np.testing.assert_allclose(
+                    r["layers"][layer]["heads"][field],
+                    done[r["window"]]["layers"][layer]["heads"][field],
+                    rtol=1e-4,
+                    atol=1e-6,
+                )
+        np.testing.assert_allclose(
+            r["layers"]["1"]["sink_mass"], done[r["window"]]["layers"]["1"]["sink_mass"], rtol=1e-5
+        )
+        want = done[r["window"]]["rollout"]["network_fidelity"]
+        assert r["rollout"]["network_fidelity"] == pytest.approx(want, rel=1e-4, abs=1e-7)
 
 
 def lines_skipping_torn(path):

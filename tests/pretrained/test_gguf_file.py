@@ -231,12 +231,29 @@ def test_gguf_metadata_a_family_cannot_run_is_named(tmp_path, name, extra, messa
         pretrained.load(path)
 
 
-def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path, monkeypatch):
+def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path):
+    """Q8_1 (llama.cpp's dot-product scratch type) has no dequantiser anywhere."""
     path = export(HF / "llama-tiny", tmp_path / "model.gguf", Q.Q8_0)
-
-    def refuse(data, qtype):
-        raise NotImplementedError(f"Dequantization for {qtype.name} is not yet implemented")
-
-    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
-    with pytest.raises(ValueError, match=r"tensor '.*' has quantisation type (Q8_0|F32)"):
-        pretrained.load(path)
+    reader = gguf.GGUFReader(path)
+    out = tmp_path / "q8_1.gguf"
+    writer = gguf.GGUFWriter(out, "llama")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for tensor in reader.tensors:
+        data, qtype = np.asarray(tensor.data), Q(tensor.tensor_type)
+        if tensor.name == "blk.1.ffn_up.weight":
+            rows, cols = data.shape[0], int(tensor.shape[0])
+            data, qtype = np.zeros((rows, cols // 32 * 40), np.uint8), Q.Q8_1
+        writer.add_tensor(tensor.name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(
+        ValueError,
+        match=r"tensor 'blk.1.ffn_up.weight' has quantisation type Q8_1, which the gguf "
+        "package cannot dequantise",
+    ):
+        pretrained.load(out, progress=False)
