@@ -118,12 +118,22 @@ class Safetensors:
             message = f"weights file {path}: tensor {name!r} cannot be read: {err}"
             raise ValueError(message) from err
 
-    def read(self, name: str, transpose: bool, dtype=None) -> np.ndarray:
-        """The tensor as the model wants it: transposed when asked (a view), cast to
-        `dtype` when given, else in its stored dtype."""
+    def read(self, name: str, transpose: bool, dtype=None, order=None) -> np.ndarray:
+        """The tensor as the model wants it: rows taken in `order` when given (a family's
+        own layout of a fused tensor), transposed when asked (a view), cast to `dtype`
+        when given, else in its stored dtype."""
         array = self.tensor(name)
+        if order is not None:
+            check_rows(name, order, array.shape[0])
+            array = array[order]
         array = array.T if transpose else array
         return array if dtype is None else array.astype(dtype, copy=False)
+
+
+def check_rows(name: str, order, rows: int) -> None:
+    """A row order must name every row of the stored tensor."""
+    if len(order) != rows:
+        raise ValueError(f"tensor {name!r} must have {len(order)} rows, got {rows}")
 
 
 @contextlib.contextmanager

@@ -8,7 +8,8 @@ one pass (`gguf_header`); tensors stay in the memory map until read, then are
 dequantised by jitted kernels straight into the layout and dtype asked for
 (`gguf_quants`), every fix-up folded in: llama.cpp's row permutation of Llama q/k (for
 its interleaved rotary) undone, the 1 its converter adds to Gemma's norm weights taken
-off, any transpose. The tokenizer is rebuilt from the stored vocabulary and merges with
+off, the rows in a family's own order (Phi-3's fused projections, grouped), any
+transpose. The tokenizer is rebuilt from the stored vocabulary and merges with
 `tokenizers` (see `gguf_tokenizer`).
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from beyondpar.pretrained import gguf_header, gguf_quants, gguf_tokenizer
+from beyondpar.pretrained import files, gguf_header, gguf_quants, gguf_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3")
@@ -284,9 +285,10 @@ class GgufFile:
         for hf in hf_names:
             yield hf, np.asarray(self.read(hf, transpose=False, dtype=dtype))
 
-    def read(self, hf_name: str, transpose: bool, dtype=None):
+    def read(self, hf_name: str, transpose: bool, dtype=None, order=None):
         """One tensor in its Hugging Face layout, or transposed (a Flax Dense kernel), in
-        `dtype` (default float32), dequantised straight into that layout with the file's
+        `dtype` (default float32), its rows in `order` when given (a family's own layout
+        of a fused tensor), dequantised straight into that layout with the file's own
         fix-ups (`_row_order`, `_offset`): a jax.Array on the host's CPU device, or a
         NumPy array."""
         gguf_name = self._hf_names[hf_name]
@@ -295,8 +297,13 @@ class GgufFile:
         stored_transposed = self.arch == "gpt2" and _block_part(gguf_name) in _CONV1D
         flip = transpose != stored_transposed
         dtype = np.float32 if dtype is None else jnp.dtype(dtype)
-        order = self._row_order(gguf_name, rows)
-        values = self._decode(info, cols, flip, dtype, order, self._offset(gguf_name))
+        rows_in = self._row_order(gguf_name, rows)
+        if order is not None:
+            if stored_transposed:  # its Hugging Face rows are the file's columns
+                raise ValueError(f"tensor {hf_name!r} is stored transposed: no row order")
+            files.check_rows(hf_name, order, rows)
+            rows_in = np.asarray(order) if rows_in is None else rows_in[order]
+        values = self._decode(info, cols, flip, dtype, rows_in, self._offset(gguf_name))
         shape = tuple(reversed(info.shape))
         return values.reshape(shape[::-1] if flip else shape)
 

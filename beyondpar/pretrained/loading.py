@@ -127,12 +127,13 @@ def read_params(
 ):
     """(parameters named as `module` wants them, `alongside()`).
 
-    Tensors are read from `source` (`read(name, transpose, dtype)`, `workers`) by
+    Tensors are read from `source` (`read(name, transpose, dtype, order)`, `workers`) by
     `source.workers` threads, largest first, each placed on `mesh` by its
     `sharding.partition_spec` as soon as it is read: at most `workers` tensors are alive
     beyond the parameters themselves. `layouts` are the family's checkpoint name layouts
-    (`_stored_names`). `alongside` (the tokenizer) runs on the same threads; its error,
-    like a tensor's, stops the load.
+    (`_stored_names`); `order` the rows a family keeps in its own order (`row_order`).
+    `alongside` (the tokenizer) runs on the same threads; its error, like a tensor's,
+    stops the load.
     """
     wanted = _wanted(module, available, layouts)
     mesh = parallel.model_mesh() if mesh is None else mesh
@@ -140,8 +141,8 @@ def read_params(
     dtype = None if dtype is None else jnp.dtype(dtype)
 
     def read_one(name):
-        keys, transpose, shape = wanted[name]
-        host = source.read(name, transpose, dtype)
+        keys, transpose, shape, order = wanted[name]
+        host = source.read(name, transpose, dtype, order=order)
         if host.shape != shape:
             raise ValueError(f"tensor {name!r} must have shape {shape}, got {host.shape}")
         spec = sharding.partition_spec(keys, len(shape), module.config, model_size)
@@ -168,13 +169,15 @@ def read_params(
 
 
 def _wanted(module, available: set, layouts) -> dict:
-    """{checkpoint name: (parameter path, transpose?, shape)}; a missing tensor is named."""
+    """{checkpoint name: (parameter path, transpose?, shape, row order or None)}; a
+    missing tensor is named."""
     fam = family(module)
     shapes = parameter_shapes(module)
     names, transposes = zip(*(fam.hf_name(keys) for keys in shapes), strict=True)
     stored = _stored_names(list(names), available, layouts)
+    row_order = getattr(fam, "row_order", lambda keys, config: None)
     wanted = {
-        name: (keys, transpose, shape)
+        name: (keys, transpose, shape, row_order(keys, module.config))
         for name, (keys, shape), transpose in zip(stored, shapes.items(), transposes, strict=True)
     }
     missing = [n for n in wanted if n not in available]

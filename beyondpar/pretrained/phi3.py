@@ -1,10 +1,15 @@
 """Phi-3 (model_type "phi3": Phi-3, Phi-3.5, Phi-4-mini) as Hugging Face stores it.
 
-Llama's block with two fused projections: `qkv_proj` holds the query rows, then the key
-rows, then the value rows, and `gate_up_proj` the gate rows, then the up rows. Rotary on
-the first `partial_rotary_factor` of each head; `longrope` scaling (Phi-3-128k, Phi-3.5)
-takes the short factors for texts of at most `original_max_position_embeddings` tokens
-and the long ones beyond, with its attention factor on cos and sin (as transformers
+Llama's block with two fused projections: Hugging Face's `qkv_proj` holds the query
+rows, then the key rows, then the value rows, and `gate_up_proj` the gate rows, then the
+up rows. They are kept fused but read in another row order (`row_order`): `qkv_proj`
+grouped by kv head (its query heads, its key head, its value head), `gate_up_proj` with
+each gate feature beside its up feature, so that a split of the output features along a
+mesh's `model` axis (`sharding`) gives every device whole groups of heads and matching
+gate and up features, whatever the number of devices. Rotary on the first
+`partial_rotary_factor` of each head; `longrope` scaling (Phi-3-128k, Phi-3.5) takes the
+short factors for texts of at most `original_max_position_embeddings` tokens and the
+long ones beyond, with its attention factor on cos and sin (as transformers
 picks them by the text's length); grouped-query attention; `sliding_window`, when set,
 on every layer; tied or separate output head (kept as stored, vocab x hidden).
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 import flax.linen as nn
-import jax.numpy as jnp
+import numpy as np
 
 from beyondpar.pretrained import layers, llama, rotary
 from beyondpar.pretrained.config_fields import field, one_of
@@ -96,9 +101,11 @@ class Phi3Block(nn.Module):
         b, t, _ = x.shape
         d, h_q, h_kv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         h = layers.RMSNorm(cfg.eps, name="input_layernorm")(x)
+        group = h_q // h_kv  # query heads per kv head; qkv_proj in `row_order`'s groups
         qkv = nn.Dense((h_q + 2 * h_kv) * d, use_bias=False, name="qkv_proj")(h)
-        q, k, v = jnp.split(qkv, [h_q * d, (h_q + h_kv) * d], axis=-1)
-        q, k, v = (y.reshape(b, t, -1, d) for y in (q, k, v))
+        qkv = qkv.reshape(b, t, h_kv, group + 2, d)
+        q = qkv[..., :group, :].reshape(b, t, h_q, d)
+        k, v = qkv[..., group, :], qkv[..., group + 1, :]
         inv_freq = cfg.rope.inverse_frequencies(d, t)
         scale = cfg.rope.attention_factor
         q = layers.rotate_half_split(q, inv_freq, scale)
@@ -107,7 +114,8 @@ class Phi3Block(nn.Module):
         x = x + nn.Dense(cfg.embed_dim, use_bias=False, name="o_proj")(attn)
         h = layers.RMSNorm(cfg.eps, name="post_attention_layernorm")(x)
         gate_up = nn.Dense(2 * cfg.mlp_dim, use_bias=False, name="gate_up_proj")(h)
-        gate, up = jnp.split(gate_up, 2, axis=-1)
+        gate_up = gate_up.reshape(b, t, cfg.mlp_dim, 2)  # features side by side: `row_order`
+        gate, up = gate_up[..., 0], gate_up[..., 1]
         gated = up * layers.ACTIVATIONS[cfg.activation](gate)
         return x + nn.Dense(cfg.embed_dim, use_bias=False, name="down_proj")(gated)
 
@@ -148,6 +156,20 @@ def block_module(config: Phi3Config, index: int) -> Phi3Block:
 
 hf_name = llama.hf_name
 out_kernel = llama.out_kernel
+
+
+def row_order(path: tuple[str, ...], config: Phi3Config) -> np.ndarray | None:
+    """The stored rows of the parameter at `path` in the order the model keeps them, or
+    None for as stored: `qkv_proj` by kv head g (query heads g * H/K ... (g + 1) * H/K - 1,
+    key head g, value head g), `gate_up_proj` as gate 0, up 0, gate 1, up 1, ..."""
+    if path[-1] != "kernel" or path[-2] not in ("qkv_proj", "gate_up_proj"):
+        return None
+    if path[-2] == "gate_up_proj":
+        return np.arange(2 * config.mlp_dim).reshape(2, -1).T.reshape(-1)
+    d, h_q, h_kv = config.head_dim, config.num_heads, config.num_kv_heads
+    q = np.arange(h_q * d).reshape(h_kv, -1)
+    k = h_q * d + np.arange(h_kv * d).reshape(h_kv, d)
+    return np.concatenate([q, k, k + h_kv * d], axis=1).reshape(-1)
 
 
 def build(config: dict) -> Phi3:

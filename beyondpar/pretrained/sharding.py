@@ -6,8 +6,17 @@ attention output, the MLP down projection) their input features, so every device
 whole heads and its share of the features; embeddings and output heads (tied or untied,
 both vocab x hidden) split the vocabulary. A split happens only when the unit divides
 evenly by the axis size (query heads, kv heads, features, vocabulary); otherwise, and
-for norms and anything not named here, the parameter is replicated, which is always
-correct, only not spread.
+for norms (Gemma's q/k norms too) and anything not named here, the parameter is
+replicated, which is always correct, only not spread.
+
+Fused projections split as their rows are laid out. GPT-NeoX stores q, k, v per head, so
+each device gets whole heads with their keys and values. Phi-3's are read in its own
+grouped order (`phi3.row_order`): `qkv_proj` by kv head, so it splits by kv heads (whole
+groups of query heads with their key and value head per device; replicated when the kv
+heads do not divide), and `gate_up_proj` with gate and up features side by side, so each
+device gets matching ones. GPT-2's `c_attn` stores all queries, then all keys, then all
+values: its split gives whole heads but not a head's query, key and value on one device,
+and XLA moves them after the projection (correct, only more traffic).
 """
 
 from __future__ import annotations
@@ -18,8 +27,7 @@ from beyondpar.base.parallel import MODEL
 
 # Flax module name -> (what its split dimension counts, "out" or "in" features).
 SPLITS = {
-    # Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 (Phi-3's fused qkv_proj and
-    # gate_up_proj, not named, are replicated)
+    # Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 (and Phi-3's unfused ones)
     "q_proj": ("heads", "out"),
     "k_proj": ("kv_heads", "out"),
     "v_proj": ("kv_heads", "out"),
@@ -29,6 +37,9 @@ SPLITS = {
     "down_proj": ("features", "in"),
     "embed_tokens": ("vocab", "rows"),
     "lm_head": ("vocab", "rows"),
+    # Phi-3, fused in `phi3.row_order`'s groups
+    "qkv_proj": ("kv_heads", "out"),
+    "gate_up_proj": ("features", "out"),
     # GPT-2
     "c_attn": ("heads", "out"),
     "c_proj": ("heads", "in"),

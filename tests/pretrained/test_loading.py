@@ -7,14 +7,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gguf_export import export
+from jax.sharding import PartitionSpec as P
+from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.benchmarks import gguf_models, previous_load
-from beyondpar.pretrained import files, gguf_file, gguf_quants, loading
+from beyondpar.pretrained import files, gguf_file, gguf_quants, loading, sharding
 from conftest import DATA
 
 HF = DATA / "hf"
-FAMILIES = ("gpt2-tiny", "llama-tiny", "llama3-rope", "neox-tiny", "qwen3-tiny", "mistral-window")
+FIXTURES = sorted(p.name for p in HF.iterdir() if (p / "config.json").is_file())
 TINY_QWEN2 = dict(
     vocab_size=512,
     hidden_size=64,
@@ -44,7 +47,7 @@ def full_trace_shapes(module):
     return {tuple(p.key for p in path): tuple(leaf.shape) for path, leaf in leaves}
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", FIXTURES)
 def test_block_by_block_shapes_are_the_whole_networks(name):
     module = pretrained.build(files.read_config(HF / name))
     assert pretrained.parameter_shapes(module) == full_trace_shapes(module)
@@ -56,6 +59,45 @@ def test_shapes_of_layers_with_different_blocks():
     module = pretrained.build(config)
     assert module.config.layer_windows == (4, None)
     assert pretrained.parameter_shapes(module) == full_trace_shapes(module)
+
+
+@pytest.mark.parametrize(
+    "name,head",
+    [
+        ("llama-tiny", "lm_head"),
+        ("neox-tiny", "embed_out"),
+        ("gemma3-legacy", "lm_head"),
+        ("phi3-tiny", "lm_head"),
+    ],
+)
+def test_untied_heads_are_kept_as_stored(name, head):
+    """An untied output head is an Embed holding the checkpoint's vocab x hidden matrix
+    (no transpose), split by vocabulary like the embedding; tied models have none."""
+    module, params, _ = pretrained.load(HF / name, progress=False)
+    stored = load_file(HF / name / "model.safetensors")
+    stored_name = "embed_out.weight" if head == "embed_out" else "lm_head.weight"
+    np.testing.assert_array_equal(params[head]["embedding"], stored[stored_name])
+    assert sharding.partition_spec((head, "embedding"), 2, module.config, 4) == P("model", None)
+    _, tied, _ = pretrained.load(HF / "gemma3-tiny", progress=False)
+    assert "lm_head" not in tied
+
+
+def test_a_row_order_must_name_every_stored_row(tmp_path):
+    """A family's row order (Phi-3's groups) against a tensor of another size is named,
+    from a safetensors file and from a GGUF one; a tensor GGUF stores transposed (GPT-2's
+    Conv1D) takes none."""
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    with files.Safetensors(files.shard_files(HF / "phi3-tiny")) as source:
+        rows = source.tensor(name).shape[0]
+        message = rf"tensor '{name}' must have {rows - 1} rows, got {rows}"
+        with pytest.raises(ValueError, match=message):
+            source.read(name, True, order=np.arange(rows - 1))
+    phi3 = gguf_file.GgufFile(export(HF / "phi3-tiny", tmp_path / "phi3.gguf"))
+    with pytest.raises(ValueError, match=rf"must have {rows + 1} rows, got {rows}"):
+        phi3.read(name, True, order=np.arange(rows + 1))
+    gpt2 = gguf_file.GgufFile(export(HF / "gpt2-tiny", tmp_path / "gpt2.gguf"))
+    with pytest.raises(ValueError, match="'h.0.attn.c_attn.weight' is stored transposed"):
+        gpt2.read("h.0.attn.c_attn.weight", False, order=np.arange(96))
 
 
 def leaves(params):
@@ -139,11 +181,11 @@ def test_a_failing_tensor_stops_the_load_with_its_error(qwen2_gguf, monkeypatch)
     read = gguf_file.GgufFile.read
     calls = []
 
-    def failing(self, name, transpose, dtype=None):
+    def failing(self, name, transpose, dtype=None, order=None):
         calls.append(name)
         if name == "model.layers.1.mlp.up_proj.weight":
             raise ValueError(f"tensor {name!r} cannot be read: test")
-        return read(self, name, transpose, dtype)
+        return read(self, name, transpose, dtype, order)
 
     monkeypatch.setattr(gguf_file.GgufFile, "read", failing)
     with pytest.raises(ValueError, match="'model.layers.1.mlp.up_proj.weight' cannot be read"):
