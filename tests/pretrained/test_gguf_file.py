@@ -1,10 +1,13 @@
 """GGUF files: every supported architecture against the Hugging Face fixtures, exported
-the way llama.cpp lays them out, at several quantisation types; damaged and unsupported
-files."""
+the way llama.cpp lays them out, at several quantisation types, read through the jitted
+kernels; Gemma's and Phi-3's parameters bit for bit the `gguf` package's values with
+their fix-ups; damaged and unsupported files."""
 
 import shutil
 
 import gguf
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf_export import export
@@ -12,7 +15,7 @@ from hf_fixtures import HF, copy_checkpoint, expected
 from safetensors.numpy import load_file
 
 from beyondpar import pretrained
-from beyondpar.pretrained import gguf_file
+from beyondpar.pretrained import gguf_file, gguf_quants
 
 Q = gguf.GGMLQuantizationType
 # Round-off of each type on these weights: the logits' worst deviation it allows.
@@ -32,10 +35,13 @@ TOLERANCE = {Q.F32: 1e-4, Q.F16: 5e-3, Q.BF16: 5e-2, Q.Q8_0: 0.1}
         ("gemma2-pattern", Q.BF16),
         ("gemma3-tiny", Q.F32),
         ("phi3-tiny", Q.F32),
+        ("phi3-tiny", Q.Q8_0),
         ("phi3-longrope", Q.F32),
     ],
 )
-def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
+def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, monkeypatch, name, qtype):
+    """Through the jitted kernels (compiled for every shape, as for a large model)."""
+    monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     path = export(HF / name, tmp_path / "model.gguf", qtype)
     exp = expected(name)
     module, params, tokenizer = pretrained.load(path)
@@ -48,6 +54,81 @@ def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
     if "tokens_24" in exp:  # longrope's short factors, within the original length
         logits, _ = pretrained.apply_with_attention(module, params, exp["tokens_24"])
         np.testing.assert_allclose(logits, exp["logits_24"], atol=TOLERANCE[qtype])
+
+
+def grouped(hf_name: str, values: np.ndarray, config) -> np.ndarray:
+    """Phi-3's fused rows as the model keeps them, cut out by hand: per kv head its query
+    heads, key and value; gate and up features side by side."""
+    if hf_name.endswith("qkv_proj.weight"):
+        d, heads, kv = config.head_dim, config.num_heads, config.num_kv_heads
+        q, k, v = np.split(values, [heads * d, (heads + kv) * d])
+        per = heads // kv * d  # rows of one group's query heads
+        return np.concatenate(
+            [
+                np.concatenate(
+                    [q[g * per : (g + 1) * per], k[g * d : (g + 1) * d], v[g * d : (g + 1) * d]]
+                )
+                for g in range(kv)
+            ]
+        )
+    if hf_name.endswith("gate_up_proj.weight"):
+        gate, up = np.split(values, 2)
+        return np.stack([gate, up], axis=1).reshape(values.shape)
+    return values
+
+
+def package_params(path, module) -> dict:
+    """Every parameter as the loader read it before its own reader and kernels: the
+    `gguf` package's values, 1 taken off Gemma's norms, Phi-3's rows grouped, kernels
+    transposed."""
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    names = gguf_file.GgufFile(path).hf_names()
+    fam = pretrained.family(module)
+    out = {}
+    for keys in pretrained.parameter_shapes(module):
+        hf, transpose = fam.hf_name(keys)
+        t = tensors[names[hf]]
+        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape)))
+        if type(module).__name__ == "Gemma" and hf.endswith("norm.weight"):
+            values = values - np.float32(1.0)
+        values = grouped(hf, values, module.config)
+        out[keys] = values.T if transpose else values
+    return out
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize(
+    "name,qtype",
+    [
+        ("gemma2-tiny", Q.Q8_0),
+        ("gemma3-tiny", Q.Q4_0),
+        ("phi3-tiny", Q.Q8_0),
+        ("phi3-tiny", Q.Q5_1),
+    ],
+)
+def test_new_architectures_read_the_packages_values_with_their_fix_ups(
+    tmp_path, monkeypatch, name, qtype, kernels
+):
+    """Gemma 2, Gemma 3 and Phi-3 through the kernels (or the package's NumPy code):
+    every parameter bit for bit the package's values with the family's fix-ups, and in
+    bfloat16 their cast."""
+    if kernels:
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+    path = export(HF / name, tmp_path / "model.gguf", qtype)
+    module, params, _ = pretrained.load(path, progress=False)
+    part = "qkv_proj" if name.startswith("phi3") else "q_proj"
+    read = gguf_file.GgufFile(path).read(f"model.layers.1.self_attn.{part}.weight", True)
+    assert isinstance(read, jax.Array) == kernels  # the kernel ran, or the package's code
+    want = package_params(path, module)
+    flat = {tuple(k.key for k in p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    assert flat.keys() == want.keys()
+    for keys, values in want.items():
+        np.testing.assert_array_equal(flat[keys], values, err_msg=str(keys))
+    _, half, _ = pretrained.load(path, jnp.bfloat16, progress=False)
+    flat = {tuple(k.key for k in p): x for p, x in jax.tree_util.tree_leaves_with_path(half)}
+    for keys, values in want.items():
+        assert flat[keys].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(flat[keys], jnp.asarray(values, jnp.bfloat16), str(keys))
 
 
 LLAMA_CPP_GEMMA3 = {"query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh"}

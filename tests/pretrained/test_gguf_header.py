@@ -39,11 +39,18 @@ def assert_same_as_the_package(path):
         )
 
 
-def test_an_exported_checkpoint_reads_as_the_package_reads_it(tmp_path):
-    assert_same_as_the_package(
-        export(HF / "llama-tiny", tmp_path / "q.gguf", gguf.GGMLQuantizationType.Q8_0)
-    )
-    assert_same_as_the_package(export(HF / "gpt2-tiny", tmp_path / "g.gguf"))
+@pytest.mark.parametrize(
+    "name,qtype",
+    [
+        ("llama-tiny", gguf.GGMLQuantizationType.Q8_0),
+        ("gpt2-tiny", gguf.GGMLQuantizationType.F32),
+        ("gemma2-tiny", gguf.GGMLQuantizationType.Q4_0),  # soft-caps, window
+        ("gemma3-legacy", gguf.GGMLQuantizationType.F16),  # two rope bases, linear scaling
+        ("phi3-longrope", gguf.GGMLQuantizationType.BF16),  # longrope factors as tensors
+    ],
+)
+def test_an_exported_checkpoint_reads_as_the_package_reads_it(tmp_path, name, qtype):
+    assert_same_as_the_package(export(HF / name, tmp_path / "model.gguf", qtype))
 
 
 def test_every_value_type_and_nested_arrays(tmp_path):

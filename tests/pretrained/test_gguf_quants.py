@@ -75,6 +75,21 @@ def test_transpose_row_order_and_dtype_are_folded_in(qtype):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_an_offset_is_added_in_float32_before_the_cast(compiled):
+    """Gemma's norms (stored as 1 + weight): the kernel and the package's code both give
+    float32(values) - 1, then the cast, as the loader did before."""
+    rows, cols = 6, cols_of(Q.Q8_0)
+    raw = edge_blocks(Q.Q8_0, rows, cols, seed=5)
+    want = reference(raw, Q.Q8_0, rows, cols) - np.float32(1.0)
+    got = gguf_quants.decode(raw, Q.Q8_0, cols, compiled=compiled, offset=-1.0)
+    assert isinstance(got, np.ndarray) != compiled
+    np.testing.assert_array_equal(np.asarray(got), want)
+    half = gguf_quants.decode(raw, Q.Q8_0, cols, True, jnp.bfloat16, compiled=compiled, offset=-1.0)
+    np.testing.assert_array_equal(np.asarray(half), np.asarray(jnp.asarray(want.T, jnp.bfloat16)))
+    assert np.abs(want).max() > 1e3 and np.any(np.abs(want) < 1)  # offsets that round
+
+
 def test_one_value_per_nibble_in_ggml_order():
     """Q4_0 block: scale 1, byte j holds value j in its low and 15 - j in its high
     nibble: the block reads 0..15 - 8, then 15..0 - 8 (low nibbles first)."""
