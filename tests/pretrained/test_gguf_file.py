@@ -32,6 +32,7 @@ def expected(name):
         ("gpt2-tiny", Q.F32),
         ("gpt2-tiny", Q.BF16),
         ("qwen3-tiny", Q.F32),
+        ("mistral-window", Q.F32),
     ],
 )
 def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
@@ -44,6 +45,18 @@ def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
     np.testing.assert_allclose(attn, exp["attention"], atol=TOLERANCE[qtype])
     if qtype != Q.F32:  # quantised, so not bit-equal: the test would pass on any load
         assert np.abs(np.asarray(logits) - exp["logits"]).max() > 1e-7
+
+
+def test_a_gguf_with_a_sliding_window_keeps_it(tmp_path):
+    """Mistral's GGUF is architecture llama with llama.attention.sliding_window: every layer
+    gets the window (a query reads itself and the 7 keys before it), as transformers."""
+    module, params, _ = pretrained.load(export(HF / "mistral-window", tmp_path / "m.gguf"))
+    cfg = module.config
+    assert [cfg.window(layer) for layer in range(cfg.num_layers)] == [8] * cfg.num_layers
+    _, attn = pretrained.apply_with_attention(module, params, expected("mistral-window")["tokens"])
+    i, j = np.indices(attn.shape[-2:])
+    assert not np.asarray(attn)[..., i - j >= 8].any()
+    assert (np.asarray(attn)[..., (i - j == 7)] > 0).all()
 
 
 def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
