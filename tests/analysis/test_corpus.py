@@ -11,6 +11,7 @@ from beyondpar import pretrained, pruning
 from beyondpar.analysis import corpus, corpus_report, loss_pruning, measures, optimum, series
 from beyondpar.analysis import text as text_lib
 from beyondpar.analysis import windows as windows_lib
+from beyondpar.base import files
 from conftest import DATA, analyze_cli
 
 HF = DATA / "hf"
@@ -418,3 +419,29 @@ def test_an_edited_corpus_is_refused_on_a_rerun(tmp_path):
     with pytest.raises(ValueError, match=r"other settings \(corpus_sha256: "):
         windows_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
     assert (out / windows_lib.WINDOWS_FILE).read_text() == before
+
+
+def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run):
+    _, summary, _, _, _ = corpus_run
+    plt = files.pyplot()
+    fig = corpus_report.plot_layers(summary, plt)
+    try:
+        full, without = fig.axes
+        for ax in (full, without):
+            assert ax.get_yscale() == "log"
+            labels = [ax.yaxis.get_major_formatter()(v, 0) for v in (0.02, 0.5, 2.0)]
+            assert labels == ["0.02", "0.5", "2"]
+            names = ax.get_legend_handles_labels()[1]
+            assert names == [
+                "uniform causal attention",
+                "learned",
+                "uniform",
+                "optimal, held out",
+                "best head",
+            ]
+        base = 100 * summary["baseline"]["baseline"]["fidelity"]
+        baseline = next(x for x in full.get_lines() if x.get_label() == "uniform causal attention")
+        assert baseline.get_ydata()[0] == pytest.approx(base)
+        assert "without the first 1 token(s)" in without.get_title()
+    finally:
+        plt.close(fig)
