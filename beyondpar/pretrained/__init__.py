@@ -1,13 +1,24 @@
-"""Pretrained checkpoints (GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Qwen2, Qwen3) in JAX.
+"""Pretrained checkpoints in JAX: GPT-2, GPT-NeoX/Pythia, Llama, Mistral, Qwen2, Qwen3,
+Gemma 2, Gemma 3 (text) and Phi-3.
 
 `load` reads a Hugging Face folder (config.json, safetensors weights, tokenizer.json) or
-a GGUF file (llama.cpp, Ollama), without torch or transformers; `apply_with_attention`
-returns logits and every layer's attention like `beyondpar.model.apply_with_attention`,
-with the same head mask; `layer_by_layer` yields one layer's attention at a time, for
-texts too long to keep every layer's T x T maps.
+a GGUF file (llama.cpp, Ollama; architectures llama, qwen2, qwen3, gpt2, gemma2, gemma3,
+phi3), without torch or transformers; `apply_with_attention` returns logits and every
+layer's attention like `beyondpar.model.apply_with_attention`, with the same head mask;
+`layer_by_layer` yields one layer's attention at a time, for texts too long to keep
+every layer's T x T maps.
 """
 
-from beyondpar.pretrained import files, gguf_file, gpt2, gpt_neox, llama  # noqa: F401
+from beyondpar.pretrained import (  # noqa: F401
+    files,
+    gemma,
+    gguf_file,
+    gpt2,
+    gpt_neox,
+    llama,
+    phi3,
+    rotary,
+)
 from beyondpar.pretrained.loading import FAMILIES, build, family, load, load_gguf  # noqa: F401
 from beyondpar.pretrained.running import (  # noqa: F401
     apply_with_attention,

@@ -2,9 +2,12 @@
 
 The metadata becomes the config.json the family modules already read, every tensor gets
 its Hugging Face name and layout (Linear weights stay out x in; llama.cpp's row
-permutation of Llama q/k for its interleaved rotary is undone) and is dequantised by the
-`gguf` package one tensor at a time; the tokenizer is rebuilt from the stored vocabulary
-and merges with `tokenizers` (see `gguf_tokenizer`).
+permutation of Llama q/k for its interleaved rotary is undone; the 1 llama.cpp's
+converter adds to Gemma's norm weights is taken off) and is dequantised by the `gguf`
+package one tensor at a time; the tokenizer is rebuilt from the stored vocabulary and
+merges with `tokenizers` (see `gguf_tokenizer`). What the file records is read; what it
+does not (Gemma's query_pre_attn_scalar, its sliding pattern when no key holds it) is
+what llama.cpp assumes for the architecture.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import numpy as np
 
 from beyondpar.pretrained import gguf_tokenizer
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3")
+_GEMMA = ("gemma2", "gemma3")
 
 _LLAMA_BLOCK = {
     "attn_norm": "input_layernorm",
@@ -35,6 +39,13 @@ _LLAMA_BLOCK = {
     "ffn_down": "mlp.down_proj",
 }
 _LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GEMMA_BLOCK = {
+    **_LLAMA_BLOCK,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_PHI3_BLOCK = {**_LLAMA_BLOCK, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _GPT2_BLOCK = {
     "attn_norm": "ln_1",
     "attn_qkv": "attn.c_attn",
@@ -44,6 +55,14 @@ _GPT2_BLOCK = {
     "ffn_down": "mlp.c_proj",
 }
 _GPT2_TOP = {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f"}
+_NAMES = {  # architecture -> (block parts, top-level tensors, block prefix)
+    "gpt2": (_GPT2_BLOCK, _GPT2_TOP, "h"),
+    "gemma2": (_GEMMA_BLOCK, _LLAMA_TOP, "model.layers"),
+    "gemma3": (_GEMMA_BLOCK, _LLAMA_TOP, "model.layers"),
+    "phi3": (_PHI3_BLOCK, _LLAMA_TOP, "model.layers"),
+}
+_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: every n-th layer is full
+_LARGEST_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: scaled by hidden / heads
 _CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2 stores these in x out
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
@@ -105,19 +124,27 @@ class GgufFile:
         """The config.json a Hugging Face folder of this model would hold."""
         if self.arch == "gpt2":
             return self._gpt2_config()
+        config = self._decoder_config()
+        if self.arch in _GEMMA:
+            return self._gemma_config(config)
+        if self.arch == "phi3":
+            return self._phi3_config(config)
+        window = self.arch_value("attention.sliding_window", None)
+        if window:
+            config["sliding_window"] = window
+            config["model_type"] = "mistral" if self.arch == "llama" else self.arch
+            config["use_sliding_window"] = True
+        if "rope_freqs.weight" in self.tensors:
+            config["rope_freq_factors"] = self._dequantize("rope_freqs.weight").tolist()
+        return config
+
+    def _decoder_config(self) -> dict:
+        """The fields every decoder-only architecture here shares."""
         heads = self.arch_value("attention.head_count")
         embed = self.arch_value("embedding_length")
         head_dim = self.arch_value("attention.key_length", embed // heads)
         rotary = self.arch_value("rope.dimension_count", head_dim)
-        scaling = self.arch_value("rope.scaling.type", "none")
-        if scaling not in ("none", "linear") or (
-            scaling == "linear" and self.arch_value("rope.scaling.factor", 1.0) != 1.0
-        ):
-            raise ValueError(
-                f"GGUF file {self.path}: {self.arch}.rope.scaling.type must be 'none', "
-                f"got {scaling!r}"
-            )
-        config = {
+        return {
             "model_type": self.arch,
             "vocab_size": self.arch_value("vocab_size", len(self.value("tokenizer.ggml.tokens"))),
             "max_position_embeddings": self.arch_value("context_length"),
@@ -129,17 +156,99 @@ class GgufFile:
             "head_dim": head_dim,
             "rms_norm_eps": self.arch_value("attention.layer_norm_rms_epsilon"),
             "rope_theta": self.arch_value("rope.freq_base", 10000.0),
+            "rope_scaling": self._linear_rope_scaling(),
             "partial_rotary_factor": rotary / head_dim,
             "tie_word_embeddings": "output.weight" not in self.tensors,
             "attention_bias": self.arch == "llama" and "blk.0.attn_q.bias" in self.tensors,
         }
-        window = self.arch_value("attention.sliding_window", None)
-        if window:
-            config["sliding_window"] = window
-            config["model_type"] = "mistral" if self.arch == "llama" else self.arch
-            config["use_sliding_window"] = True
-        if "rope_freqs.weight" in self.tensors:
-            config["rope_freq_factors"] = self._dequantize("rope_freqs.weight").tolist()
+
+    def _linear_rope_scaling(self) -> dict | None:
+        """`rope.scaling.factor` (linear unless `rope.scaling.type` says otherwise, as
+        llama.cpp reads it) as Hugging Face's rope dict: Gemma's full layers take it, other
+        architectures here only a factor of 1 (Phi-3's longrope is in its tensors)."""
+        factor = self.arch_value("rope.scaling.factor", 1.0)
+        scaling = self.arch_value("rope.scaling.type", "linear" if factor != 1.0 else "none")
+        if scaling == "none" or (scaling == "linear" and factor == 1.0):
+            return None
+        if scaling == "linear" and self.arch in _GEMMA:
+            return {"rope_type": "linear", "factor": factor}
+        if scaling == "longrope" and self.arch == "phi3":
+            return None
+        allowed = {"gemma2": "'none' or 'linear'", "gemma3": "'none' or 'linear'"}
+        allowed["phi3"] = "'none' or 'longrope'"
+        raise ValueError(
+            f"GGUF file {self.path}: {self.arch}.rope.scaling.type must be "
+            f"{allowed.get(self.arch, repr('none'))}, got {scaling!r} with factor {factor}"
+        )
+
+    def _gemma_config(self, config: dict) -> dict:
+        """Gemma 2 / 3 as llama.cpp runs them: scores scaled by key_length ** -0.5 (by
+        (hidden / heads) ** -0.5 in the 27B models: the converter keeps no
+        query_pre_attn_scalar), sliding layers by `attention.sliding_window_pattern` or the
+        architecture's pattern, their rope base `rope.freq_base_swa`; Gemma 2 soft-caps
+        at 50 and 30 unless the file says otherwise, Gemma 3 the final logits if it says."""
+        gemma2, n = self.arch == "gemma2", config["num_hidden_layers"]
+        window = self.arch_value("attention.sliding_window", 4096 if gemma2 else 0)
+        largest = n == _LARGEST_LAYERS[self.arch]
+        full = {"rope_type": "default", **(config.pop("rope_scaling") or {})}
+        full["rope_theta"] = config.pop("rope_theta")
+        sliding_theta = self.arch_value("rope.freq_base_swa", 10000.0)
+        if gemma2:
+            if self.arch_value("rope.freq_base_swa", full["rope_theta"]) != full["rope_theta"]:
+                raise ValueError(
+                    f"GGUF file {self.path}: gemma2.rope.freq_base_swa must equal "
+                    f"rope.freq_base={full['rope_theta']}, got {sliding_theta}"
+                )
+            rope = full
+        else:
+            rope = {
+                "full_attention": full,
+                "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
+            }
+        final = self.arch_value("final_logit_softcapping", 30.0 if gemma2 else 0.0)
+        return {
+            **config,
+            "model_type": "gemma2" if gemma2 else "gemma3_text",
+            "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"]
+            if largest
+            else config["head_dim"],
+            "layer_types": self._layer_types(n) if window else ["full_attention"] * n,
+            "sliding_window": window or None,
+            "rope_parameters": rope,
+            "attn_logit_softcapping": self.arch_value("attn_logit_softcapping", 50.0),
+            "final_logit_softcapping": final or None,
+            "hidden_activation": "gelu_pytorch_tanh",
+        }
+
+    def _layer_types(self, num_layers: int) -> list[str]:
+        """llama.cpp's sliding layers: one flag per layer, or a pattern n (layer i slides
+        when i % n < n - 1; 0: every layer slides)."""
+        pattern = self.arch_value("attention.sliding_window_pattern", _SLIDING_PATTERN[self.arch])
+        if isinstance(pattern, list):
+            if len(pattern) != num_layers:
+                raise ValueError(
+                    f"GGUF file {self.path}: {self.arch}.attention.sliding_window_pattern must "
+                    f"flag {num_layers} layers, got {len(pattern)}"
+                )
+            sliding = [bool(p) for p in pattern]
+        else:
+            sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(num_layers)]
+        return ["sliding_attention" if s else "full_attention" for s in sliding]
+
+    def _phi3_config(self, config: dict) -> dict:
+        """Phi-3: its window (0: none), and longrope from the rope_factors_long/short
+        tensors with the stored attention factor and original context length."""
+        config["sliding_window"] = self.arch_value("attention.sliding_window", 0) or None
+        config["original_max_position_embeddings"] = self.arch_value(
+            "rope.scaling.original_context_length", 4096
+        )
+        if "rope_factors_long.weight" in self.tensors:
+            config["rope_scaling"] = {
+                "rope_type": "longrope",
+                "long_factor": self._dequantize("rope_factors_long.weight").tolist(),
+                "short_factor": self._dequantize("rope_factors_short.weight").tolist(),
+                "attention_factor": self.arch_value("rope.scaling.attn_factor", 1.0),
+            }
         return config
 
     def _gpt2_config(self) -> dict:
@@ -160,8 +269,7 @@ class GgufFile:
     def hf_names(self) -> dict[str, str]:
         """Hugging Face name -> GGUF name of every tensor the model reads."""
         out = {}
-        block, top = (_GPT2_BLOCK, _GPT2_TOP) if self.arch == "gpt2" else (_LLAMA_BLOCK, _LLAMA_TOP)
-        prefix = "h" if self.arch == "gpt2" else "model.layers"
+        block, top, prefix = _NAMES.get(self.arch, (_LLAMA_BLOCK, _LLAMA_TOP, "model.layers"))
         for name in self.tensors:
             if m := _BLOCK.match(name):
                 layer, part, leaf = m.groups()
@@ -180,6 +288,8 @@ class GgufFile:
             array = self._dequantize(gguf_name)
             if config is not None:
                 array = _unpermute_llama(gguf_name, array, config)
+            if self.arch in _GEMMA and gguf_name.endswith("norm.weight"):
+                array = array - np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + weight
             if self.arch == "gpt2" and _block_part(gguf_name) in _CONV1D:
                 array = array.T
             yield hf, array if dtype is None else array.astype(dtype)

@@ -13,7 +13,7 @@ import math
 
 import flax.linen as nn
 
-from beyondpar.pretrained import gpt2, layers, llama
+from beyondpar.pretrained import layers, rotary
 from beyondpar.pretrained.config_fields import field, one_of
 
 MODEL_TYPES = ("gpt_neox",)
@@ -28,7 +28,7 @@ class NeoxConfig:
     num_heads: int
     mlp_dim: int
     eps: float
-    rope: llama.Rope
+    rope: rotary.Rope
     activation: str = "gelu"
     parallel_residual: bool = True
     attention_bias: bool = True
@@ -58,8 +58,8 @@ class NeoxConfig:
             num_heads=heads,
             mlp_dim=field(c, "intermediate_size"),
             eps=field(c, "layer_norm_eps", float, default=1e-5),
-            rope=llama.Rope.from_hf({**c, **legacy}),
-            activation=one_of("hidden_act", c.get("hidden_act", "gelu"), gpt2.ACTIVATIONS),
+            rope=rotary.Rope.from_hf({**c, **legacy}),
+            activation=one_of("hidden_act", c.get("hidden_act", "gelu"), layers.ACTIVATIONS),
             parallel_residual=bool(c.get("use_parallel_residual", True)),
             attention_bias=bool(c.get("attention_bias", True)),
             tied=bool(c.get("tie_word_embeddings", False)),
@@ -81,7 +81,7 @@ class NeoxBlock(nn.Module):
         attn = layers.causal_attention(self, q, k, v, 1 / math.sqrt(cfg.head_dim), None, head_mask)
         attn = nn.Dense(d, use_bias=cfg.attention_bias, name="dense")(attn)
         mlp = lambda y: nn.Dense(d, name="dense_4h_to_h")(
-            gpt2.ACTIVATIONS[cfg.activation](nn.Dense(cfg.mlp_dim, name="dense_h_to_4h")(y))
+            layers.ACTIVATIONS[cfg.activation](nn.Dense(cfg.mlp_dim, name="dense_h_to_4h")(y))
         )
         post = nn.LayerNorm(epsilon=cfg.eps, name="post_attention_layernorm")
         if cfg.parallel_residual:

@@ -13,15 +13,15 @@ from types import ModuleType
 import jax
 import jax.numpy as jnp
 
-from beyondpar.pretrained import files, gguf_file, gpt2, gpt_neox, llama
+from beyondpar.pretrained import files, gemma, gguf_file, gpt2, gpt_neox, llama, phi3
 
 FAMILIES: dict[str, ModuleType] = {
-    kind: fam for fam in (gpt2, gpt_neox, llama) for kind in fam.MODEL_TYPES
+    kind: fam for fam in (gpt2, gpt_neox, llama, gemma, phi3) for kind in fam.MODEL_TYPES
 }
 
 
 def family(module) -> ModuleType:
-    """The family module (gpt2, gpt_neox, llama) a Flax model class comes from."""
+    """The family module (gpt2, gpt_neox, llama, gemma, phi3) a Flax model class comes from."""
     return importlib.import_module(type(module).__module__)
 
 
@@ -49,11 +49,9 @@ def load(path_or_name: str | os.PathLike, dtype=None):
     module = build(files.read_config(folder))
     tokenizer = files.read_tokenizer(folder)
     shards = files.shard_files(folder)
-    prefix = _prefix(module, shards)
-    params = _read_params(
-        module, set(shards), lambda names: files.read_tensors(shards, names), dtype, prefix
-    )
-    return module, params, tokenizer
+    layouts = getattr(family(module), "CHECKPOINT_PREFIXES", ({},))
+    read = lambda names: files.read_tensors(shards, names)
+    return module, _read_params(module, set(shards), read, dtype, layouts), tokenizer
 
 
 def load_gguf(path: str | os.PathLike, dtype=None):
@@ -62,7 +60,7 @@ def load_gguf(path: str | os.PathLike, dtype=None):
     module = build(source.config())
     tokenizer = source.tokenizer()
     names = source.hf_names()
-    params = _read_params(module, set(names), source.read_tensors, dtype, "")
+    params = _read_params(module, set(names), source.read_tensors, dtype, ({},))
     return module, params, tokenizer
 
 
@@ -70,24 +68,34 @@ def _not_gguf(path):
     raise ValueError(f"path must be a GGUF file or a folder holding one, got {str(path)!r}")
 
 
-def _prefix(module, names) -> str:
-    """GPT-2 checkpoints saved from GPT2LMHeadModel name the body `transformer.*` (and may
-    add an unprefixed `lm_head.weight`); the original `gpt2` upload has no prefix."""
-    if not isinstance(module, gpt2.Gpt2):
-        return ""
-    return "transformer." if any(n.startswith("transformer.h.") for n in names) else ""
+def _stored_names(names: list[str], available: set, layouts) -> list[str]:
+    """The checkpoint's name of every Hugging Face name: under the family's layout (name
+    prefixes renamed, e.g. GPT-2's `transformer.` or a Gemma 3 text model inside its
+    multimodal checkpoint) that finds the most of them; the first layout on a tie."""
+
+    def rename(name: str, layout: dict) -> str:
+        for hf, stored in layout.items():
+            if name.startswith(hf):
+                return stored + name.removeprefix(hf)
+        return name
+
+    candidates = [[rename(n, layout) for n in names] for layout in layouts]
+    return max(candidates, key=lambda stored: sum(n in available for n in stored))
 
 
-def _read_params(module, available: set, read, dtype, prefix: str) -> dict:
+def _read_params(module, available: set, read, dtype, layouts) -> dict:
     """Parameters named as `module` wants them; `read(names)` yields (name, array) one at a
     time, so only one tensor beyond the parameters themselves is alive at once."""
     fam = family(module)
     like = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), int)))
-    wanted = {}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(like["params"]):
-        keys = tuple(p.key for p in path)
-        name, transpose = fam.hf_name(keys)
-        wanted[prefix + name] = (keys, transpose, tuple(leaf.shape))
+    leaves = jax.tree_util.tree_leaves_with_path(like["params"])
+    keys = [tuple(p.key for p in path) for path, _ in leaves]
+    names, transposes = zip(*(fam.hf_name(k) for k in keys), strict=True)
+    stored = _stored_names(list(names), available, layouts)
+    wanted = {
+        name: (k, transpose, tuple(leaf.shape))
+        for name, k, transpose, (_, leaf) in zip(stored, keys, transposes, leaves, strict=True)
+    }
     missing = [n for n in wanted if n not in available]
     if missing:
         raise ValueError(f"checkpoint is missing tensors {missing[:5]} (of {len(missing)})")

@@ -8,19 +8,15 @@ import gguf
 import numpy as np
 import pytest
 from gguf_export import export
+from hf_fixtures import HF, copy_checkpoint, expected
+from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.pretrained import gguf_file
-from conftest import DATA
 
-HF = DATA / "hf"
 Q = gguf.GGMLQuantizationType
 # Round-off of each type on these weights: the logits' worst deviation it allows.
 TOLERANCE = {Q.F32: 1e-4, Q.F16: 5e-3, Q.BF16: 5e-2, Q.Q8_0: 0.1}
-
-
-def expected(name):
-    return dict(np.load(HF / name / "expected.npz"))
 
 
 @pytest.mark.parametrize(
@@ -33,6 +29,11 @@ def expected(name):
         ("gpt2-tiny", Q.BF16),
         ("qwen3-tiny", Q.F32),
         ("mistral-window", Q.F32),
+        ("gemma2-pattern", Q.F32),
+        ("gemma2-pattern", Q.BF16),
+        ("gemma3-tiny", Q.F32),
+        ("phi3-tiny", Q.F32),
+        ("phi3-longrope", Q.F32),
     ],
 )
 def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
@@ -45,6 +46,64 @@ def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
     np.testing.assert_allclose(attn, exp["attention"], atol=TOLERANCE[qtype])
     if qtype != Q.F32:  # quantised, so not bit-equal: the test would pass on any load
         assert np.abs(np.asarray(logits) - exp["logits"]).max() > 1e-7
+    if "tokens_24" in exp:  # longrope's short factors, within the original length
+        logits, _ = pretrained.apply_with_attention(module, params, exp["tokens_24"])
+        np.testing.assert_allclose(logits, exp["logits_24"], atol=TOLERANCE[qtype])
+
+
+LLAMA_CPP_GEMMA3 = {"query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh"}
+
+
+@pytest.mark.parametrize(
+    "name,assumed",
+    [
+        ("gemma2-tiny", {"query_pre_attn_scalar": 16}),  # key_length, not 24
+        ("gemma3-legacy", {**LLAMA_CPP_GEMMA3, "sliding_window_pattern": 6}),
+    ],
+)
+def test_what_a_gemma_gguf_does_not_record_is_what_llama_cpp_assumes(tmp_path, name, assumed):
+    """llama.cpp's converter keeps no query_pre_attn_scalar, no sliding pattern and no
+    activation, and llama.cpp scales by key_length ** -0.5, slides five layers in six
+    and takes the tanh GELU: the file is that model, to the bit."""
+    path = export(HF / name, tmp_path / "model.gguf")
+    folder = copy_checkpoint(name, tmp_path, assumed)
+    tokens = expected(name)["tokens"]
+    want = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
+    module, params, _ = pretrained.load(path)
+    got = pretrained.apply_with_attention(module, params, tokens)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert np.abs(np.asarray(got[0]) - expected(name)["logits"]).max() > 1e-3
+
+
+@pytest.mark.parametrize("pattern", [3, [True, True, False, True]])
+def test_a_gemma_gguf_sliding_pattern_key_is_read(tmp_path, pattern):
+    """`gemma3.attention.sliding_window_pattern` (a period or a flag per layer) gives
+    gemma3-legacy's own pattern back: only what llama.cpp assumes otherwise differs."""
+    path = export(
+        HF / "gemma3-legacy",
+        tmp_path / "model.gguf",
+        extra=lambda writer: writer.add_sliding_window_pattern(pattern),
+    )
+    folder = copy_checkpoint("gemma3-legacy", tmp_path, LLAMA_CPP_GEMMA3)
+    tokens = expected("gemma3-legacy")["tokens"]
+    want = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
+    got = pretrained.apply_with_attention(*pretrained.load(path)[:2], tokens)
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_gemma_norms_are_stored_plus_one_and_read_back(tmp_path):
+    """llama.cpp's converter adds 1 to every Gemma norm weight (q/k norms too); reading
+    takes it off again."""
+    path = export(HF / "gemma3-tiny", tmp_path / "model.gguf")
+    source = gguf_file.GgufFile(path)
+    hf = load_file(HF / "gemma3-tiny" / "model.safetensors")
+    names = source.hf_names()
+    for name in ("model.layers.2.post_feedforward_layernorm.weight", "model.norm.weight"):
+        np.testing.assert_allclose(source._dequantize(names[name]), hf[name] + 1, atol=1e-7)
+    name = "model.layers.2.self_attn.k_norm.weight"
+    got = dict(source.read_tensors([name]))[name]
+    np.testing.assert_allclose(got, hf[name], atol=1e-6)
 
 
 def test_a_gguf_with_a_sliding_window_keeps_it(tmp_path):
@@ -67,8 +126,6 @@ def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
     names = source.hf_names()
     q = dict(source.read_tensors(["model.layers.0.self_attn.q_proj.weight"]))
     raw = source._dequantize(names["model.layers.0.self_attn.q_proj.weight"])
-    from safetensors.numpy import load_file
-
     hf = load_file(HF / "llama-tiny" / "model.safetensors")
     np.testing.assert_array_equal(
         q["model.layers.0.self_attn.q_proj.weight"], hf["model.layers.0.self_attn.q_proj.weight"]
@@ -141,10 +198,10 @@ def rewrite(path, tmp_path, change) -> object:
     [
         (
             {"general.architecture": "falcon"},
-            r"general.architecture must be one of \['llama', 'qwen2', 'qwen3', 'gpt2'\], "
-            "got 'falcon'",
+            r"general.architecture must be one of \['llama', 'qwen2', 'qwen3', 'gpt2', "
+            r"'gemma2', 'gemma3', 'phi3'\], got 'falcon'",
         ),
-        ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.model must be 'gpt2'.*got 'llama'"),
+        ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model must be 'gpt2'.*got 'bert'"),
         ({"tokenizer.ggml.pre": "chatglm-bpe"}, "tokenizer.ggml.pre must be one of .*chatglm"),
         ({"llama.attention.head_count": None}, "must hold metadata 'llama.attention.head_count'"),
     ],
@@ -154,6 +211,37 @@ def test_unsupported_gguf_files_are_named(tmp_path, change, message):
     changed = rewrite(path, tmp_path, lambda reader: dict(change))
     with pytest.raises(ValueError, match=message):
         pretrained.load(changed)
+
+
+@pytest.mark.parametrize(
+    "name,extra,message",
+    [
+        (
+            "gemma3-tiny",
+            lambda w: w.add_string("gemma3.rope.scaling.type", "yarn"),
+            r"gemma3.rope.scaling.type must be 'none' or 'linear', got 'yarn' with factor 4.0",
+        ),
+        (
+            "gemma2-pattern",
+            lambda w: w.add_rope_freq_base_swa(5000.0),
+            r"gemma2.rope.freq_base_swa must equal rope.freq_base=10000.0, got 5000.0",
+        ),
+        (
+            "gemma3-tiny",
+            lambda w: w.add_sliding_window_pattern([True, False]),
+            r"gemma3.attention.sliding_window_pattern must flag 6 layers, got 2",
+        ),
+        (
+            "phi3-tiny",
+            lambda w: w.add_rope_scaling_factor(8.0),
+            r"phi3.rope.scaling.type must be 'none' or 'longrope', got 'linear' with factor 8.0",
+        ),
+    ],
+)
+def test_gguf_metadata_a_family_cannot_run_is_named(tmp_path, name, extra, message):
+    path = export(HF / name, tmp_path / "model.gguf", extra=extra)
+    with pytest.raises(ValueError, match=message):
+        pretrained.load(path)
 
 
 def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path, monkeypatch):
