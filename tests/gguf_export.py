@@ -32,7 +32,8 @@ GEMMA_PARTS = {
     "post_feedforward_layernorm": "post_ffw_norm",
 }
 PHI3_PARTS = {**LLAMA_PARTS, "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
-ARCHITECTURE = {"gemma3_text": "gemma3", "gemma3": "gemma3"}  # model_type -> GGUF name
+# model_type -> GGUF name (llama.cpp writes Mistral as llama with its sliding window)
+ARCHITECTURE = {"gemma3_text": "gemma3", "gemma3": "gemma3", "mistral": "llama"}
 # A Gemma 3 text model inside a multimodal checkpoint (transformers 5, 4.x layouts).
 TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model."}
 TEXT_PREFIXES["language_model.lm_head."] = "lm_head."
@@ -147,6 +148,8 @@ def _metadata(writer, c: dict, arch: str) -> None:
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
     writer.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
+    if c.get("sliding_window"):
+        writer.add_sliding_window(c["sliding_window"])
     if c["rope_parameters"].get("rope_type") == "llama3":
         factors = llama3_factors(c["rope_parameters"], head_dim)
         writer.add_tensor("rope_freqs.weight", factors)

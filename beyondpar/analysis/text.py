@@ -35,13 +35,20 @@ def _selected(spec: AnalysisSpec, num_layers: int) -> tuple[int, ...]:
 
 
 def analyze_tokens(
-    module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer | None = None, extra=None
+    module,
+    params,
+    tokens_BxT,
+    spec: AnalysisSpec,
+    timer: Timer | None = None,
+    extra=None,
+    extra_without_sink=None,
 ):
     """Record of a pretrained model on token ids: per analysed layer, then the rollout.
 
     One layer's attention is alive at a time; the rollout is carried as the running
     product R_l = A~_l R_{l-1} (B x T x T), so memory stays at one layer of one batch.
-    `extra` {name: weights (L, H)} adds fixed mixes per layer.
+    `extra` {name: weights (L, H), or per sequence (B, L, H)} adds fixed mixes per layer;
+    `extra_without_sink` the same for the graph without the sink tokens.
     """
     timer = timer or Timer()
     cfg = module.config
@@ -59,11 +66,16 @@ def analyze_tokens(
         with timer.part("rollout"):
             product = _rollout_step(product, graphs.combine_heads(attn, weights), spec.residual)
         if layer in layers:
-            fixed = {name: w[layer] for name, w in (extra or {}).items()}
-            out[layer] = analyze_layer(attn, weights, spec, timer, fixed)
+            fixed, fixed_inner = _at_layer(extra, layer), _at_layer(extra_without_sink, layer)
+            out[layer] = analyze_layer(attn, weights, spec, timer, fixed, fixed_inner)
     shares = np.asarray(product[..., -1, :])
     rollout = {"sink_share": shares, "network_fidelity": shares.min(-1)}
     return {"layers": out, "rollout": rollout, **baselines(np.shape(tokens_BxT)[-1], spec)}
+
+
+def _at_layer(extra: dict | None, layer: int) -> dict:
+    """{name: weights of `layer`} from {name: (..., L, H)}."""
+    return {name: jnp.asarray(w)[..., layer, :] for name, w in (extra or {}).items()}
 
 
 @jax.jit

@@ -7,6 +7,7 @@ out as `models--org--name/refs/main` (a commit hash) -> `snapshots/<hash>/`.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -28,6 +29,16 @@ def hub_cache() -> Path:
     if os.environ.get("HF_HOME"):
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
     return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def package_file(package: str, name: str) -> Path | None:
+    """A data file shipped inside an installed Python package (e.g. a GGUF model), or None
+    when the package or the file is absent. The package is located, never imported."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / name
+    return path if path.is_file() else None
 
 
 def resolve(path_or_name: str | os.PathLike) -> Path:

@@ -31,6 +31,7 @@ TOLERANCE = {Q.F32: 1e-4, Q.F16: 5e-3, Q.BF16: 5e-2, Q.Q8_0: 0.1}
         ("gpt2-tiny", Q.F32),
         ("gpt2-tiny", Q.BF16),
         ("qwen3-tiny", Q.F32),
+        ("mistral-window", Q.F32),
         ("gemma2-pattern", Q.F32),
         ("gemma2-pattern", Q.BF16),
         ("gemma3-tiny", Q.F32),
@@ -184,6 +185,18 @@ def test_gemma_norms_are_stored_plus_one_and_read_back(tmp_path):
     name = "model.layers.2.self_attn.k_norm.weight"
     got = dict(source.read_tensors([name]))[name]
     np.testing.assert_allclose(got, hf[name], atol=1e-6)
+
+
+def test_a_gguf_with_a_sliding_window_keeps_it(tmp_path):
+    """Mistral's GGUF is architecture llama with llama.attention.sliding_window: every layer
+    gets the window (a query reads itself and the 7 keys before it), as transformers."""
+    module, params, _ = pretrained.load(export(HF / "mistral-window", tmp_path / "m.gguf"))
+    cfg = module.config
+    assert [cfg.window(layer) for layer in range(cfg.num_layers)] == [8] * cfg.num_layers
+    _, attn = pretrained.apply_with_attention(module, params, expected("mistral-window")["tokens"])
+    i, j = np.indices(attn.shape[-2:])
+    assert not np.asarray(attn)[..., i - j >= 8].any()
+    assert (np.asarray(attn)[..., (i - j == 7)] > 0).all()
 
 
 def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):

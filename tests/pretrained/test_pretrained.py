@@ -500,3 +500,22 @@ def test_damaged_index_and_tokenizer_files_are_named(tmp_path):
     (folder / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="config.json must hold a JSON object, got list"):
         pretrained.load(folder)
+
+
+def test_layer_by_layer_gives_each_layer_its_own_window(tmp_path):
+    """Layer 0 full, layer 1 a 4-token window (`layer_types`): going one layer at a time
+    must build each layer with its own window, as the whole model does."""
+    folder = tmp_path / "windowed"
+    shutil.copytree(HF / "llama-tiny", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(layer_types=["full_attention", "sliding_attention"], sliding_window=4)
+    (folder / "config.json").write_text(json.dumps(config))
+    module, params, _ = pretrained.load(folder)
+    tokens = np.arange(1, 17)[None] % module.config.vocab_size
+    _, whole = pretrained.apply_with_attention(module, params, tokens)
+    run = pretrained.layer_by_layer(module, params, tokens)
+    i, j = np.indices((16, 16))
+    for layer, attn in run:
+        np.testing.assert_allclose(attn, whole[:, layer], atol=1e-6)
+        beyond = np.asarray(attn)[..., i - j >= 4]
+        assert (beyond > 0).any() if layer == 0 else not beyond.any(), layer
