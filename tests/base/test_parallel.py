@@ -67,3 +67,13 @@ def test_batches_split_along_data_when_they_divide():
     assert parallel.batch_sharding(mesh, 5).spec == P()
     assert parallel.mesh_of({"a": jax.device_put(np.ones(4), NamedSharding(mesh, P()))}) is mesh
     assert parallel.mesh_of({"a": np.ones(4)}) is None
+
+
+def test_a_local_mesh_needs_a_batch_of_at_least_one_item_per_device():
+    """A batch as large as the device count still splits (one item each); a smaller one
+    stays on one device."""
+    count = len(jax.local_devices())
+    assert count >= 2  # the tests' CPU devices
+    assert parallel.local_mesh().size == count
+    assert parallel.local_mesh(count).size == count
+    assert parallel.local_mesh(count - 1) is None

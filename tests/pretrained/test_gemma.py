@@ -263,3 +263,14 @@ GEMMA3 = config_of("gemma3-tiny")
 def test_bad_configs_name_the_field(config, message):
     with pytest.raises(ValueError, match=message):
         pretrained.build(config)
+
+
+@pytest.mark.parametrize("outer", [True, False, None])
+def test_a_gemma3_wrapper_ties_its_head_by_its_own_flag(outer):
+    """transformers ties a multimodal Gemma 3's head by the outer config's
+    `tie_word_embeddings` (true when absent), whatever its `text_config` says."""
+    text = {"num_hidden_layers": 2, "tie_word_embeddings": outer is False}
+    config = {"model_type": "gemma3", "text_config": text}
+    if outer is not None:
+        config["tie_word_embeddings"] = outer
+    assert pretrained.build(config).config.tied is (outer is not False)

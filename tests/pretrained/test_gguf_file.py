@@ -351,3 +351,35 @@ def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path):
         "package cannot dequantise",
     ):
         pretrained.load(out, progress=False)
+
+
+@pytest.mark.parametrize(
+    "name,change,field,want",
+    [
+        # head_dim is key_length (llama.cpp's n_embd_head_k), whatever value_length says
+        ("llama-tiny", {"llama.attention.value_length": 4}, "head_dim", 8),
+        # the 27B models scale by hidden / heads: 32 / 4 here, not key_length 16
+        ("gemma2-tiny", {"gemma2.block_count": 46}, "query_pre_attn_scalar", 8),
+        ("gemma3-tiny", {"gemma3.block_count": 62}, "query_pre_attn_scalar", 8),
+        ("gemma2-tiny", {"gemma2.block_count": 42}, "query_pre_attn_scalar", 16),
+        # llama.cpp's defaults for keys a file leaves out
+        (
+            "phi3-tiny",
+            {"phi3.rope.scaling.original_context_length": None},
+            "original_max_position_embeddings",
+            4096,
+        ),
+        (
+            "gemma3-tiny",
+            {"gemma3.rope.freq_base_swa": None},
+            "rope_parameters",
+            {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    ],
+)
+def test_gguf_metadata_becomes_the_config_llama_cpp_runs(tmp_path, name, change, field, want):
+    path = rewrite(export(HF / name, tmp_path / "model.gguf"), tmp_path, lambda r: dict(change))
+    assert gguf_file.GgufFile(path).config()[field] == want

@@ -250,3 +250,12 @@ def test_unsupported_tokenizers_are_one_line_errors(tmp_path, path, change, mess
     with pytest.raises(ValueError, match=message) as err:
         tokenizer(with_metadata(path, tmp_path, **change))
     assert "\n" not in str(err.value)
+
+
+def test_the_unknown_token_is_special_like_a_control_token(spm):
+    """`<unk>` (token type 2) in the text is matched whole, as llama.cpp's special-token
+    partition matches it, and left out of decode like a control token."""
+    unk = spm.token_to_id("<unk>")
+    assert unk == 0
+    assert ids(spm, "x<unk>y").count(unk) == 1
+    assert "<unk>" not in spm.decode(ids(spm, "x<unk>y"))

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
 from beyondpar import pretrained
+from beyondpar.base import parallel
 from beyondpar.benchmarks import gguf_models, previous_load
 from beyondpar.pretrained import files, gguf_file, gguf_quants, loading, sharding
 from conftest import DATA
@@ -221,3 +222,14 @@ def test_kernels_are_compiled_only_for_shapes_with_many_values(qwen2_gguf, monke
     assert {(q.name, r, c) for q, r, c in source._compiled} == {("Q5_0", 256, 64)}
     assert isinstance(source.read("model.layers.2.mlp.up_proj.weight", True), jax.Array)
     assert isinstance(source.read("lm_head.weight", False), np.ndarray)
+
+
+@pytest.mark.parametrize("data,model", [(1, 2), (2, 1)])
+def test_parameters_split_along_the_model_axis_only(data, model):
+    """A 1 x 2 mesh splits the query heads over its model axis; a 2 x 1 mesh (data
+    parallel) keeps every parameter whole on each device."""
+    mesh = parallel.model_mesh(data, model)
+    _, params, _ = pretrained.load(HF / "llama-tiny", mesh=mesh, progress=False)
+    kernel = params["layers_0"]["q_proj"]["kernel"]
+    assert kernel.sharding.spec == (P(None, "model") if model > 1 else P())
+    assert kernel.sharding.mesh.shape == {"data": data, "model": model}

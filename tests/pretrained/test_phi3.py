@@ -115,3 +115,11 @@ PHI3 = config_of("phi3-longrope")
 def test_bad_configs_name_the_field(change, message):
     with pytest.raises(ValueError, match=message):
         pretrained.build({**PHI3, **change})
+
+
+def test_a_missing_norm_epsilon_is_transformers_default():
+    """Phi3Config's rms_norm_eps defaults to 1e-5 (Llama's to 1e-6)."""
+    config = {k: v for k, v in config_of("phi3-tiny").items() if k != "rms_norm_eps"}
+    assert pretrained.build(config).config.eps == 1e-5
+    llama = {**config, "model_type": "llama", "rope_parameters": None}
+    assert pretrained.build(llama).config.eps == 1e-6

@@ -519,3 +519,14 @@ def test_layer_by_layer_gives_each_layer_its_own_window(tmp_path):
         np.testing.assert_allclose(attn, whole[:, layer], atol=1e-6)
         beyond = np.asarray(attn)[..., i - j >= 4]
         assert (beyond > 0).any() if layer == 0 else not beyond.any(), layer
+
+
+def test_qwen_windows_only_when_the_config_asks_for_them():
+    """Qwen2/Qwen3's `use_sliding_window` is false when absent (transformers' default): a
+    `sliding_window` alone windows no layer."""
+    config = {**json.loads((HF / "qwen3-tiny" / "config.json").read_text()), "sliding_window": 6}
+    for key in ("layer_types", "use_sliding_window", "max_window_layers"):
+        config.pop(key)
+    assert pretrained.build(config).config.layer_windows == ()
+    asked = pretrained.build({**config, "use_sliding_window": True}).config
+    assert asked.layer_windows == (6, 6)

@@ -80,3 +80,34 @@ def test_a_wrong_number_of_longrope_factors_is_named():
     rope = rotary.Rope.from_params(LONGROPE, PHI3, ("longrope",))
     with pytest.raises(ValueError, match=r"'long_factor' must number 4 \(rotary dim / 2\), got 2"):
         rope.inverse_frequencies(8, 64)
+
+
+def test_llama3_keeps_short_wavelengths_slows_long_ones_and_blends_between():
+    """Wavelengths below original / high_freq_factor (16) keep their rate, those above
+    original / low_freq_factor (64) are divided by the factor, and between them the
+    rate is inv * ((1 - s) / factor + s) with s = (original / wavelength - low) /
+    (high - low)."""
+    params = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    rope = rotary.Rope.from_params(params, {}, ("llama3",))
+    inv = default_rates(10000.0, 16)
+    wavelength = 2 * np.pi / inv
+    smooth = (64 / wavelength - 1.0) / 3.0
+    blended = inv * ((1 - smooth) / 8.0 + smooth)
+    want = np.where(wavelength < 16, inv, np.where(wavelength > 64, inv / 8.0, blended))
+    assert ((wavelength >= 16) & (wavelength <= 64)).sum() == 2  # the blend is checked
+    np.testing.assert_allclose(rope.inverse_frequencies(16), want, rtol=1e-6)
+
+
+def test_a_rope_dicts_own_base_wins_over_the_top_level_one():
+    """transformers 5 keeps `rope_theta` inside `rope_parameters`; a top-level one (older
+    configs) only fills in when the dict names none."""
+    inner = {"rope_parameters": {"rope_type": "default", "rope_theta": 5.0}, "rope_theta": 500.0}
+    assert rotary.Rope.from_hf(inner).theta == 5.0
+    outer = {"rope_parameters": {"rope_type": "default"}, "rope_theta": 500.0}
+    assert rotary.Rope.from_hf(outer).theta == 500.0
