@@ -470,3 +470,30 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
         assert "without the first 1 token(s)" in without.get_title()
     finally:
         plt.close(fig)
+
+
+def test_each_record_names_its_windows_document(corpus_run):
+    out, _, windows, _, _ = corpus_run
+    records = lines(out / windows_lib.WINDOWS_FILE)
+    assert len(set(windows.document.tolist())) > 1  # windows of several documents
+    for r in records:
+        assert r["document"] == int(windows.document[r["window"]]), r["window"]
+
+
+def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
+    out, summary, _, _, _ = corpus_run
+    report = (out / "report.md").read_text()
+    for heading in ("## Layers\n", "## Layers without", "### Layer 0", "## Pruning heads"):
+        table = report[report.index(heading) :].split("\n\n")[1].splitlines()
+        if not table[0].startswith("|"):  # a paragraph before the table
+            table = report[report.index(heading) :].split("\n\n")[2].splitlines()
+        widths = {line.count("|") for line in table}
+        assert len(widths) == 1, (heading, table)
+    pruned = cells(report, "## Pruning heads")
+    for name in ("projection", "gradient", "fidelity", "random"):
+        c = summary["pruning"][name]
+        assert pruned[name][:3] == [
+            f"{c['loss'][0]:.3f}",
+            f"{c['loss'][-1]:.3f}",
+            f"{c['perplexity'][-1]:.1f}",
+        ]
