@@ -2,6 +2,7 @@
 resume, bootstrap intervals, the loss-pruning curves, and one line for every bad input."""
 
 import json
+import types
 from pathlib import Path
 
 import numpy as np
@@ -472,12 +473,17 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
         plt.close(fig)
 
 
-def test_each_record_names_its_windows_document(corpus_run):
-    out, _, windows, _, _ = corpus_run
-    records = lines(out / windows_lib.WINDOWS_FILE)
-    assert len(set(windows.document.tolist())) > 1  # windows of several documents
-    for r in records:
-        assert r["document"] == int(windows.document[r["window"]]), r["window"]
+def test_each_record_names_its_windows_document():
+    """Three windows of two documents, two per batch: the second batch's window is the
+    second document's."""
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    tokens = np.arange(3 * 6).reshape(3, 6) % 50 + 1
+    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 1]))
+    got = {}
+    windows_lib.analyze_windows(
+        module, params, picked, [0, 1, 2], SPEC, 2, got.__setitem__, progress=False
+    )
+    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1}
 
 
 def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
