@@ -1,9 +1,11 @@
 """Every launcher's flag rules: a mistake is one line on stderr naming the flag, what it
 must be and what it got, with exit status 2, and nothing is written."""
 
+import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import DATA, ROOT
@@ -33,6 +35,10 @@ def launch(script: str, *flags: str, cwd=ROOT):
         (
             [f"--model={HF / 'llama-tiny'}", "--text=hi", "--max_windows=3"],
             "--max_windows: for --corpus only",
+        ),
+        (
+            [f"--model={HF / 'llama-tiny'}", "--text=hi", "--search_windows=3"],
+            "--search_windows: for --corpus only",
         ),
         (["--text=hi"], "give exactly one of --model or --attention, got none"),
         (
@@ -76,3 +82,16 @@ def test_every_launchers_mistakes_are_one_line(tmp_path, script, flags, message)
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
     assert message in done.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_analyze_folds_flag_reaches_the_cross_fitted_optimum(tmp_path):
+    """Two sequences in one fold: the optimum is searched on both, in sample."""
+    path = tmp_path / "attn.npz"
+    attention = np.load(HF / "llama-tiny" / "expected.npz")["attention"][:, :1, :, :8, :8]
+    np.savez(path, attention=attention / attention.sum(-1, keepdims=True))
+    out = tmp_path / "out"
+    flags = ["--optimal_weights", "--folds=1", "--nopairwise", "--horizon=10", "--max_steps=10"]
+    done = launch("analyze.py", f"--attention={path}", *flags, f"--out={out}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    optimal = json.loads((out / "analysis.json").read_text())["layers"]["0"]["optimal"]
+    assert optimal["held_out"] is False and optimal["search_sets"] == [[0, 1]]

@@ -227,3 +227,39 @@ def test_the_search_subsamples_sequences_whatever_other_axes_the_batch_has(monke
     assert all(shape[:-4] == (3,) and cand[:-2] == (3,) for shape, cand in seen)
     pool = [cand[-2] for shape, cand in seen if shape[-4] == 12]
     assert pool == [1 + 4 + 6 + 6]  # uniform, every head, every pair, random starts
+
+
+def test_every_single_head_is_scored_on_every_set_beside_learned_weights():
+    """As above, with learned weights among the starts: they take a place in the pool,
+    never the last head's place among the anchors."""
+    attn = _uniform_or_identity([(0, 1), (2,), (2,)])
+    heads = exact(attn, np.eye(3, dtype=np.float32), "fidelity", 20)
+    w, value = synergy.optimal_weights(
+        attn,
+        "fidelity",
+        horizon=20,
+        init=np.asarray([1.0, 0.0, 0.0], np.float32),
+        search_sequences=1,
+        local_starts=1,
+        local_rounds=0,
+        random_starts=0,
+    )
+    assert float(value) >= heads[2] * (1 - 1e-6), (float(value), heads)
+
+
+@pytest.mark.parametrize(
+    "num_sets, num_folds, sizes", [(7, 3, [2, 3, 2]), (8, 3, [3, 2, 3]), (10, 3, [3, 4, 3])]
+)
+def test_fold_edges_are_rounded_so_the_split_reads_the_same_from_either_end(
+    num_sets, num_folds, sizes
+):
+    """The folds are stored with a corpus optimum and compared on a resumed run, so the
+    split is fixed: edges at round(f N / F)."""
+    assert [len(b) for b in weighting.folds(num_sets, num_folds)] == sizes
+
+
+def test_a_single_fold_of_several_sets_is_in_sample():
+    attn = _uniform_or_identity([(0,), (1,), (2,)])
+    found = weighting.cross_fitted(attn, 1, horizon=10, local_rounds=0, random_starts=0)
+    assert found["held_out"] is False and found["fold"].tolist() == [0, 0, 0]
+    assert found["search_sets"] == [[0, 1, 2]]

@@ -2,6 +2,7 @@
 resume, bootstrap intervals, the loss-pruning curves, and one line for every bad input."""
 
 import json
+import types
 from pathlib import Path
 
 import numpy as np
@@ -470,3 +471,35 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
         assert "without the first 1 token(s)" in without.get_title()
     finally:
         plt.close(fig)
+
+
+def test_each_record_names_its_windows_document():
+    """Three windows of two documents, two per batch: the second batch's window is the
+    second document's."""
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    tokens = np.arange(3 * 6).reshape(3, 6) % 50 + 1
+    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 1]))
+    got = {}
+    windows_lib.analyze_windows(
+        module, params, picked, [0, 1, 2], SPEC, 2, got.__setitem__, progress=False
+    )
+    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1}
+
+
+def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
+    out, summary, _, _, _ = corpus_run
+    report = (out / "report.md").read_text()
+    for heading in ("## Layers\n", "## Layers without", "### Layer 0", "## Pruning heads"):
+        table = report[report.index(heading) :].split("\n\n")[1].splitlines()
+        if not table[0].startswith("|"):  # a paragraph before the table
+            table = report[report.index(heading) :].split("\n\n")[2].splitlines()
+        widths = {line.count("|") for line in table}
+        assert len(widths) == 1, (heading, table)
+    pruned = cells(report, "## Pruning heads")
+    for name in ("projection", "gradient", "fidelity", "random"):
+        c = summary["pruning"][name]
+        assert pruned[name][:3] == [
+            f"{c['loss'][0]:.3f}",
+            f"{c['loss'][-1]:.3f}",
+            f"{c['perplexity'][-1]:.1f}",
+        ]

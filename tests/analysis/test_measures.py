@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import graphs, metrics
+from beyondpar import graphs, metrics, synergy
 from beyondpar.analysis import measures
 
 SPEC = measures.AnalysisSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)
@@ -131,3 +131,18 @@ def test_one_sequence_has_nothing_to_hold_out():
 def test_bad_spec_names_the_flag(bad, message):
     with pytest.raises(ValueError, match=message):
         measures.AnalysisSpec(**bad)
+
+
+def test_gain_is_over_the_best_head_and_cross_head_share_is_the_learned_mix():
+    attn = graphs.random_causal(6, (3, 4), 10)  # B x H x T x T
+    learned = np.asarray([0.7, 0.1, 0.1, 0.1], np.float32)
+    spec = measures.AnalysisSpec(horizon=30, max_steps=30, pairwise=False)
+    best = np.argmax(np.asarray(metrics.minimax_fidelity(attn, 30)), -1)
+    one_hot = np.eye(4, dtype=np.float32)[best]  # each sequence's best head as a mix
+    out = measures.analyze_layer(attn, learned, spec, extra={"best": one_hot})
+    heads = out["heads"]["fidelity"]
+    np.testing.assert_allclose(out["mixes"]["best"]["gain"], 0.0, atol=1e-6)
+    for mix in out["mixes"].values():
+        np.testing.assert_allclose(mix["gain"], mix["fidelity"] - heads.max(-1), atol=1e-7)
+    share = synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), 30)
+    np.testing.assert_allclose(out["cross_head_share_mean"], np.mean(share, -1), rtol=1e-5)

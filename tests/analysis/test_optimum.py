@@ -1,0 +1,36 @@
+"""The corpus optimum's plan: which windows each fold holds and is searched on, kept with
+the weights so that a resumed run measures the rest with the same mixes."""
+
+import json
+import types
+
+import numpy as np
+import pytest
+
+from beyondpar.analysis import measures, optimum, windows
+
+
+def test_a_single_window_is_not_held_out():
+    found = optimum.plan(1, 2, 8, [0, 1])
+    assert found["folds"] == [[0, 1]] and found["search_windows"] == [[0]]
+    assert found["held_out"] is False
+    assert optimum.plan(2, 2, 8, [0])["held_out"] is True
+
+
+def stub_model(num_windows: int, num_layers: int):
+    """What `corpus_optimum` reads before a search: the layer count and the windows."""
+    module = types.SimpleNamespace(config=types.SimpleNamespace(num_layers=num_layers))
+    return module, types.SimpleNamespace(tokens=np.zeros((num_windows, 8), np.int32))
+
+
+def test_weights_searched_on_other_windows_of_the_same_folds_are_refused(tmp_path):
+    module, corpus_windows = stub_model(6, 2)
+    spec = measures.AnalysisSpec(optimal_weights=True, folds=2)
+    stored = optimum.plan(6, 2, 3, [0, 1])  # three search windows per fold
+    (tmp_path / optimum.OPTIMAL_FILE).write_text(json.dumps(stored))
+    fewer = windows.CorpusSpec(tokens=8, search_windows=2)
+    assert optimum.plan(6, 2, 2, [0, 1])["folds"] == stored["folds"]
+    with pytest.raises(ValueError, match=r"search windows \[\[3, 4, 5\], \[0, 1, 2\]\]"):
+        optimum.corpus_optimum(module, None, corpus_windows, spec, fewer, tmp_path)
+    same = windows.CorpusSpec(tokens=8, search_windows=3)
+    assert optimum.corpus_optimum(module, None, corpus_windows, spec, same, tmp_path) == stored

@@ -1,0 +1,65 @@
+"""The single-text report: every cell is the record's number, in its own column."""
+
+import numpy as np
+import pytest
+
+from beyondpar import graphs
+from beyondpar.analysis import measures, text_report
+from beyondpar.analysis import text as text_lib
+
+T = 8
+
+
+def record(spec: measures.AnalysisSpec, attn) -> dict:
+    """What `text.attention_record` gives for attention B x L x H x T x T."""
+    b, num_layers, h = attn.shape[:3]
+    meta = dict(source="attn.npz", num_layers=num_layers, num_heads=h, num_sequences=b)
+    return {**meta, "seq_len": T, "spec": vars(spec), **text_lib.analyze_attention(attn, spec)}
+
+
+def table_rows(report: str, heading: str) -> dict[str, list[str]]:
+    lines = report[report.index(heading) :].split("\n\n")[1].splitlines()
+    return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in lines[2:]}
+
+
+@pytest.fixture(scope="module")
+def parked():
+    """Two sequences of one layer: head 1 reads every earlier token evenly, heads 0 and 2
+    only their own token, so head 1 is every sequence's best head."""
+    uniform = np.asarray(graphs.uniform_causal(T))
+    heads = np.stack([np.eye(T), uniform, np.eye(T)]).astype(np.float32)
+    attn = np.stack([heads, heads])[:, None]  # B x L x H x T x T
+    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False)
+    return record(spec, attn)
+
+
+def test_layer_row_names_the_most_frequent_best_head(parked):
+    assert parked["layers"][0]["best_head"].tolist() == [1, 1]
+    row = table_rows(text_report.markdown(parked), "## Layers")["0"]
+    assert row[0] == "1"
+
+
+def test_head_rows_give_hitting_time_on_each_walk_in_its_column(parked):
+    heads = parked["layers"][0]["heads"]
+    ref, norm = heads["hitting_time_reference"][:, 1], heads["hitting_time_normalized"][:, 1]
+    assert abs(np.mean(ref) - np.mean(norm)) > 0.01  # the walks differ on this head
+    row = table_rows(text_report.markdown(parked), "### Layer 0")["head 1"]
+    assert row[3:5] == [f"{np.mean(ref):.2f}", f"{np.mean(norm):.2f}"]
+
+
+def test_largest_shares_are_listed_largest_first(parked):
+    share = np.mean(parked["rollout"]["sink_share"], 0)
+    line = next(x for x in text_report.markdown(parked).splitlines() if "Largest shares" in x)
+    listed = [int(part.split()[0]) for part in line.split(": ", 2)[-1].split(", ")]
+    assert listed == np.argsort(-share)[:5].tolist()
+
+
+def test_the_optimum_line_gives_held_out_and_in_sample_values():
+    attn = np.asarray(graphs.random_causal(8, (4, 1, 3), T))  # B x L x H x T x T
+    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
+    layer = record(spec, attn)["layers"][0]
+    line = text_report.optimal_line(layer)
+    held_out = 100 * np.mean(layer["mixes"]["optimal"]["fidelity"])
+    in_sample = 100 * np.mean(layer["optimal"]["in_sample"])
+    assert abs(held_out - in_sample) > 1e-3
+    assert f"{held_out:.3f}% held out" in line and f"{in_sample:.3f}% in sample" in line
