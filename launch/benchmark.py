@@ -1,10 +1,13 @@
-"""Benchmarks that print ratios measured in one run.
+"""Benchmarks that print ratios measured in one run, a line per part as it finishes and
+one JSON line at the end.
 
-python launch/benchmark.py metrics [--repeats 5]
-python launch/benchmark.py train   [--repeats 5]
-python launch/benchmark.py synergy [--repeats 1]     # one 16-head checkpoint, every analysis
-python launch/benchmark.py pretrained [--repeats 1]  # GPT-2-small shape, 1,024 tokens
-python launch/benchmark.py corpus                    # SmolLM2-135M shape, 100 x 512 tokens
+python launch/benchmark.py metrics      # kernels vs the paper, NumPy, matmul (5 repeats)
+python launch/benchmark.py train        # train step per head count vs PyTorch (5 repeats)
+python launch/benchmark.py synergy      # one 16-head checkpoint, every analysis (1 repeat)
+python launch/benchmark.py pretrained   # GPT-2-small shape, 1,024 tokens (1 repeat)
+python launch/benchmark.py corpus       # SmolLM2-135M shape, 100 x 512 tokens (one pass)
+
+--repeats=N overrides a suite's timed repeats (the best one is reported).
 """
 
 from absl import app, flags
@@ -12,13 +15,16 @@ from absl import app, flags
 from beyondpar import benchmarks
 from beyondpar.base import parallel
 
-FLAGS = flags.DEFINE_integer("repeats", 5, "Timed repeats; the best one is reported.")
+FLAGS = flags.DEFINE_integer(
+    "repeats", None, "Timed repeats, the best one reported; default: the suite's own (above)."
+)
 
 
 def main(argv):
     if len(argv) != 2 or argv[1] not in benchmarks.SUITES:
         raise app.UsageError(f"usage: benchmark.py {{{','.join(benchmarks.SUITES)}}}")
-    benchmarks.SUITES[argv[1]](repeats=FLAGS.value)
+    kwargs = {} if FLAGS.value is None else {"repeats": FLAGS.value}
+    benchmarks.SUITES[argv[1]](**kwargs)
 
 
 if __name__ == "__main__":

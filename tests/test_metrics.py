@@ -64,12 +64,14 @@ def bidirectional(seed: int, t: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("walk", WALKS)
-@pytest.mark.parametrize("kind", ["causal", "bidirectional"])
-def test_kernels_match_matrix_powers(walk, kind):
+@pytest.mark.parametrize("kind", ["causal", "bidirectional", "causal on the triangular path"])
+def test_kernels_match_matrix_powers(walk, kind, monkeypatch):
+    if kind == "causal on the triangular path":
+        monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
     t, k = 12, 30
     mats = (
         causal(3, (3,), t)
-        if kind == "causal"
+        if kind.startswith("causal")
         else np.stack([bidirectional(s, t) for s in range(3)])
     )
     got = metrics.operator_metrics(mats, horizon=k, max_steps=k, walk=walk)
@@ -83,8 +85,10 @@ def test_kernels_match_matrix_powers(walk, kind):
 
 
 @pytest.mark.parametrize("walk", WALKS)
-def test_transition_matrix_follows_the_definition(walk):
-    for c in [bidirectional(4, 9), causal(4, (), 9)]:
+@pytest.mark.parametrize("t", [7, 9, 10, 23])  # row blocks of the clipped cumulative mass:
+def test_transition_matrix_follows_the_definition(walk, t):  # exact, padded, uneven
+    sunk = causal(5, (), t) + 3 * np.eye(t)[0]  # token 0's column clips at the first rows
+    for c in [bidirectional(4, t), causal(4, (), t), sunk / sunk.sum(-1, keepdims=True)]:
         np.testing.assert_allclose(
             metrics.transition_matrix(c, walk), walk_by_definition(c, walk), atol=1e-14
         )
@@ -252,6 +256,63 @@ def test_spectral_radius_is_max_diagonal_for_causal():
         p = np.asarray(metrics.transition_matrix(c, walk))
         expected = np.max(np.diagonal(p[:, :-1, :-1], axis1=-2, axis2=-1), axis=-1)
         np.testing.assert_array_equal(metrics.spectral_radius(c, walk), expected)
+
+
+# ---------------------------------------------------------------- the triangular path
+
+
+@pytest.fixture
+def short_triangular(monkeypatch):
+    """The triangular path for short operators too (by default only long ones take it)."""
+    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
+
+
+@pytest.mark.parametrize("t", [8, 13, 21, 40])  # tiles of 2, 4 (padded), 6 (padded), 10
+def test_triangular_path_equals_the_dense_path(t, monkeypatch, short_triangular):
+    """Causal operators skip the zeros above the diagonal (column tiles, GEMMs over all
+    steps); every number must be the dense recursion's. Horizon and step cap differ so
+    that a mix-up of the two shows."""
+    c = causal(t, (3,), t)
+    assert metrics.triangular_tile(c) == -(-t // metrics.TRIANGULAR_TILES)
+    tri, tri_signal = metrics.metrics_by_walk(c, 25, 30, 0.25, WALKS, signal=True)
+    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 10**9)
+    assert metrics.triangular_tile(c) is None
+    dense, dense_signal = metrics.metrics_by_walk(c, 25, 30, 0.25, WALKS, signal=True)
+    np.testing.assert_allclose(tri_signal, dense_signal, rtol=1e-12, atol=1e-15)
+    for walk in WALKS:
+        for name in metrics.OperatorMetrics._fields:
+            np.testing.assert_allclose(
+                getattr(tri[walk], name), getattr(dense[walk], name), rtol=1e-12, atol=1e-15
+            )
+
+
+def test_triangular_path_only_for_causal_operators(short_triangular):
+    c = causal(1, (2,), 12)
+    assert metrics.is_causal(c) and not metrics.is_causal(bidirectional(0, 12))
+    assert metrics.triangular_tile(c) == 3
+    assert metrics.triangular_tile(np.swapaxes(c, -1, -2)) is None  # upper triangular
+    assert metrics.triangular_tile(bidirectional(0, 12)) is None
+    assert metrics.triangular_tile(causal(1, (2,), metrics.TRIANGULAR_MIN_TOKENS - 1)) is None
+    assert jax.jit(lambda x: metrics.triangular_tile(x) is None)(c)  # traced: dense
+
+
+def test_metrics_by_walk_is_each_walks_metrics_from_one_pass():
+    c = causal(4, (2, 3), 11)
+    by_walk, signal = metrics.metrics_by_walk(c, 20, 15, 0.3, signal=True)
+    for walk in WALKS:
+        one = metrics.operator_metrics(c, 20, 15, 0.3, walk)
+        for name in one._fields:
+            np.testing.assert_allclose(getattr(by_walk[walk], name), getattr(one, name))
+    assert signal.shape == (2, 3, 20, 11)
+    for t in (0, 7, 19):
+        np.testing.assert_allclose(
+            signal[1, 2, t], np.linalg.matrix_power(c[1, 2], t + 1)[-1], rtol=1e-12
+        )
+    np.testing.assert_allclose(signal, metrics.sink_signal(c, 20), rtol=1e-12)
+    assert metrics.metrics_by_walk(c, 20, 15)[1] is None
+    for walks in [(), ("normalized", "normalized"), ("reference", "forward")]:
+        with pytest.raises(ValueError, match="walk"):
+            metrics.metrics_by_walk(c, 20, 15, walks=walks)
 
 
 # ---------------------------------------------------------------- batching and dtypes

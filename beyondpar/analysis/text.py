@@ -57,6 +57,7 @@ def analyze_tokens(
         weights = importances[layer]
         with timer.part("rollout"):
             product = _rollout_step(product, graphs.combine_heads(attn, weights), spec.residual)
+            product.block_until_ready()
         if layer in layers:
             fixed = {name: w[layer] for name, w in (extra or {}).items()}
             out[layer] = analyze_layer(attn, weights, spec, timer, fixed)
