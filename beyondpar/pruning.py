@@ -74,7 +74,7 @@ def masked_scores(module, params, examples, masks_PxLxH) -> tuple[np.ndarray, np
     at a time in memory: the mean cross-entropy over every position, and the accuracy."""
     loss, accuracy = _masked_scores(
         module,
-        jax.device_get(params),
+        params,
         jnp.asarray(examples.inputs),
         jnp.asarray(examples.targets),
         jnp.asarray(examples.predictable),

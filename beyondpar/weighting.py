@@ -21,6 +21,11 @@ and H is at most a few dozen. So the search is on the exact metric:
 
 The result is scored on every set and is never worse than uniform weights, the learned
 weights or any single head.
+
+An optimum scored on the sets it was searched on flatters itself. `cross_fitted` scores it
+out of sample: the sets are split into contiguous folds, each fold's weights are searched
+on sets outside it, and every set is measured with the weights of the search that did not
+see it; the searches' own values (in sample) are returned beside them.
 """
 
 from __future__ import annotations
@@ -99,6 +104,58 @@ def optimal_weights(
             a, weights, value, sign, local_rounds // _POLISH_SHARE, settings, 1 / 16
         )
     return weights[..., 0, :], value[..., 0]
+
+
+def folds(num_sets: int, num_folds: int) -> list[range]:
+    """`num_folds` contiguous blocks of the sets in their order (fewer when there are fewer
+    sets): neighbouring windows of a document stay together, so a held-out fold is not
+    seen through its neighbours."""
+    checks.positive_int("num_sets", num_sets)
+    num_folds = min(checks.positive_int("num_folds", num_folds), num_sets)
+    edges = np.linspace(0, num_sets, num_folds + 1).round().astype(int)
+    return [range(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def search_sets(num_sets: int, num_folds: int, per_fold: int | None = None) -> list[np.ndarray]:
+    """For each fold, the sets its weights are searched on: evenly spaced among the sets
+    outside the fold, at most `per_fold`, the same number for every fold (so that all
+    folds search in one batched call). One fold (a single set): every set, in sample."""
+    blocks = folds(num_sets, num_folds)
+    everything = np.arange(num_sets)
+    if len(blocks) == 1:
+        outside = [everything]
+    else:
+        outside = [np.setdiff1d(everything, np.asarray(block)) for block in blocks]
+    count = min(len(o) for o in outside)
+    if per_fold is not None:
+        count = min(count, checks.positive_int("per_fold", per_fold))
+    return [o[np.linspace(0, len(o) - 1, count).round().astype(int)] for o in outside]
+
+
+def cross_fitted(attn, num_folds: int = 2, per_fold: int | None = None, **search) -> dict:
+    """Optimal weights scored out of sample, for attention sets `attn` (..., N, H, T, T).
+
+    Returns `weights` (..., N, H): each set's weights, searched without its fold; `fold`
+    (N,); `fold_weights` (..., F, H); `in_sample` (..., F): each search's objective on the
+    sets it was searched on; `search_sets` [F x S]; `held_out` False when there is a single
+    set (nothing to hold out: its weights are in sample). `search` goes to
+    `optimal_weights` (objective, init, ...).
+    """
+    a = _check_attn(attn)
+    n = a.shape[-4]
+    blocks = folds(n, num_folds)
+    picked = search_sets(n, num_folds, per_fold)
+    stacked = jnp.stack([jnp.take(a, jnp.asarray(s), axis=-4) for s in picked], axis=-5)
+    weights, values = optimal_weights(stacked, **search)
+    fold = np.concatenate([np.full(len(b), f) for f, b in enumerate(blocks)])
+    return {
+        "weights": jnp.take(weights, jnp.asarray(fold), axis=-2),
+        "fold": fold,
+        "fold_weights": weights,
+        "in_sample": values,
+        "search_sets": [s.tolist() for s in picked],
+        "held_out": len(blocks) > 1,
+    }
 
 
 def _check_attn(attn):

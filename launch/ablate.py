@@ -3,12 +3,10 @@
 python launch/ablate.py --config=configs/ablation.py --workdir=runs/ablation [--dry_run]
 """
 
-import sys
-
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from beyondpar.base import locks, parallel
+from beyondpar.base import cli, parallel
 from beyondpar.study import ablation, config_lib
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Ablation config file[:arg].")
@@ -20,24 +18,22 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    base = config_lib.load_config_file(CONFIG.value.base, CONFIG.value.base_arg or None)
+    ablation_config = cli.config(CONFIG)
+    base = config_lib.load_config_file(ablation_config.base, ablation_config.base_arg or None)
     parallel.use_all_cpu_cores(base.optim.batch_size)
-    try:
-        if DRY_RUN.value:
-            print("\n".join(ablation.dry_run(CONFIG.value, WORKDIR.value)))
-            return
-        written, failures = ablation.run(CONFIG.value, WORKDIR.value)
-    except (ValueError, FileNotFoundError, locks.FolderBusy) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    if DRY_RUN.value:
+        print("\n".join(ablation.dry_run(ablation_config, WORKDIR.value)))
+        return 0
+    written, failures = ablation.run(ablation_config, WORKDIR.value)
     for path in written:
         print(f"wrote {path}")
     for name, message in failures:
         print(f"FAILED {name}: {message}")
     if failures:
         print(f"{len(failures)} run(s) or checkpoint(s) failed; the report lists them")
-        sys.exit(1)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

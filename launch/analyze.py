@@ -7,24 +7,28 @@ python launch/analyze.py --model=model.gguf --text_file=notes.txt --sink_tokens=
 python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=512 --max_windows=100
 python launch/analyze.py --model='runs/pythia/step*' --text_file=notes.txt --out=out/series
 python launch/analyze.py --model='runs/pythia/step*' --corpus=docs.jsonl --tokens=512 --out=out/s
+python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=512 --mesh=data:2,model:4
 
 --model is a folder (config.json, *.safetensors, tokenizer.json), a name in the local
 Hugging Face cache, or a GGUF file (llama.cpp, Ollama blobs); nothing is downloaded.
 Several models (comma-separated, or a glob) are a series, on a text or a corpus: one
 record per model in series.jsonl, a report against the checkpoint, and a rerun skips what
-is recorded (for a corpus, each model's windows resume too).
+is recorded (for a corpus, each model's windows resume too). --mesh spreads the weights
+over data x model devices (heads and MLP features along model, windows along data). With
+--optimal_weights the optimum is cross-fitted: searched on windows (or sequences) outside
+each of --folds folds and measured on the fold, beside its in-sample value. A bad flag or
+input is one line on stderr and exit status 2.
 """
 
-import sys
 from pathlib import Path
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from beyondpar.analysis import corpus_report, measures, series, text_report, windows
 from beyondpar.analysis import text as text_lib
-from beyondpar.base import locks, parallel
+from beyondpar.base import cli, parallel
 
-MODEL = flags.DEFINE_string("model", None, "Checkpoint folder or cached model name.")
+MODEL = flags.DEFINE_string("model", None, "Checkpoint folder, cached model name or GGUF file.")
 TEXT = flags.DEFINE_string("text", None, "The text to analyse.")
 TEXT_FILE = flags.DEFINE_string("text_file", None, "A file holding the text.")
 CORPUS = flags.DEFINE_string(
@@ -34,6 +38,9 @@ TOKENS = flags.DEFINE_integer("tokens", None, "Window length for --corpus (token
 MAX_WINDOWS = flags.DEFINE_integer("max_windows", None, "At most this many windows, in order.")
 BATCH = flags.DEFINE_integer("batch_size", 8, "Windows per batch (--corpus).")
 PRUNING = flags.DEFINE_bool("pruning", False, "Pruning curves of the loss (--corpus).")
+SEARCH_WINDOWS = flags.DEFINE_integer(
+    "search_windows", 8, "Windows each fold's optimal weights are searched on (--corpus)."
+)
 ATTENTION = flags.DEFINE_string("attention", None, ".npz with attention from elsewhere.")
 LAYERS = flags.DEFINE_list("layers", None, "Layers to analyse (from 0); default all.")
 OUT = flags.DEFINE_string("out", "out/analysis", "Report folder.")
@@ -43,22 +50,56 @@ MAX_STEPS = flags.DEFINE_integer("max_steps", 100, "Step cap of the walks.")
 RESIDUAL = flags.DEFINE_float("residual", 0.5, "Residual share of each layer in the rollout.")
 PAIRWISE = flags.DEFINE_bool("pairwise", True, "Pairwise synergy (H^2/2 extra operators).")
 OPTIMAL = flags.DEFINE_bool("optimal_weights", False, "Search optimal head weights (slow).")
+MESH = flags.DEFINE_string(
+    "mesh",
+    None,
+    "data:D,model:M: weights split over M devices (heads, MLP features), batches over D; "
+    "default: the weights on one device.",
+)
+FOLDS = flags.DEFINE_integer("folds", 2, "Folds the optimal weights are cross-fitted over.")
 SINK_TOKENS = flags.DEFINE_integer(
     "sink_tokens", 0, "Also measure the graph without the first k tokens (0: off)."
 )
+CORPUS_ONLY = ("tokens", "max_windows", "batch_size", "pruning", "search_windows")
 
 
 def spec() -> measures.AnalysisSpec:
-    layers = None if LAYERS.value is None else tuple(int(x) for x in LAYERS.value)
     return measures.AnalysisSpec(
         horizon=HORIZON.value,
         max_steps=MAX_STEPS.value,
         residual=RESIDUAL.value,
-        layers=layers,
+        layers=layers(),
         pairwise=PAIRWISE.value,
         optimal_weights=OPTIMAL.value,
         sink_tokens=SINK_TOKENS.value,
+        folds=FOLDS.value,
     )
+
+
+def layers() -> tuple[int, ...] | None:
+    if LAYERS.value is None:
+        return None
+    bad = [x for x in LAYERS.value if not x.strip().isdigit()]
+    if bad:
+        raise ValueError(f"--layers must be layer numbers from 0 (e.g. 0,5,11), got {bad}")
+    return tuple(int(x) for x in LAYERS.value)
+
+
+def check_flag_rules() -> str:
+    """What to analyse ('attention', 'corpus' or 'text'); a broken rule is a ValueError."""
+    cli.exactly_one(model=MODEL.value, attention=ATTENTION.value)
+    if ATTENTION.value:
+        given = [f"--{n}" for n in ("text", "text_file", "corpus") if flags.FLAGS[n].value]
+        if given:
+            raise ValueError(f"--attention takes no text or corpus, got {', '.join(given)}")
+        return "attention"
+    source = cli.exactly_one(text=TEXT.value, text_file=TEXT_FILE.value, corpus=CORPUS.value)
+    if source == "corpus" and TOKENS.value is None:
+        raise ValueError("--corpus needs --tokens=T, the window length in tokens, got none")
+    misplaced = [f"--{n}" for n in CORPUS_ONLY if source != "corpus" and flags.FLAGS[n].present]
+    if misplaced:
+        raise ValueError(f"{', '.join(misplaced)}: for --corpus only, got --{source}")
+    return "corpus" if source == "corpus" else "text"
 
 
 def read_text_file(path: str) -> str:
@@ -73,52 +114,55 @@ def read_text_file(path: str) -> str:
         raise ValueError(f"--text_file {path} cannot be read: {err.strerror}") from err
 
 
+def mesh():
+    """The --mesh flag's device mesh, or None (the weights on one device)."""
+    return None if MESH.value is None else parallel.mesh_from_flag(MESH.value)
+
+
+def analyse_corpus() -> list:
+    cspec = windows.CorpusSpec(
+        tokens=TOKENS.value,
+        max_windows=MAX_WINDOWS.value,
+        batch_size=BATCH.value,
+        pruning=PRUNING.value,
+        search_windows=SEARCH_WINDOWS.value,
+    )
+    models = series.expand(MODEL.value)
+    if len(models) > 1:
+        _, written = series.run_corpus(
+            models, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value, mesh=mesh()
+        )
+        return [written]
+    summary, _ = windows.run(
+        models[0], CORPUS.value, cspec, spec(), OUT.value, DTYPE.value, mesh=mesh()
+    )
+    return corpus_report.write(summary, OUT.value)
+
+
+def analyse_text() -> list:
+    text = TEXT.value if TEXT.value else read_text_file(TEXT_FILE.value)
+    models = series.expand(MODEL.value)
+    if len(models) > 1:
+        _, written = series.run(models, text, spec(), OUT.value, DTYPE.value, mesh=mesh())
+        return [written]
+    return text_report.write(
+        text_lib.text_record(models[0], text, spec(), DTYPE.value, mesh()), OUT.value
+    )
+
+
+def analyse_attention() -> list:
+    return text_report.write(text_lib.attention_record(ATTENTION.value, spec()), OUT.value)
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    if bool(MODEL.value) == bool(ATTENTION.value):
-        raise app.UsageError("give exactly one of --model or --attention")
-    given = [f for f in (TEXT.value, TEXT_FILE.value, CORPUS.value) if f]
-    if MODEL.value and len(given) != 1:
-        raise app.UsageError("--model needs exactly one of --text, --text_file or --corpus")
-    if CORPUS.value and TOKENS.value is None:
-        raise app.UsageError("--corpus needs --tokens=T, the window length")
-    try:
-        if ATTENTION.value:
-            record = text_lib.attention_record(ATTENTION.value, spec())
-        elif CORPUS.value:
-            cspec = windows.CorpusSpec(
-                tokens=TOKENS.value,
-                max_windows=MAX_WINDOWS.value,
-                batch_size=BATCH.value,
-                pruning=PRUNING.value,
-            )
-            models = series.expand(MODEL.value)
-            if len(models) > 1:
-                _, written = series.run_corpus(
-                    models, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value
-                )
-                print(f"wrote {written}")
-                return
-            summary, _ = windows.run(models[0], CORPUS.value, cspec, spec(), OUT.value, DTYPE.value)
-            for path in corpus_report.write(summary, OUT.value):
-                print(f"wrote {path}")
-            return
-        else:
-            text = TEXT.value if TEXT.value else read_text_file(TEXT_FILE.value)
-            models = series.expand(MODEL.value)
-            if len(models) > 1:
-                _, written = series.run(models, text, spec(), OUT.value, DTYPE.value)
-                print(f"wrote {written}")
-                return
-            record = text_lib.text_record(models[0], text, spec(), DTYPE.value)
-    except (ValueError, FileNotFoundError, locks.FolderBusy) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    for path in text_report.write(record, OUT.value):
+    what = check_flag_rules()
+    run = {"attention": analyse_attention, "corpus": analyse_corpus, "text": analyse_text}
+    for path in run[what]():
         print(f"wrote {path}")
 
 
 if __name__ == "__main__":
     parallel.use_all_cpu_cores()
-    app.run(main)
+    cli.run(main)

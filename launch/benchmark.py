@@ -6,14 +6,15 @@ python launch/benchmark.py train        # train step per head count vs PyTorch (
 python launch/benchmark.py synergy      # one 16-head checkpoint, every analysis (1 repeat)
 python launch/benchmark.py pretrained   # GPT-2-small shape, 1,024 tokens (1 repeat)
 python launch/benchmark.py corpus       # SmolLM2-135M shape, 100 x 512 tokens (one pass)
+python launch/benchmark.py load         # GGUF loading: Qwen2.5-0.5B shape, SmolLM2 (3 repeats)
 
 --repeats=N overrides a suite's timed repeats (the best one is reported).
 """
 
-from absl import app, flags
+from absl import flags
 
 from beyondpar import benchmarks
-from beyondpar.base import parallel
+from beyondpar.base import cli, parallel
 
 FLAGS = flags.DEFINE_integer(
     "repeats", None, "Timed repeats, the best one reported; default: the suite's own (above)."
@@ -22,11 +23,13 @@ FLAGS = flags.DEFINE_integer(
 
 def main(argv):
     if len(argv) != 2 or argv[1] not in benchmarks.SUITES:
-        raise app.UsageError(f"usage: benchmark.py {{{','.join(benchmarks.SUITES)}}}")
+        raise ValueError(
+            f"benchmark.py takes one suite, one of {list(benchmarks.SUITES)}, got {argv[1:]}"
+        )
     kwargs = {} if FLAGS.value is None else {"repeats": FLAGS.value}
     benchmarks.SUITES[argv[1]](**kwargs)
 
 
 if __name__ == "__main__":
     parallel.use_all_cpu_cores()
-    app.run(main)
+    cli.run(main)

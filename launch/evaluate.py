@@ -5,12 +5,11 @@ python launch/evaluate.py --reference=path/to/reference --out=out/reference
 """
 
 import json
-import sys
 from pathlib import Path
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from beyondpar.base import files, locks, parallel
+from beyondpar.base import cli, files, parallel
 from beyondpar.study import evaluate, report
 
 RUNS = flags.DEFINE_string("runs", None, "Folder holding runs (config.json + checkpoints).")
@@ -57,20 +56,11 @@ def evaluate_reference(folder: Path) -> int:
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    if bool(RUNS.value) == bool(REFERENCE.value):
-        raise app.UsageError("give exactly one of --runs or --reference")
-    try:
-        status = (
-            evaluate_runs(Path(RUNS.value))
-            if RUNS.value
-            else evaluate_reference(Path(REFERENCE.value))
-        )
-    except (FileNotFoundError, ValueError, locks.FolderBusy) as err:
-        print(f"error: {err}", file=sys.stderr)
-        status = 2
-    sys.exit(status)
+    if cli.exactly_one(runs=RUNS.value, reference=REFERENCE.value) == "runs":
+        return evaluate_runs(Path(RUNS.value))
+    return evaluate_reference(Path(REFERENCE.value))
 
 
 if __name__ == "__main__":
     parallel.use_all_cpu_cores()
-    app.run(main)
+    cli.run(main)

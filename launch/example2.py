@@ -1,8 +1,9 @@
 """The paper's Example 2: python launch/example2.py --out out/example2"""
 
 import jax
-from absl import app, flags
+from absl import flags
 
+from beyondpar.base import cli
 from beyondpar.study import worked_example
 
 OUT = flags.DEFINE_string("out", "out/example2", "Folder for the PNGs and the JSON summary.")
@@ -17,4 +18,4 @@ def main(argv):
 
 if __name__ == "__main__":
     jax.config.update("jax_enable_x64", True)  # a worked example: exact to the last digit
-    app.run(main)
+    cli.run(main)

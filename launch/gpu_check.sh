@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One short prepared check for a GPU machine: the parallel-path tests, both benchmarks
-# and a 2,000-step run of the paper's config, then a table of the figures.
+# One short prepared check for a GPU machine: the parallel-path tests, the benchmarks
+# (GGUF loading included) and a 2,000-step run of the paper's config, then a table.
 # Usage: bash launch/gpu_check.sh   (installs the cuda12 extra into .venv; TPU: EXTRA=tpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,7 @@ python launch/benchmark.py metrics --repeats 5 | tee "$out/metrics.txt"
 python launch/benchmark.py train --repeats 5 | tee "$out/train.txt"
 python launch/benchmark.py synergy | tee "$out/synergy.txt"
 python launch/benchmark.py pretrained | tee "$out/pretrained.txt"
+python launch/benchmark.py load --repeats 2 | tee "$out/load.txt"
 start=$(date +%s)
 python launch/train.py --config=configs/paper.py:task=cycle,heads=8 \
   --config.optim.num_epochs=20 --config.progress_bar=False --workdir="$out/run"

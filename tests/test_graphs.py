@@ -119,3 +119,12 @@ def test_bad_rollout_arguments(call, message):
     attn = np.broadcast_to(np.eye(5), (2, 4, 5, 5))
     with pytest.raises(ValueError, match=message):
         call(attn)
+
+
+@pytest.mark.parametrize("t", [1, 2, 7, 64])
+def test_uniform_causal_rows_sum_to_one_and_spread_evenly(t):
+    a = np.asarray(graphs.uniform_causal(t), np.float64)
+    np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-6)
+    for i in range(t):
+        np.testing.assert_allclose(a[i, : i + 1], 1.0 / (i + 1), rtol=1e-6)
+        assert not a[i, i + 1 :].any()

@@ -77,3 +77,12 @@ def test_induction_repeats_a_distinct_prefix_and_predicts_the_follower():
         tasks.make_examples("induction", jax.random.PRNGKey(0), 2, 11, 20)
     with pytest.raises(ValueError, match=r"vocab_size for task 'induction' must be >= seq_len / 2"):
         tasks.make_examples("induction", jax.random.PRNGKey(0), 2, 12, 5)
+
+
+def test_induction_prefixes_differ_across_rows_and_across_keys():
+    one = np.asarray(tasks.make_examples("induction", jax.random.PRNGKey(0), 6, 16, 50).inputs)
+    other = np.asarray(tasks.make_examples("induction", jax.random.PRNGKey(1), 6, 16, 50).inputs)
+    prefixes = {tuple(row[:8]) for row in one}
+    assert len(prefixes) == 6  # every row its own random prefix
+    assert not (one == other).all(axis=1).any()  # another key, other sequences
+    np.testing.assert_array_equal(one[:, :8], one[:, 8:])

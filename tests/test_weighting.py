@@ -152,3 +152,78 @@ def test_the_value_is_the_exact_objective_on_every_set():
         )
         got = exact(attn, np.asarray(w)[None], objective, 20)[0]
         np.testing.assert_allclose(float(value), got, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- scored out of sample
+
+
+@pytest.mark.parametrize("num_sets, num_folds", [(48, 2), (7, 3), (5, 5), (1, 2), (3, 4)])
+def test_folds_are_contiguous_blocks_that_cover_every_set_once(num_sets, num_folds):
+    blocks = weighting.folds(num_sets, num_folds)
+    assert len(blocks) == min(num_folds, num_sets)
+    assert [i for b in blocks for i in b] == list(range(num_sets))
+    sizes = [len(b) for b in blocks]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+
+
+@pytest.mark.parametrize("num_sets, num_folds, per_fold", [(48, 2, 8), (7, 3, None), (10, 2, 3)])
+def test_each_fold_searches_on_sets_outside_it_the_same_number_for_all(
+    num_sets, num_folds, per_fold
+):
+    blocks = weighting.folds(num_sets, num_folds)
+    picked = weighting.search_sets(num_sets, num_folds, per_fold)
+    outside = [num_sets - len(b) for b in blocks]
+    want = min(outside) if per_fold is None else min(min(outside), per_fold)
+    assert [len(s) for s in picked] == [want] * len(blocks)
+    for block, s in zip(blocks, picked, strict=True):
+        assert not set(s.tolist()) & set(block), (block, s)
+        assert len(set(s.tolist())) == len(s) and list(s) == sorted(s)
+    # Evenly spaced over what lies outside: the first and the last set outside are used.
+    outside_0 = [i for i in range(num_sets) if i not in blocks[0]]
+    assert picked[0][0] == outside_0[0] and picked[0][-1] == outside_0[-1]
+
+
+def test_a_single_set_is_searched_in_sample():
+    assert [s.tolist() for s in weighting.search_sets(1, 2)] == [[0]]
+
+
+def test_cross_fitted_weights_come_from_a_search_that_did_not_see_the_set():
+    attn = jnp.asarray(graphs.random_causal(11, (6, 3), 10), jnp.float32)  # N x H x T x T
+    found = weighting.cross_fitted(attn, 2, horizon=20, local_rounds=4, random_starts=8)
+    assert found["held_out"] and found["fold"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert found["search_sets"] == [[3, 4, 5], [0, 1, 2]]
+    for fold, sets in enumerate(found["search_sets"]):
+        w, value = synergy.optimal_weights(
+            attn[np.asarray(sets)], horizon=20, local_rounds=4, random_starts=8
+        )
+        np.testing.assert_allclose(found["fold_weights"][fold], w, atol=1e-6)
+        np.testing.assert_allclose(found["in_sample"][fold], value, rtol=1e-6)
+        # In sample: the search's own value is the mean fidelity of its mix on its sets.
+        own = exact(attn[np.asarray(sets)], np.asarray(w)[None], "fidelity", 20)[0]
+        np.testing.assert_allclose(found["in_sample"][fold], own, rtol=1e-5)
+    np.testing.assert_allclose(
+        found["weights"][:3], np.broadcast_to(found["fold_weights"][0], (3, 3))
+    )
+    np.testing.assert_allclose(
+        found["weights"][3:], np.broadcast_to(found["fold_weights"][1], (3, 3))
+    )
+
+
+def test_the_search_subsamples_sequences_whatever_other_axes_the_batch_has(monkeypatch):
+    """Layers x 20 sequences: the pool is ranked on 12 of the sequences of every layer,
+    uniform, learned and every head on all 20 (axis -4, never the layer axis)."""
+    seen = []
+    scores = weighting._exact_scores
+
+    def spy(attn, candidates, **settings):
+        seen.append((attn.shape, candidates.shape))
+        return scores(attn, candidates, **settings)
+
+    monkeypatch.setattr(weighting, "_exact_scores", spy)
+    attn = jnp.asarray(graphs.random_causal(5, (3, 20, 4), 8), jnp.float32)  # L x N x H x T x T
+    weighting.optimal_weights(attn, horizon=10, local_rounds=0, random_starts=6)
+    sets = {shape[-4] for shape, _ in seen}
+    assert sets == {12, 20}, seen
+    assert all(shape[:-4] == (3,) and cand[:-2] == (3,) for shape, cand in seen)
+    pool = [cand[-2] for shape, cand in seen if shape[-4] == 12]
+    assert pool == [1 + 4 + 6 + 6]  # uniform, every head, every pair, random starts

@@ -23,43 +23,36 @@ def _at(stat: dict, i: int) -> dict:
     return {k: v[i] for k, v in stat.items()}
 
 
+MIX_LABELS = {"optimal": "optimal, held out"}
+MIX_ORDER = ("learned", "uniform", "optimal")  # a summary read back from JSON is sorted
+
+
+def ordered_mixes(mixes) -> list[str]:
+    return sorted(mixes, key=lambda m: (MIX_ORDER.index(m) if m in MIX_ORDER else 99, m))
+
+
 def markdown(summary: dict) -> str:
     spec = summary["spec"]
     k = spec.get("sink_tokens", 0)
-    lines = [
-        f"# Corpus analysis: {summary['source']}",
-        "",
-        f"Corpus {summary['corpus']}: {summary['num_documents']} documents; "
-        f"{summary['num_windows']} windows of {summary['tokens_per_window']} tokens "
-        f"(of {summary['total_windows']} in the corpus, taken in document order, "
-        f"consecutive within a document) from {summary['documents_used']} documents. "
-        f"Dropped: {summary['dropped_tail_tokens']} tail tokens shorter than a window, "
-        f"{summary['short_documents']} documents shorter than one window.",
-        "",
-        "Values: mean over windows [95% percentile-bootstrap interval]. Fidelity in %, "
-        f"hitting time in steps (horizon {spec['horizon']}, step cap {spec['max_steps']}). "
-        "'wins': share of windows where the mix keeps more of its worst token than its "
-        "best head. The baseline is uniform causal attention of the same length. Layers "
-        "numbered from 0."
-        + (
-            f" Every metric is also given without the first {k} token(s), rows "
-            "renormalised over the remaining keys."
-            if k
-            else ""
-        ),
-        "",
+    lines = [f"# Corpus analysis: {summary['source']}", "", _corpus_line(summary), ""]
+    lines += [_values_line(spec, k), ""]
+    if "optimal" in summary:
+        lines += [_optimal_line(summary["optimal"]), ""]
+    lines += [
         "Rollout: network fidelity "
         f"{_ci(summary['rollout']['network_fidelity'], digits=4)}%, first token's share at "
         f"the last position {_ci(summary['rollout']['first_token_share'], digits=1)}%.",
         "",
+        "![minimax fidelity per layer](fidelity_layers.png)",
+        "",
         "## Layers",
         "",
-        *_layer_table(summary, lambda d: d, summary["baseline"]["baseline"]),
+        *_layer_table(summary, "", summary["baseline"]["baseline"]),
     ]
     if k:
         lines += ["", f"## Layers without the first {k} token(s)", ""]
         lines += _layer_table(
-            summary, lambda d: d["without_sink"], summary["baseline"]["baseline_without_sink"]
+            summary, "_without_sink", summary["baseline"]["baseline_without_sink"]
         )
     for layer, d in summary["layers"].items():
         lines += ["", f"### Layer {layer}", "", *_head_table(d, summary["baseline"]["baseline"])]
@@ -68,14 +61,70 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _layer_table(summary: dict, pick, base: dict) -> list[str]:
-    mixes = list(pick(next(iter(summary["layers"].values())))["mixes"])
-    header = "| layer | best head | best head (%) | " + " | ".join(
-        f"{m} (%) | gain {m} (pp) | wins {m}" for m in mixes
+def _corpus_line(summary: dict) -> str:
+    return (
+        f"Corpus {summary['corpus']}: {summary['num_documents']} documents; "
+        f"{summary['num_windows']} windows of {summary['tokens_per_window']} tokens "
+        f"(of {summary['total_windows']} in the corpus, taken in document order, "
+        f"consecutive within a document) from {summary['documents_used']} documents. "
+        f"Dropped: {summary['dropped_tail_tokens']} tail tokens shorter than a window, "
+        f"{summary['short_documents']} documents shorter than one window."
     )
+
+
+def _values_line(spec: dict, k: int) -> str:
+    line = (
+        "Values: mean over windows [95% percentile-bootstrap interval]. Fidelity in %, "
+        f"hitting time in steps (horizon {spec['horizon']}, step cap {spec['max_steps']}). "
+        "'wins': share of windows where the mix keeps more of its worst token than its "
+        "best head. The baseline is uniform causal attention of the same length. Layers "
+        "numbered from 0."
+    )
+    if k:
+        line += (
+            f" Every metric is also given without the first {k} token(s), rows "
+            "renormalised over the remaining keys."
+        )
+    return line
+
+
+def _optimal_line(optimal: dict) -> str:
+    folds = ", ".join(
+        f"fold {f} (windows {a}-{b - 1}) searched on windows {_windows(s)}"
+        for f, ((a, b), s) in enumerate(
+            zip(optimal["folds"], optimal["search_windows"], strict=True)
+        )
+    )
+    if not optimal["held_out"]:
+        return (
+            "Optimal: one mix per layer searched on the only window, so its value is in "
+            f"sample ({folds}); nothing was held out."
+        )
+    return (
+        "Optimal, held out: one mix per layer and fold, searched (exact minimax fidelity) on "
+        "windows outside the fold, and every window measured with the mix whose search did "
+        f"not see it: {folds}. 'optimal in sample' is each search's own value on the windows "
+        "it was searched on, averaged over folds: what an optimum scored where it was found "
+        "claims, for comparison. The graph without the sink tokens has its own search."
+    )
+
+
+def _windows(indices: list[int]) -> str:
+    return ", ".join(str(i) for i in indices)
+
+
+def _layer_table(summary: dict, suffix: str, base: dict) -> list[str]:
+    pick = (lambda d: d["without_sink"]) if suffix else (lambda d: d)
+    mixes = ordered_mixes(pick(next(iter(summary["layers"].values())))["mixes"])
+    in_sample = summary.get("optimal", {}).get(f"in_sample{suffix}")
+    label = lambda m: MIX_LABELS.get(m, m)
+    header = "| layer | best head | best head (%) | " + " | ".join(
+        f"{label(m)} (%) | gain {label(m)} (pp) | wins {label(m)}" for m in mixes
+    )
+    extra = " optimal in sample (%) |" if in_sample is not None else ""
     lines = [
-        header + " | sink mass |",
-        "|---:|---:|---:|" + "---:|---:|---:|" * len(mixes) + "---:|",
+        header + " |" + extra + " sink mass |",
+        "|---:|---:|---:|" + "---:|---:|---:|" * len(mixes) + "---:|" * (1 + bool(extra)),
     ]
     for layer, full in summary["layers"].items():
         d = pick(full)
@@ -84,6 +133,8 @@ def _layer_table(summary: dict, pick, base: dict) -> list[str]:
             f"| {100 * d['mixes'][m]['wins_share']:.0f}%"
             for m in mixes
         ]
+        if in_sample is not None:
+            cells.append(f"{100 * in_sample[layer]:.3f}")
         sink = np.mean(full["sink_mass"]["mean"])
         lines.append(
             f"| {layer} | {d['best_head']} | {_ci(d['best_head_fidelity'])} | "
@@ -93,7 +144,7 @@ def _layer_table(summary: dict, pick, base: dict) -> list[str]:
     lines.append(
         f"| baseline: uniform causal | - | - | {100 * base['fidelity']:.3f} | - | - |"
         + " - | - | - |" * (len(mixes) - 1)
-        + " - |"
+        + " - |" * (1 + bool(extra))
     )
     return lines
 
@@ -148,22 +199,62 @@ def _pruning_table(pruning: dict) -> list[str]:
 
 
 def plot_layers(summary: dict, plt):
-    layers = [int(k) for k in summary["layers"]]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    first = next(iter(summary["layers"].values()))
-    series = {f"mix: {m}": lambda d, m=m: d["mixes"][m]["fidelity"] for m in first["mixes"]}
-    series["best head"] = lambda d: d["best_head_fidelity"]
-    for name, get in series.items():
-        stats = [get(summary["layers"][str(k)]) for k in layers]
-        mean = 100 * np.array([s["mean"] for s in stats])
-        err = 100 * np.array([[s["mean"] - s["low"], s["high"] - s["mean"]] for s in stats]).T
-        ax.errorbar(layers, mean, yerr=err, marker="o", capsize=3, label=name)
-    base = 100 * summary["baseline"]["baseline"]["fidelity"]
-    ax.axhline(base, color="gray", linestyle="--", label="uniform causal")
-    ax.set(xlabel="layer", ylabel="minimax fidelity (%)", yscale="symlog")
-    ax.legend(fontsize=7)
+    """Minimax fidelity per layer of every mix and the best head, with their intervals, on
+    a log scale (values span orders of magnitude below the uniform baseline) with plain
+    tick labels; series side by side within a layer so that intervals do not hide each
+    other. One panel per graph (with and without the sink tokens)."""
+    panels = [("", "all tokens")]
+    if summary["spec"].get("sink_tokens", 0):
+        k = summary["spec"]["sink_tokens"]
+        panels.append(("_without_sink", f"without the first {k} token(s)"))
+    width = max(7, 0.28 * len(summary["layers"]) + 3)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 3.9 * len(panels)), squeeze=False)
+    for ax, (suffix, title) in zip(axes[:, 0], panels, strict=True):
+        _layer_panel(ax, summary, suffix, title)
     fig.tight_layout()
     return fig
+
+
+def _layer_panel(ax, summary: dict, suffix: str, title: str) -> None:
+    import matplotlib.ticker
+
+    layers = [int(k) for k in summary["layers"]]
+    pick = (lambda d: d["without_sink"]) if suffix else (lambda d: d)
+    first = pick(next(iter(summary["layers"].values())))
+    series = {
+        MIX_LABELS.get(m, m): (lambda d, m=m: d["mixes"][m]["fidelity"])
+        for m in ordered_mixes(first["mixes"])
+    }
+    series["best head"] = lambda d: d["best_head_fidelity"]
+    stats = {
+        name: [get(pick(summary["layers"][str(k)])) for k in layers] for name, get in series.items()
+    }
+    positive = [
+        100 * v for st in stats.values() for s in st for v in (s["low"], s["mean"]) if v > 0
+    ]
+    floor = min(positive) / 2 if positive else 1e-6
+    width = 0.8 / len(stats)
+    for i, (name, st) in enumerate(stats.items()):
+        x = np.asarray(layers) + (i - (len(stats) - 1) / 2) * width
+        mean = np.maximum(100 * np.array([s["mean"] for s in st]), floor)
+        low = np.maximum(100 * np.array([s["low"] for s in st]), floor)
+        high = np.maximum(100 * np.array([s["high"] for s in st]), floor)
+        ax.errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o", ms=3, capsize=2, label=name)
+    base = summary["baseline"][f"baseline{suffix}"]["fidelity"]
+    ax.axhline(100 * base, color="gray", linestyle="--", label="uniform causal attention")
+    ax.set_yscale("log")
+    # Ticks at 1, 2 and 5 of every decade, written as plain numbers (0.02, not 2 x 10^-2).
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xticks(layers)
+    ax.set(
+        xlabel="layer",
+        ylabel="minimax fidelity (%, log)",
+        title=f"minimax fidelity per layer, {title}",
+    )
+    ax.grid(alpha=0.3, which="major")
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
 
 
 def plot_pruning(summary: dict, plt):

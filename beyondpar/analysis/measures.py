@@ -16,14 +16,17 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from beyondpar import graphs, metrics, synergy
+from beyondpar import graphs, metrics, synergy, weighting
+from beyondpar.base import checks
 from beyondpar.base.timing import Timer
 
 
 @dataclasses.dataclass(frozen=True)
 class AnalysisSpec:
     """What is measured. `layers` None: every layer. `pairwise` and `optimal_weights`
-    switch off the costly parts (H^2 / 2 extra operators; a gradient search)."""
+    switch off the costly parts (H^2 / 2 extra operators; a weight search). The optimal
+    weights are cross-fitted over `folds` contiguous folds of the sequences (a single
+    sequence has nothing to hold out: its optimum is in sample, and labelled so)."""
 
     horizon: int = 100
     max_steps: int = 100
@@ -33,12 +36,11 @@ class AnalysisSpec:
     pairwise: bool = True
     optimal_weights: bool = False
     sink_tokens: int = 0
+    folds: int = 2
 
     def __post_init__(self):
-        if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int):
-            raise ValueError(f"sink_tokens must be an integer >= 0, got {self.sink_tokens!r}")
-        if self.sink_tokens < 0:
-            raise ValueError(f"sink_tokens must be an integer >= 0, got {self.sink_tokens}")
+        checks.non_negative_int("--sink_tokens", self.sink_tokens)
+        checks.positive_int("--folds", self.folds)
 
     def check_length(self, num_tokens: int) -> None:
         """The window must keep at least two tokens once the sink tokens are dropped."""
@@ -91,12 +93,19 @@ def baseline(num_tokens: int, spec: AnalysisSpec) -> dict[str, float]:
 
 
 def analyze_layer(
-    attn_BxHxTxT, weights_H, spec: AnalysisSpec, timer: Timer | None = None, extra=None
+    attn_BxHxTxT,
+    weights_H,
+    spec: AnalysisSpec,
+    timer: Timer | None = None,
+    extra=None,
+    extra_without_sink=None,
 ) -> dict:
     """Every per-layer number, arrays with a leading sequence axis B. `extra` {name:
-    weights (H,)} adds fixed mixes (e.g. optimal weights found on other windows). With
-    `spec.sink_tokens` = k > 0, the same again under `without_sink` on the graph without
-    the first k tokens (rows renormalised over the remaining keys)."""
+    weights (H,) or per sequence (B, H)} adds fixed mixes (e.g. optimal weights searched
+    on other windows). With `spec.sink_tokens` = k > 0, the same again under
+    `without_sink` on the graph without the first k tokens (rows renormalised over the
+    remaining keys), with the mixes of `extra_without_sink`: weights searched on that
+    graph, never the full graph's."""
     timer = timer or Timer()
     attn = metrics.check_operator(jnp.asarray(attn_BxHxTxT, jnp.float32), "attention")
     out = _analyze_graph(attn, weights_H, spec, timer, extra or {})
@@ -104,47 +113,72 @@ def analyze_layer(
     if spec.sink_tokens:
         spec.check_length(attn.shape[-1])
         dropped = graphs.drop_sink_tokens(attn, spec.sink_tokens)
-        inner = dataclasses.replace(spec, sink_tokens=0, optimal_weights=False)
-        out["without_sink"] = _analyze_graph(dropped, weights_H, inner, timer, extra or {})
+        inner = dataclasses.replace(spec, sink_tokens=0)
+        out["without_sink"] = _analyze_graph(
+            dropped, weights_H, inner, timer, extra_without_sink or {}
+        )
     return out
 
 
-def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dict) -> dict:
+def _mixes(attn, weights_H, extra: dict):
+    """(names, weights B x M x H): learned (when known), uniform, then `extra`."""
     b, h = attn.shape[:2]
-    learned = None if weights_H is None else graphs.normalize_weights(weights_H, h)
-    names = (["learned"] if learned is not None else []) + ["uniform", *extra]
-    mixes = ([] if learned is None else [learned]) + [jnp.full((h,), 1.0 / h)]
-    mixes += [graphs.normalize_weights(w, h) for w in extra.values()]
-    ops = jnp.concatenate([jnp.einsum("mh,bhij->bmij", jnp.stack(mixes), attn), attn], axis=1)
+    named = {} if weights_H is None else {"learned": weights_H}
+    named.update(uniform=jnp.full((h,), 1.0 / h), **extra)
+    stacked = [
+        jnp.broadcast_to(graphs.normalize_weights(w, h).astype(attn.dtype), (b, h))
+        for w in named.values()
+    ]
+    return list(named), jnp.stack(stacked, axis=1)
+
+
+def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dict) -> dict:
+    out = {}
+    if spec.optimal_weights:
+        with timer.part("optimal weights"):
+            optimum = optimum_of(attn, weights_H, spec)
+        extra = {**extra, "optimal": optimum.pop("weights")}
+        out["optimal"] = optimum
+    names, mixes = _mixes(attn, weights_H, extra)
+    ops = jnp.concatenate([jnp.einsum("bmh,bhij->bmij", mixes, attn), attn], axis=1)
     with timer.part("per-head and mixed metrics"):
         # The sink signals of the first mix and of every head give the cross-head share.
         fields, signals = _operator_sweep(ops, spec, validate=False, signal=True)
         fid = fields["fidelity"]
-    k = len(mixes)
-    out = {
-        "heads": {name: v[:, k:] for name, v in fields.items()},
-        "mixes": {
-            mix: {name: v[:, i] for name, v in fields.items()} for i, mix in enumerate(names)
-        },
-        "best_head": np.argmax(fid[:, k:], axis=-1),
-        "best_head_fidelity": fid[:, k:].max(-1),
-    }
+    k = len(names)
+    out.update(
+        heads={name: v[:, k:] for name, v in fields.items()},
+        mixes={mix: {name: v[:, i] for name, v in fields.items()} for i, mix in enumerate(names)},
+        best_head=np.argmax(fid[:, k:], axis=-1),
+        best_head_fidelity=fid[:, k:].max(-1),
+    )
     for i, mix in enumerate(names):
         out["mixes"][mix]["gain"] = fid[:, i] - fid[:, k:].max(-1)
-    weights = mixes[0]
     with timer.part("synergy analyses"):
         out["head_diversity"] = np.asarray(synergy.head_diversity(attn, validate=False))
-        share = synergy.cross_head_share_of_signals(signals[:, 0], signals[:, k:], weights)
+        share = synergy.cross_head_share_of_signals(signals[:, 0], signals[:, k:], mixes[:, 0])
         out["cross_head_share_mean"] = np.asarray(share).mean(-1)
     if spec.pairwise:
         with timer.part("pairwise synergy"):
             out["pairwise_synergy"] = np.asarray(synergy.pairwise_synergy(attn, spec.horizon))
-    if spec.optimal_weights:
-        with timer.part("optimal weights"):
-            w, value = synergy.optimal_weights(attn, "fidelity", horizon=spec.horizon, init=weights)
-            out["optimal_weights"] = np.asarray(w)
-            out["fidelity_optimal"] = float(value)
     return out
+
+
+def optimum_of(attn_BxHxTxT, weights_H, spec: AnalysisSpec) -> dict:
+    """The fidelity-optimal mix of a layer, cross-fitted over the B sequences: `weights`
+    (B, H) each sequence's (searched without its fold), `fold_weights` (F, H), `in_sample`
+    (F,) each search's value on its own sequences, `search_sets` and `held_out`."""
+    found = weighting.cross_fitted(
+        attn_BxHxTxT, spec.folds, objective="fidelity", horizon=spec.horizon, init=weights_H
+    )
+    return {
+        "weights": found["weights"],
+        "fold": found["fold"],
+        "fold_weights": np.asarray(found["fold_weights"]),
+        "in_sample": np.asarray(found["in_sample"]),
+        "search_sets": found["search_sets"],
+        "held_out": found["held_out"],
+    }
 
 
 def baselines(num_tokens: int, spec: AnalysisSpec) -> dict:

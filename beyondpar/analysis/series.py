@@ -95,11 +95,12 @@ def text_settings(text: str, spec: measures.AnalysisSpec, dtype) -> dict:
     }
 
 
-def run(models: list[str], text: str, spec, out_dir, dtype=None, progress: bool = True):
-    """Analyse `text` through every model not yet recorded; returns (records, written)."""
+def run(models: list[str], text: str, spec, out_dir, dtype=None, progress=True, mesh=None):
+    """Analyse `text` through every model not yet recorded (each loaded onto `mesh`);
+    returns (records, written)."""
 
     def analyse(model, folder):
-        full = text_lib.text_record(model, text, spec, dtype)
+        full = text_lib.text_record(model, text, spec, dtype, mesh)
         text_report.write(full, folder)
         return summarize(full), float(np.mean(full["rollout"]["network_fidelity"]))
 
@@ -107,7 +108,7 @@ def run(models: list[str], text: str, spec, out_dir, dtype=None, progress: bool 
 
 
 def run_corpus(
-    models: list[str], corpus_path, cspec, spec, out_dir, dtype=None, progress: bool = True
+    models: list[str], corpus_path, cspec, spec, out_dir, dtype=None, progress=True, mesh=None
 ):
     """A corpus analysis (`windows.run`) of every model not yet recorded, each in
     its own folder; per-layer values in series.jsonl are means over windows."""
@@ -120,7 +121,7 @@ def run_corpus(
     }
 
     def analyse(model, folder):
-        summary, _ = windows.run(model, corpus_path, cspec, spec, folder, dtype, progress)
+        summary, _ = windows.run(model, corpus_path, cspec, spec, folder, dtype, progress, mesh)
         corpus_report.write(summary, folder)
         return summarize(summary), summary["rollout"]["network_fidelity"]["mean"]
 

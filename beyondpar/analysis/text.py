@@ -35,19 +35,27 @@ def _selected(spec: AnalysisSpec, num_layers: int) -> tuple[int, ...]:
 
 
 def analyze_tokens(
-    module, params, tokens_BxT, spec: AnalysisSpec, timer: Timer | None = None, extra=None
+    module,
+    params,
+    tokens_BxT,
+    spec: AnalysisSpec,
+    timer: Timer | None = None,
+    extra=None,
+    extra_without_sink=None,
 ):
     """Record of a pretrained model on token ids: per analysed layer, then the rollout.
 
     One layer's attention is alive at a time; the rollout is carried as the running
     product R_l = A~_l R_{l-1} (B x T x T), so memory stays at one layer of one batch.
-    `extra` {name: weights (L, H)} adds fixed mixes per layer.
+    `extra` {name: weights (L, H), or per sequence (B, L, H)} adds fixed mixes per layer;
+    `extra_without_sink` the same for the graph without the sink tokens.
     """
     timer = timer or Timer()
     cfg = module.config
     layers = _selected(spec, cfg.num_layers)
     spec.check_length(np.shape(tokens_BxT)[-1])
-    importances = pretrained.head_importances(module, params)
+    # On the host: the parameters may live on a mesh, each layer's attention on part of it.
+    importances = np.asarray(pretrained.head_importances(module, params))
     out, product = {}, None
     run = pretrained.layer_by_layer(module, params, tokens_BxT)
     for layer in range(cfg.num_layers):
@@ -59,11 +67,16 @@ def analyze_tokens(
             product = _rollout_step(product, graphs.combine_heads(attn, weights), spec.residual)
             product.block_until_ready()
         if layer in layers:
-            fixed = {name: w[layer] for name, w in (extra or {}).items()}
-            out[layer] = analyze_layer(attn, weights, spec, timer, fixed)
+            fixed, fixed_inner = _at_layer(extra, layer), _at_layer(extra_without_sink, layer)
+            out[layer] = analyze_layer(attn, weights, spec, timer, fixed, fixed_inner)
     shares = np.asarray(product[..., -1, :])
     rollout = {"sink_share": shares, "network_fidelity": shares.min(-1)}
     return {"layers": out, "rollout": rollout, **baselines(np.shape(tokens_BxT)[-1], spec)}
+
+
+def _at_layer(extra: dict | None, layer: int) -> dict:
+    """{name: weights of `layer`} from {name: (..., L, H)}."""
+    return {name: jnp.asarray(w)[..., layer, :] for name, w in (extra or {}).items()}
 
 
 @jax.jit
@@ -120,11 +133,12 @@ def largest_shares(sink_share_BxT, labels, count: int = 10) -> list[dict]:
     return [{"position": int(i), "token": labels[i], "share": float(share[i])} for i in top]
 
 
-def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None) -> dict:
-    """Load a checkpoint, tokenise `text`, analyse it: the record `analysis_report` writes."""
+def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None, mesh=None) -> dict:
+    """Load a checkpoint (onto `mesh`, default one device), tokenise `text`, analyse it:
+    the record `analysis_report` writes."""
     timer = Timer()
     with timer.part("load"):
-        module, params, tokenizer = pretrained.load(path_or_name, dtype)
+        module, params, tokenizer = pretrained.load(path_or_name, dtype, mesh)
     ids = tokenize(tokenizer, text, module)
     record = analyze_tokens(module, params, np.asarray([ids]), spec, timer)
     labels = [tokenizer.decode([i]) for i in ids]

@@ -70,12 +70,10 @@ def markdown(record: dict) -> str:
         lines += _head_table(d)
         if k:
             lines += ["", f"Layer {layer} without sink:", "", *_head_table(d["without_sink"])]
-        if "fidelity_optimal" in d:
-            weights = ", ".join(f"{w:.3f}" for w in d["optimal_weights"])
-            lines += [
-                "",
-                f"Optimal weights ({weights}): fidelity {100 * d['fidelity_optimal']:.3f}%.",
-            ]
+        if "optimal" in d:
+            lines += ["", optimal_line(d)]
+            if k:
+                lines += ["", "Without sink: " + optimal_line(d["without_sink"])]
     if any("pairwise_synergy" in d for d in record["layers"].values()):
         lines += ["", "![pairwise synergy](pairwise_synergy.png)"]
     lines += ["", "![per-head fidelity](fidelity_heads.png)"]
@@ -84,6 +82,27 @@ def markdown(record: dict) -> str:
         lines += ["", "## Time (s)", "", "| part | seconds |", "|---|---:|"]
         lines += [f"| {name} | {sec:.2f} |" for name, sec in timings.items()]
     return "\n".join(lines) + "\n"
+
+
+def optimal_line(d: dict) -> str:
+    """The optimum of a layer: held out (each sequence measured with weights searched on
+    the other folds) beside its in-sample value, or in sample only and said so."""
+    o = d["optimal"]
+    measured = 100 * _m(d["mixes"]["optimal"]["fidelity"])
+    searched = 100 * _m(o["in_sample"])
+    weights = "; ".join(
+        "(" + ", ".join(f"{w:.3f}" for w in fold) + ")" for fold in np.asarray(o["fold_weights"])
+    )
+    if not o["held_out"]:
+        return (
+            f"Optimal weights {weights}: fidelity {measured:.3f}%, in sample (one sequence: "
+            "nothing to hold out)."
+        )
+    return (
+        f"Optimal weights per fold {weights}: fidelity {measured:.3f}% held out (each "
+        f"sequence measured with the weights searched on the other folds), {searched:.3f}% "
+        "in sample (each search on its own sequences)."
+    )
 
 
 def _top_shares(record: dict, count: int = 5) -> str:

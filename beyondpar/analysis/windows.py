@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import tqdm
 
-from beyondpar import pretrained, synergy
-from beyondpar.analysis import corpus, loss_pruning, measures, statistics, text
-from beyondpar.base import files, locks, parallel, settings
+from beyondpar import pretrained
+from beyondpar.analysis import corpus, loss_pruning, measures, optimum, statistics, text
+from beyondpar.base import files, locks, settings
 
 WINDOWS_FILE = "windows.jsonl"
 SETTINGS_FILE = "settings.json"
-OPTIMAL_FILE = "optimal_weights.json"
 SUMMARY_FILE = "corpus.json"
 
 
@@ -40,20 +39,22 @@ class CorpusSpec:
     pruning: bool = False
     pruning_windows: int = 8
     pruning_points: int = 11
+    search_windows: int = 8
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("batch_size", "pruning_windows", "pruning_points"):
+        for name in ("batch_size", "pruning_windows", "pruning_points", "search_windows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name} must be an integer >= 1, got {value!r}")
 
 
-def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progress=True):
-    """Analyse every window not yet recorded, then summarise: (summary, windows)."""
+def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progress=True, mesh=None):
+    """Analyse every window not yet recorded, then summarise: (summary, windows). The
+    model's weights go on `mesh` (default one device), each batch along its `data` axis."""
     out_dir = Path(out_dir)
     docs = corpus.read_documents(corpus_path)
-    module, params, tokenizer = pretrained.load(model, dtype)
+    module, params, tokenizer = pretrained.load(model, dtype, mesh, progress)
     windows = corpus.make_windows(
         docs, tokenizer, cspec.tokens, cspec.max_windows, module.config.max_len
     )
@@ -61,38 +62,78 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
     wanted = _settings(model, corpus_path, cspec, spec, dtype)
     with locks.lock(out_dir):
         _check_settings(out_dir, wanted)
-        extra = _optimal(module, params, windows, spec, out_dir) if spec.optimal_weights else {}
-        inner = dataclasses.replace(spec, optimal_weights=False)
-        done = {r["window"]: r for r in files.read_json_lines(out_dir / WINDOWS_FILE, ("window",))}
-        todo = [i for i in range(len(windows.tokens)) if i not in done]
-
-        def keep(index, line):
-            files.append_json_line(out_dir / WINDOWS_FILE, line)
-            done[index] = line
-
-        analyze_windows(
-            module, params, windows, todo, inner, cspec.batch_size, keep, extra, progress=progress
-        )
-        records = [done[i] for i in range(len(windows.tokens))]
+        found = None
+        if spec.optimal_weights:
+            found = optimum.corpus_optimum(module, params, windows, spec, cspec, out_dir, progress)
+        records = _windows_done(module, params, windows, cspec, spec, found, out_dir, progress)
         summary = statistics.summarize(records, cspec.seed)
         summary.update(
             description(model, corpus_path, windows, cspec, spec),
             baseline=measures.baselines(cspec.tokens, spec),
         )
-        if extra:
-            summary["optimal_weights"] = {k: np.asarray(v).tolist() for k, v in extra.items()}
+        if found is not None:
+            summary["optimal"] = optimum.summary(found)
         if cspec.pruning:
-            summary["pruning"] = loss_pruning.corpus_curves(module, params, windows, cspec, spec)
+            summary["pruning"] = loss_pruning.corpus_curves(
+                module, params, windows, cspec, spec, progress
+            )
         files.write_json(out_dir / SUMMARY_FILE, summary)
     return summary, windows
 
 
+def _windows_done(module, params, windows, cspec, spec, found, out_dir, progress) -> list[dict]:
+    """Every window's record: those in windows.jsonl, the rest analysed and appended."""
+    done = {r["window"]: r for r in files.read_json_lines(out_dir / WINDOWS_FILE, ("window",))}
+    todo = [i for i in range(len(windows.tokens)) if i not in done]
+
+    def keep(index, line):
+        files.append_json_line(out_dir / WINDOWS_FILE, line)
+        done[index] = line
+
+    extra, extra_without_sink = {}, {}
+    if found is not None:
+        sizes = (len(windows.tokens), module.config.num_layers)
+        extra["optimal"] = optimum.per_window(found, "weights", *sizes)
+        if spec.sink_tokens:
+            extra_without_sink["optimal"] = optimum.per_window(
+                found, "weights_without_sink", *sizes
+            )
+    # The optimum is searched above, once; pairwise synergy (H^2 / 2 more operators) is a
+    # single-text view the corpus summary does not keep.
+    inner = dataclasses.replace(spec, optimal_weights=False, pairwise=False)
+    analyze_windows(
+        module,
+        params,
+        windows,
+        todo,
+        inner,
+        cspec.batch_size,
+        keep,
+        extra,
+        extra_without_sink=extra_without_sink,
+        progress=progress,
+    )
+    return [done[i] for i in range(len(windows.tokens))]
+
+
 def analyze_windows(
-    module, params, windows, todo, spec, batch_size, keep, extra=None, timer=None, progress=True
+    module,
+    params,
+    windows,
+    todo,
+    spec,
+    batch_size,
+    keep,
+    extra=None,
+    timer=None,
+    progress=True,
+    extra_without_sink=None,
 ):
-    """Windows `todo` through the model, `batch_size` at a time; `keep(index, line)` gets
-    each window's record as soon as its batch is done (so an interrupted run loses at most
-    one batch)."""
+    """Windows `todo` through the model, `batch_size` at a time (split along the `data`
+    axis of the parameters' mesh, or over the local devices without one); `keep(index,
+    line)` gets each window's record as soon as its batch is done (so an interrupted run
+    loses at most one batch). `extra` and `extra_without_sink` {name: weights per window
+    (W, L, H)} add mixes (e.g. the cross-fitted optimum)."""
     total = len(windows.tokens)
     bar = tqdm.tqdm(
         total=total, initial=total - len(todo), desc="windows", unit="window", disable=not progress
@@ -100,8 +141,11 @@ def analyze_windows(
     with bar:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            tokens = parallel.split_over_devices(windows.tokens[batch])
-            record = text.analyze_tokens(module, params, tokens, spec, timer, extra=extra)
+            tokens = pretrained.place_tokens(params, windows.tokens[batch])
+            pick = lambda mixes, batch=batch: {k: v[batch] for k, v in (mixes or {}).items()}
+            record = text.analyze_tokens(
+                module, params, tokens, spec, timer, pick(extra), pick(extra_without_sink)
+            )
             for b, index in enumerate(batch):
                 line = {"window": index, "document": int(windows.document[index])}
                 line.update(window_record(record, b))
@@ -144,27 +188,6 @@ def _check_settings(out_dir: Path, wanted: dict) -> None:
     files.write_json(path, wanted)
 
 
-def _optimal(module, params, windows, spec, out_dir: Path) -> dict:
-    """Optimal weights per layer (fidelity), searched once on the first batch of windows
-    and kept in optimal_weights.json, so that every window is measured with the same mix."""
-    path = out_dir / OPTIMAL_FILE
-    if path.exists():
-        return {"optimal": np.asarray(json.loads(path.read_text())["optimal"], np.float32)}
-    tokens = windows.tokens[: min(8, len(windows.tokens))]
-    found = []
-    for _, attn in _layers(module, params, tokens):
-        w, _ = synergy.optimal_weights(attn, "fidelity", horizon=spec.horizon)
-        found.append(np.asarray(w))
-    files.write_json(path, {"optimal": np.stack(found).tolist(), "windows": len(tokens)})
-    return {"optimal": np.stack(found)}
-
-
-def _layers(module, params, tokens):
-    run = pretrained.layer_by_layer(module, params, tokens)
-    for _ in range(module.config.num_layers):
-        yield next(run)
-
-
 def window_record(record: dict, b: int) -> dict:
     """Window b's numbers out of a batch record: per layer every per-window field, and the
     rollout's network fidelity and the first token's share."""
@@ -176,9 +199,25 @@ def window_record(record: dict, b: int) -> dict:
     }
 
 
-def _index(tree, b):
+# A graph's entries that are not one number per window: pairwise synergy (H x H, left to
+# the single-text report) and the optimum's search record (per fold).
+_NOT_PER_WINDOW = ("pairwise_synergy", "optimal")
+_GRAPHS = ("without_sink",)
+
+
+def _index(graph: dict, b: int) -> dict:
+    """Window b's entries of a layer's record (and of its graph without the sink)."""
+    out = {}
+    for key, value in graph.items():
+        if key in _NOT_PER_WINDOW:
+            continue
+        out[key] = _index(value, b) if key in _GRAPHS else _pick(value, b)
+    return out
+
+
+def _pick(tree, b):
     if isinstance(tree, dict):
-        return {k: _index(v, b) for k, v in tree.items() if k != "pairwise_synergy"}
+        return {k: _pick(v, b) for k, v in tree.items()}
     return np.asarray(tree)[b].tolist()
 
 

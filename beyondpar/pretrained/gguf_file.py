@@ -1,25 +1,34 @@
 """GGUF files (llama.cpp, Ollama, LM Studio) read into the Hugging Face layout.
 
-The metadata becomes the config.json the family modules already read, every tensor gets
-its Hugging Face name and layout (Linear weights stay out x in; llama.cpp's row
-permutation of Llama q/k for its interleaved rotary is undone) and is dequantised by the
-`gguf` package one tensor at a time; the tokenizer is rebuilt from the stored vocabulary
-and merges with `tokenizers` (see `gguf_tokenizer`).
+The metadata becomes the config.json the family modules already read: what the file
+records is read; what it does not (Gemma's query_pre_attn_scalar, its sliding pattern
+when no key holds it) is what llama.cpp assumes for the architecture. Every tensor gets
+its Hugging Face name and layout (Linear weights stay out x in). The header is read in
+one pass (`gguf_header`); tensors stay in the memory map until read, then are
+dequantised by jitted kernels straight into the layout and dtype asked for
+(`gguf_quants`), every fix-up folded in: llama.cpp's row permutation of Llama q/k (for
+its interleaved rotary) undone, the 1 its converter adds to Gemma's norm weights taken
+off, the rows in a family's own order (Phi-3's fused projections, grouped), any
+transpose. The tokenizer is rebuilt from the stored vocabulary and merges with
+`tokenizers` (see `gguf_tokenizer`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
-from beyondpar.pretrained import gguf_tokenizer
+from beyondpar.pretrained import files, gguf_header, gguf_quants, gguf_tokenizer
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3")
+_GEMMA = ("gemma2", "gemma3")
 
 _LLAMA_BLOCK = {
     "attn_norm": "input_layernorm",
@@ -35,6 +44,13 @@ _LLAMA_BLOCK = {
     "ffn_down": "mlp.down_proj",
 }
 _LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GEMMA_BLOCK = {
+    **_LLAMA_BLOCK,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_PHI3_BLOCK = {**_LLAMA_BLOCK, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _GPT2_BLOCK = {
     "attn_norm": "ln_1",
     "attn_qkv": "attn.c_attn",
@@ -44,6 +60,14 @@ _GPT2_BLOCK = {
     "ffn_down": "mlp.c_proj",
 }
 _GPT2_TOP = {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f"}
+_NAMES = {  # architecture -> (block parts, top-level tensors, block prefix)
+    "gpt2": (_GPT2_BLOCK, _GPT2_TOP, "h"),
+    "gemma2": (_GEMMA_BLOCK, _LLAMA_TOP, "model.layers"),
+    "gemma3": (_GEMMA_BLOCK, _LLAMA_TOP, "model.layers"),
+    "phi3": (_PHI3_BLOCK, _LLAMA_TOP, "model.layers"),
+}
+_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: every n-th layer is full
+_LARGEST_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: scaled by hidden / heads
 _CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2 stores these in x out
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
@@ -58,26 +82,23 @@ def find(path: str | os.PathLike) -> Path | None:
         if len(found) > 1:
             raise ValueError(f"folder {path} must hold one .gguf file, got {len(found)}")
         return found[0] if found else None
-    if path.is_file() and (path.suffix == ".gguf" or _has_magic(path)):
+    if path.is_file() and (path.suffix == ".gguf" or gguf_header.is_gguf(path)):
         return path
     return None
-
-
-def _has_magic(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
 
 
 class GgufFile:
     """One opened GGUF file: metadata, Hugging Face config, tensors, tokenizer."""
 
-    def __init__(self, path: Path):
-        from gguf import GGUFReader
+    # Threads reading tensors: one per core, at most 8 (each holds one tensor in flight).
+    _cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    workers = min(8, len(_cores) if _cores else os.cpu_count() or 1)
 
+    def __init__(self, path: Path):
         self.path = path
         try:
-            self.reader = GGUFReader(path)
-        except Exception as err:  # the reader raises many kinds on damaged files
+            self.header = gguf_header.read(path)
+        except (gguf_header.HeaderError, OSError) as err:
             message = f"GGUF file {path} cannot be read (damaged or cut short?): {err}"
             raise ValueError(message) from err
         self.arch = self.value("general.architecture")
@@ -86,15 +107,14 @@ class GgufFile:
                 f"GGUF file {path}: general.architecture must be one of {list(ARCHITECTURES)}, "
                 f"got {self.arch!r}"
             )
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.tensors = self.header.tensors
 
     def value(self, key: str, default=...):
-        field = self.reader.fields.get(key)
-        if field is None:
+        if key not in self.header.metadata:
             if default is ...:
                 raise ValueError(f"GGUF file {self.path} must hold metadata {key!r}, got none")
             return default
-        return field.contents()
+        return self.header.metadata[key]
 
     def arch_value(self, key: str, default=...):
         return self.value(f"{self.arch}.{key}", default)
@@ -105,19 +125,27 @@ class GgufFile:
         """The config.json a Hugging Face folder of this model would hold."""
         if self.arch == "gpt2":
             return self._gpt2_config()
+        config = self._decoder_config()
+        if self.arch in _GEMMA:
+            return self._gemma_config(config)
+        if self.arch == "phi3":
+            return self._phi3_config(config)
+        window = self.arch_value("attention.sliding_window", None)
+        if window:
+            config["sliding_window"] = window
+            config["model_type"] = "mistral" if self.arch == "llama" else self.arch
+            config["use_sliding_window"] = True
+        if "rope_freqs.weight" in self.tensors:
+            config["rope_freq_factors"] = self._dequantize("rope_freqs.weight").tolist()
+        return config
+
+    def _decoder_config(self) -> dict:
+        """The fields every decoder-only architecture here shares."""
         heads = self.arch_value("attention.head_count")
         embed = self.arch_value("embedding_length")
         head_dim = self.arch_value("attention.key_length", embed // heads)
         rotary = self.arch_value("rope.dimension_count", head_dim)
-        scaling = self.arch_value("rope.scaling.type", "none")
-        if scaling not in ("none", "linear") or (
-            scaling == "linear" and self.arch_value("rope.scaling.factor", 1.0) != 1.0
-        ):
-            raise ValueError(
-                f"GGUF file {self.path}: {self.arch}.rope.scaling.type must be 'none', "
-                f"got {scaling!r}"
-            )
-        config = {
+        return {
             "model_type": self.arch,
             "vocab_size": self.arch_value("vocab_size", len(self.value("tokenizer.ggml.tokens"))),
             "max_position_embeddings": self.arch_value("context_length"),
@@ -129,17 +157,99 @@ class GgufFile:
             "head_dim": head_dim,
             "rms_norm_eps": self.arch_value("attention.layer_norm_rms_epsilon"),
             "rope_theta": self.arch_value("rope.freq_base", 10000.0),
+            "rope_scaling": self._linear_rope_scaling(),
             "partial_rotary_factor": rotary / head_dim,
             "tie_word_embeddings": "output.weight" not in self.tensors,
             "attention_bias": self.arch == "llama" and "blk.0.attn_q.bias" in self.tensors,
         }
-        window = self.arch_value("attention.sliding_window", None)
-        if window:
-            config["sliding_window"] = window
-            config["model_type"] = "mistral" if self.arch == "llama" else self.arch
-            config["use_sliding_window"] = True
-        if "rope_freqs.weight" in self.tensors:
-            config["rope_freq_factors"] = self._dequantize("rope_freqs.weight").tolist()
+
+    def _linear_rope_scaling(self) -> dict | None:
+        """`rope.scaling.factor` (linear unless `rope.scaling.type` says otherwise, as
+        llama.cpp reads it) as Hugging Face's rope dict: Gemma's full layers take it, other
+        architectures here only a factor of 1 (Phi-3's longrope is in its tensors)."""
+        factor = self.arch_value("rope.scaling.factor", 1.0)
+        scaling = self.arch_value("rope.scaling.type", "linear" if factor != 1.0 else "none")
+        if scaling == "none" or (scaling == "linear" and factor == 1.0):
+            return None
+        if scaling == "linear" and self.arch in _GEMMA:
+            return {"rope_type": "linear", "factor": factor}
+        if scaling == "longrope" and self.arch == "phi3":
+            return None
+        allowed = {"gemma2": "'none' or 'linear'", "gemma3": "'none' or 'linear'"}
+        allowed["phi3"] = "'none' or 'longrope'"
+        raise ValueError(
+            f"GGUF file {self.path}: {self.arch}.rope.scaling.type must be "
+            f"{allowed.get(self.arch, repr('none'))}, got {scaling!r} with factor {factor}"
+        )
+
+    def _gemma_config(self, config: dict) -> dict:
+        """Gemma 2 / 3 as llama.cpp runs them: scores scaled by key_length ** -0.5 (by
+        (hidden / heads) ** -0.5 in the 27B models: the converter keeps no
+        query_pre_attn_scalar), sliding layers by `attention.sliding_window_pattern` or the
+        architecture's pattern, their rope base `rope.freq_base_swa`; Gemma 2 soft-caps
+        at 50 and 30 unless the file says otherwise, Gemma 3 the final logits if it says."""
+        gemma2, n = self.arch == "gemma2", config["num_hidden_layers"]
+        window = self.arch_value("attention.sliding_window", 4096 if gemma2 else 0)
+        largest = n == _LARGEST_LAYERS[self.arch]
+        full = {"rope_type": "default", **(config.pop("rope_scaling") or {})}
+        full["rope_theta"] = config.pop("rope_theta")
+        sliding_theta = self.arch_value("rope.freq_base_swa", 10000.0)
+        if gemma2:
+            if self.arch_value("rope.freq_base_swa", full["rope_theta"]) != full["rope_theta"]:
+                raise ValueError(
+                    f"GGUF file {self.path}: gemma2.rope.freq_base_swa must equal "
+                    f"rope.freq_base={full['rope_theta']}, got {sliding_theta}"
+                )
+            rope = full
+        else:
+            rope = {
+                "full_attention": full,
+                "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
+            }
+        final = self.arch_value("final_logit_softcapping", 30.0 if gemma2 else 0.0)
+        return {
+            **config,
+            "model_type": "gemma2" if gemma2 else "gemma3_text",
+            "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"]
+            if largest
+            else config["head_dim"],
+            "layer_types": self._layer_types(n) if window else ["full_attention"] * n,
+            "sliding_window": window or None,
+            "rope_parameters": rope,
+            "attn_logit_softcapping": self.arch_value("attn_logit_softcapping", 50.0),
+            "final_logit_softcapping": final or None,
+            "hidden_activation": "gelu_pytorch_tanh",
+        }
+
+    def _layer_types(self, num_layers: int) -> list[str]:
+        """llama.cpp's sliding layers: one flag per layer, or a pattern n (layer i slides
+        when i % n < n - 1; 0: every layer slides)."""
+        pattern = self.arch_value("attention.sliding_window_pattern", _SLIDING_PATTERN[self.arch])
+        if isinstance(pattern, list):
+            if len(pattern) != num_layers:
+                raise ValueError(
+                    f"GGUF file {self.path}: {self.arch}.attention.sliding_window_pattern must "
+                    f"flag {num_layers} layers, got {len(pattern)}"
+                )
+            sliding = [bool(p) for p in pattern]
+        else:
+            sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(num_layers)]
+        return ["sliding_attention" if s else "full_attention" for s in sliding]
+
+    def _phi3_config(self, config: dict) -> dict:
+        """Phi-3: its window (0: none), and longrope from the rope_factors_long/short
+        tensors with the stored attention factor and original context length."""
+        config["sliding_window"] = self.arch_value("attention.sliding_window", 0) or None
+        config["original_max_position_embeddings"] = self.arch_value(
+            "rope.scaling.original_context_length", 4096
+        )
+        if "rope_factors_long.weight" in self.tensors:
+            config["rope_scaling"] = {
+                "rope_type": "longrope",
+                "long_factor": self._dequantize("rope_factors_long.weight").tolist(),
+                "short_factor": self._dequantize("rope_factors_short.weight").tolist(),
+                "attention_factor": self.arch_value("rope.scaling.attn_factor", 1.0),
+            }
         return config
 
     def _gpt2_config(self) -> dict:
@@ -160,8 +270,7 @@ class GgufFile:
     def hf_names(self) -> dict[str, str]:
         """Hugging Face name -> GGUF name of every tensor the model reads."""
         out = {}
-        block, top = (_GPT2_BLOCK, _GPT2_TOP) if self.arch == "gpt2" else (_LLAMA_BLOCK, _LLAMA_TOP)
-        prefix = "h" if self.arch == "gpt2" else "model.layers"
+        block, top, prefix = _NAMES.get(self.arch, (_LLAMA_BLOCK, _LLAMA_TOP, "model.layers"))
         for name in self.tensors:
             if m := _BLOCK.match(name):
                 layer, part, leaf = m.groups()
@@ -173,35 +282,80 @@ class GgufFile:
 
     def read_tensors(self, hf_names, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
         """(Hugging Face name, array in its layout), dequantised one tensor at a time."""
-        names = self.hf_names()
-        config = self.config() if self.arch == "llama" else None
         for hf in hf_names:
-            gguf_name = names[hf]
-            array = self._dequantize(gguf_name)
-            if config is not None:
-                array = _unpermute_llama(gguf_name, array, config)
-            if self.arch == "gpt2" and _block_part(gguf_name) in _CONV1D:
-                array = array.T
-            yield hf, array if dtype is None else array.astype(dtype)
+            yield hf, np.asarray(self.read(hf, transpose=False, dtype=dtype))
 
-    def _dequantize(self, name: str) -> np.ndarray:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
+    def read(self, hf_name: str, transpose: bool, dtype=None, order=None):
+        """One tensor in its Hugging Face layout, or transposed (a Flax Dense kernel), in
+        `dtype` (default float32), its rows in `order` when given (a family's own layout
+        of a fused tensor), dequantised straight into that layout with the file's own
+        fix-ups (`_row_order`, `_offset`): a jax.Array on the host's CPU device, or a
+        NumPy array."""
+        gguf_name = self._hf_names[hf_name]
+        info = self.tensors[gguf_name]
+        rows, cols = info.rows_cols
+        stored_transposed = self.arch == "gpt2" and _block_part(gguf_name) in _CONV1D
+        flip = transpose != stored_transposed
+        dtype = np.float32 if dtype is None else jnp.dtype(dtype)
+        rows_in = self._row_order(gguf_name, rows)
+        if order is not None:
+            if stored_transposed:  # its Hugging Face rows are the file's columns
+                raise ValueError(f"tensor {hf_name!r} is stored transposed: no row order")
+            files.check_rows(hf_name, order, rows)
+            rows_in = np.asarray(order) if rows_in is None else rows_in[order]
+        values = self._decode(info, cols, flip, dtype, rows_in, self._offset(gguf_name))
+        shape = tuple(reversed(info.shape))
+        return values.reshape(shape[::-1] if flip else shape)
 
-        tensor = self.tensors[name]
-        kind = GGMLQuantizationType(tensor.tensor_type)
+    @functools.cached_property
+    def _hf_names(self) -> dict[str, str]:
+        return self.hf_names()
+
+    @functools.cached_property
+    def _compiled(self) -> set:
+        """The (type, rows, cols) whose tensors hold enough values to compile for."""
+        totals: dict = {}
+        for info in self.tensors.values():
+            key = (info.tensor_type, *info.rows_cols)
+            totals[key] = totals.get(key, 0) + info.n_elements
+        return {key for key, values in totals.items() if gguf_quants.worth_compiling(values)}
+
+    def _decode(self, info, cols: int, transpose: bool, dtype, order=None, offset=0.0):
+        kind = info.tensor_type
+        compiled = (kind, *info.rows_cols) in self._compiled
         try:
-            flat = dequantize(tensor.data, kind)
+            raw = self.header.raw(info)
+            return gguf_quants.decode(raw, kind, cols, transpose, dtype, order, compiled, offset)
         except NotImplementedError as err:
             raise ValueError(
-                f"GGUF file {self.path}: tensor {name!r} has quantisation type {kind.name}, "
-                f"which the gguf package cannot dequantise ({err})"
+                f"GGUF file {self.path}: tensor {info.name!r} has quantisation type "
+                f"{kind.name}, which the gguf package cannot dequantise ({err})"
             ) from err
         except Exception as err:
-            message = f"GGUF file {self.path}: tensor {name!r} cannot be read: {err}"
+            message = f"GGUF file {self.path}: tensor {info.name!r} cannot be read: {err}"
             raise ValueError(message) from err
-        shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists ne0 (inner) first
-        return np.ascontiguousarray(flat.reshape(shape), dtype=np.float32)
+
+    def _dequantize(self, name: str) -> np.ndarray:
+        """A tensor's float32 values in the file's own layout (NumPy order)."""
+        info = self.tensors[name]
+        values = self._decode(info, info.rows_cols[1], False, np.dtype(np.float32))
+        return np.asarray(values).reshape(tuple(reversed(info.shape)))
+
+    def _row_order(self, name: str, rows: int) -> np.ndarray | None:
+        """Llama q/k rows in Hugging Face's order: llama.cpp stores each head's rows as
+        interleaved pairs (for its rotary), Hugging Face as two halves."""
+        part = _block_part(name)
+        if self.arch != "llama" or part not in ("attn_q", "attn_k"):
+            return None
+        heads = self.arch_value("attention.head_count")
+        if part == "attn_k":
+            heads = self.arch_value("attention.head_count_kv", heads)
+        return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
+
+    def _offset(self, name: str) -> float:
+        """What to add to a tensor's stored values: llama.cpp's converter stores Gemma's
+        norm weights (q/k norms too) as 1 + weight."""
+        return -1.0 if self.arch in _GEMMA and name.endswith("norm.weight") else 0.0
 
     # --------------------------------------------------------------- tokenizer
 
@@ -214,18 +368,3 @@ def _block_part(name: str) -> str | None:
     """`attn_q` of `blk.3.attn_q.weight`; None for tensors outside the blocks."""
     m = _BLOCK.match(name)
     return m.group(2) if m else None
-
-
-def _unpermute_llama(name: str, array: np.ndarray, config: dict) -> np.ndarray:
-    """Undo llama.cpp's q/k row order: it stores each head's rows as interleaved pairs
-    (for its rotary), Hugging Face as two halves."""
-    part = _block_part(name)
-    if part not in ("attn_q", "attn_k"):
-        return array
-    heads = config["num_attention_heads" if part == "attn_q" else "num_key_value_heads"]
-    rest = array.shape[1:]
-    return (
-        array.reshape(heads, array.shape[0] // heads // 2, 2, *rest)
-        .swapaxes(1, 2)
-        .reshape(array.shape)
-    )

@@ -10,7 +10,6 @@ import dataclasses
 import math
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from beyondpar.pretrained import layers
@@ -18,15 +17,9 @@ from beyondpar.pretrained.config_fields import field, one_of
 
 MODEL_TYPES = ("gpt2",)
 
-ACTIVATIONS = {
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-}
+ACTIVATIONS = layers.ACTIVATIONS
+# GPT2LMHeadModel saves the body as `transformer.*`; the original `gpt2` upload has none.
+CHECKPOINT_PREFIXES = ({}, {"": "transformer."})
 
 
 @dataclasses.dataclass(frozen=True)

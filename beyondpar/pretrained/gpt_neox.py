@@ -13,7 +13,7 @@ import math
 
 import flax.linen as nn
 
-from beyondpar.pretrained import gpt2, layers, llama
+from beyondpar.pretrained import layers, rotary
 from beyondpar.pretrained.config_fields import field, one_of
 
 MODEL_TYPES = ("gpt_neox",)
@@ -28,7 +28,7 @@ class NeoxConfig:
     num_heads: int
     mlp_dim: int
     eps: float
-    rope: llama.Rope
+    rope: rotary.Rope
     activation: str = "gelu"
     parallel_residual: bool = True
     attention_bias: bool = True
@@ -58,8 +58,8 @@ class NeoxConfig:
             num_heads=heads,
             mlp_dim=field(c, "intermediate_size"),
             eps=field(c, "layer_norm_eps", float, default=1e-5),
-            rope=llama.Rope.from_hf({**c, **legacy}),
-            activation=one_of("hidden_act", c.get("hidden_act", "gelu"), gpt2.ACTIVATIONS),
+            rope=rotary.Rope.from_hf({**c, **legacy}),
+            activation=one_of("hidden_act", c.get("hidden_act", "gelu"), layers.ACTIVATIONS),
             parallel_residual=bool(c.get("use_parallel_residual", True)),
             attention_bias=bool(c.get("attention_bias", True)),
             tied=bool(c.get("tie_word_embeddings", False)),
@@ -81,7 +81,7 @@ class NeoxBlock(nn.Module):
         attn = layers.causal_attention(self, q, k, v, 1 / math.sqrt(cfg.head_dim), None, head_mask)
         attn = nn.Dense(d, use_bias=cfg.attention_bias, name="dense")(attn)
         mlp = lambda y: nn.Dense(d, name="dense_4h_to_h")(
-            gpt2.ACTIVATIONS[cfg.activation](nn.Dense(cfg.mlp_dim, name="dense_h_to_4h")(y))
+            layers.ACTIVATIONS[cfg.activation](nn.Dense(cfg.mlp_dim, name="dense_h_to_4h")(y))
         )
         post = nn.LayerNorm(epsilon=cfg.eps, name="post_attention_layernorm")
         if cfg.parallel_residual:
@@ -101,15 +101,15 @@ class GptNeox(nn.Module):
         self.embed_in = nn.Embed(cfg.vocab_size, cfg.embed_dim)
         self.layers = [NeoxBlock(cfg) for _ in range(cfg.num_layers)]
         self.final_layer_norm = nn.LayerNorm(epsilon=cfg.eps)
-        if not cfg.tied:
-            self.embed_out = nn.Dense(cfg.vocab_size, use_bias=False)
+        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
+            self.embed_out = nn.Embed(cfg.vocab_size, cfg.embed_dim)
 
     def embed(self, tokens_BxT):
         return self.embed_in(tokens_BxT)
 
     def unembed(self, x):
         x = self.final_layer_norm(x)
-        return self.embed_in.attend(x) if self.config.tied else self.embed_out(x)
+        return (self.embed_in if self.config.tied else self.embed_out).attend(x)
 
     def __call__(self, tokens_BxT, head_mask=None):
         x = self.embed(tokens_BxT)
@@ -136,7 +136,7 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
     """Hugging Face tensor name of a parameter path, and whether it needs a transpose."""
     *mods, param = path
     if mods == ["embed_out"]:
-        return "embed_out.weight", True
+        return "embed_out.weight", False  # an Embed: vocab x hidden, as stored
     leaf = {"kernel": "weight", "scale": "weight", "bias": "bias", "embedding": "weight"}[param]
     names = []
     for m in mods:

@@ -1,5 +1,6 @@
-"""Pieces the model families share: causal (optionally windowed) attention that sows
-float32 probabilities and takes a head mask, Hugging Face's RMSNorm, and rotary
+"""Pieces the model families share: causal (optionally windowed, optionally soft-capped)
+attention that sows float32 probabilities and takes a head mask, Hugging Face's RMSNorm
+(and Gemma's, scaled by 1 + weight), activations by their Hugging Face names, and rotary
 embeddings with the feature halves paired, on all or the first part of each head."""
 
 from __future__ import annotations
@@ -8,6 +9,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+ACTIVATIONS = {  # Hugging Face's ACT2FN names
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+}
 
 
 def attention_mask(t: int, window: int | None) -> jax.Array:
@@ -28,18 +39,20 @@ def causal_attention(
     scale: float,
     window: int | None = None,
     head_mask=None,
+    cap: float | None = None,
 ):
     """Softmax(q k^T * scale) v under a causal mask, query head h reading kv head h // (H/K).
 
     Scores and probabilities are float32 whatever the parameters' dtype (as Hugging Face's
     eager attention), and the probabilities (B, H, T, T) are sown as `attention`.
-    `head_mask` (H,) or (B, H) scales each head's output before the output projection.
+    `head_mask` (H,) or (B, H) scales each head's output before the output projection;
+    `cap` soft-caps the scaled scores before the mask (Gemma 2).
     """
     b, t, h, d = q_BxTxHxD.shape
     kv = k_BxTxKxD.shape[2]
     q = q_BxTxHxD.reshape(b, t, kv, h // kv, d).astype(jnp.float32)
     scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k_BxTxKxD.astype(jnp.float32)) * scale
-    scores = scores.reshape(b, h, t, t)
+    scores = softcap(scores.reshape(b, h, t, t), cap)
     allowed = attention_mask(t, window)
     probs = jax.nn.softmax(jnp.where(allowed, scores, jnp.finfo(jnp.float32).min), axis=-1)
     module.sow("intermediates", "attention", probs)
@@ -63,9 +76,34 @@ class RMSNorm(nn.Module):
         return scale * normed.astype(x.dtype)
 
 
-def inverse_frequencies(theta: float, rotary_dim: int) -> np.ndarray:
-    """(rotary_dim / 2,) rotation rates theta^(-2i / rotary_dim), in float64."""
-    return 1.0 / theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+def softcap(x, cap: float | None):
+    """cap * tanh(x / cap): x kept within (-cap, cap), nearly unchanged when |x| << cap."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+class UnitOffsetRMSNorm(nn.Module):
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight), all in float32, cast back at the end
+    (the stored weight is the offset from 1; zeros are the identity scale)."""
+
+    eps: float
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
+        return (normed * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
+
+
+def inverse_frequencies(theta: float, rotary_dim: int, factors=None) -> np.ndarray:
+    """(rotary_dim / 2,) rotation rates 1 / (factors * theta^(2i / rotary_dim)), computed
+    in float32 as transformers computes them: a float64 rate rounded once can differ in
+    its last bit, which peaked attention between distant positions shows."""
+    exponents = np.arange(0, rotary_dim, 2).astype(np.float32) / np.float32(rotary_dim)
+    powers = np.float32(theta) ** exponents
+    if factors is not None:
+        powers = np.asarray(factors, np.float32) * powers
+    return np.float32(1.0) / powers
 
 
 def rotary_dim(head_dim: int, partial_factor: float) -> int:
@@ -73,18 +111,28 @@ def rotary_dim(head_dim: int, partial_factor: float) -> int:
     return int(head_dim * partial_factor)
 
 
-def rotate_half_split(x_BxTxHxD, inv_freq_half: np.ndarray):
+def rotary_tables(t: int, inv_freq_half: np.ndarray, scale: float = 1.0):
+    """(T, rotary_dim) cos and sin of positions 0..T-1 (times `scale`), built once per
+    length in NumPy: the angles in float32 as transformers forms them, their cos and sin
+    rounded once from float64. Peaked attention between distant positions amplifies a
+    last-bit difference here; these tables keep it nearest a float64 reference."""
+    angles = np.arange(t, dtype=np.float32)[:, None] * np.asarray(inv_freq_half, np.float32)
+    angles = np.concatenate([angles, angles], -1).astype(np.float64)
+    return (np.cos(angles) * scale).astype(np.float32), (np.sin(angles) * scale).astype(np.float32)
+
+
+def rotate_half_split(x_BxTxHxD, inv_freq_half: np.ndarray, scale: float = 1.0):
     """Rotary embedding of positions 0..T-1 with the feature halves paired (HF's layout).
 
     Only the first 2 * len(inv_freq_half) features of each head rotate; the rest pass
-    through (partial rotary, as GPT-NeoX and `partial_rotary_factor` < 1).
+    through (partial rotary, as GPT-NeoX and `partial_rotary_factor` < 1). `scale`
+    multiplies cos and sin (longrope's attention factor), as transformers does.
     """
     t = x_BxTxHxD.shape[1]
     rot = 2 * len(inv_freq_half)
     x_rot, x_pass = x_BxTxHxD[..., :rot], x_BxTxHxD[..., rot:]
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * jnp.asarray(inv_freq_half, jnp.float32)
-    angles = jnp.concatenate([angles, angles], -1)[None, :, None, :]
-    cos, sin = jnp.cos(angles).astype(x_rot.dtype), jnp.sin(angles).astype(x_rot.dtype)
+    cos, sin = rotary_tables(t, inv_freq_half, scale)
+    cos, sin = (jnp.asarray(a, x_rot.dtype)[None, :, None, :] for a in (cos, sin))
     x1, x2 = jnp.split(x_rot, 2, axis=-1)
     rotated = x_rot * cos + jnp.concatenate([-x2, x1], -1) * sin
     return jnp.concatenate([rotated, x_pass], -1) if x_pass.shape[-1] else rotated

@@ -13,86 +13,12 @@ import dataclasses
 import math
 
 import flax.linen as nn
-import jax
-import numpy as np
 
-from beyondpar.pretrained import layers
+from beyondpar.pretrained import layers, rotary
 from beyondpar.pretrained.config_fields import field, one_of
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "llama3")
-ACTIVATIONS = {"silu": jax.nn.silu, "swish": jax.nn.silu, "gelu": jax.nn.gelu}
-
-
-@dataclasses.dataclass(frozen=True)
-class Rope:
-    theta: float = 10000.0
-    kind: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_len: int = 8192
-    partial_factor: float = 1.0
-    freq_factors: tuple[float, ...] | None = None  # llama.cpp's rope_freqs (GGUF)
-
-    @classmethod
-    def from_hf(cls, c: dict) -> Rope:
-        """`rope_parameters` (transformers 5) or `rope_scaling` + top-level `rope_theta`;
-        `partial_rotary_factor` in either place."""
-        params = c.get("rope_parameters") or c.get("rope_scaling") or {}
-        theta = params.get("rope_theta", c.get("rope_theta", 10000.0))
-        kind = one_of(
-            "rope_type", params.get("rope_type", params.get("type", "default")), ROPE_TYPES
-        )
-        partial = partial_rotary_factor(params, c, "partial_rotary_factor")
-        factors = c.get("rope_freq_factors")
-        if kind == "default":
-            return cls(
-                theta=float(theta),
-                partial_factor=partial,
-                freq_factors=None if factors is None else tuple(factors),
-            )
-        return cls(
-            theta=float(theta),
-            partial_factor=partial,
-            kind=kind,
-            factor=field(params, "factor", float),
-            low_freq_factor=field(params, "low_freq_factor", float),
-            high_freq_factor=field(params, "high_freq_factor", float),
-            original_max_len=field(params, "original_max_position_embeddings"),
-        )
-
-    def inverse_frequencies(self, head_dim: int) -> np.ndarray:
-        """(rotary_dim / 2,) rotation rates; `llama3` slows the long wavelengths smoothly."""
-        inv = layers.inverse_frequencies(
-            self.theta, layers.rotary_dim(head_dim, self.partial_factor)
-        )
-        if self.freq_factors is not None:
-            if len(self.freq_factors) != len(inv):
-                raise ValueError(
-                    f"rope frequency factors must number {len(inv)}, got {len(self.freq_factors)}"
-                )
-            inv = inv / np.asarray(self.freq_factors)
-        if self.kind == "llama3":
-            wavelen = 2 * math.pi / inv
-            low_wavelen = self.original_max_len / self.low_freq_factor
-            high_wavelen = self.original_max_len / self.high_freq_factor
-            scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
-            smooth = (self.original_max_len / wavelen - self.low_freq_factor) / (
-                self.high_freq_factor - self.low_freq_factor
-            )
-            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-            inv = np.where(medium, smoothed, scaled)
-        return inv.astype(np.float32)
-
-
-def partial_rotary_factor(params: dict, config: dict, name: str) -> float:
-    """The share of each head's features that rotate, in (0, 1]."""
-    value = params.get(name, config.get(name, 1.0))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"config.json field {name!r} must be a number in (0, 1], got {value!r}")
-    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +33,7 @@ class LlamaConfig:
     head_dim: int
     mlp_dim: int
     eps: float
-    rope: Rope
+    rope: rotary.Rope
     qkv_bias: bool = False
     out_bias: bool = False
     mlp_bias: bool = False
@@ -151,12 +77,12 @@ class LlamaConfig:
             head_dim=head_dim,
             mlp_dim=field(c, "intermediate_size"),
             eps=field(c, "rms_norm_eps", float, default=1e-6),
-            rope=Rope.from_hf(c),
+            rope=rotary.Rope.from_hf(c, ROPE_TYPES),
             qkv_bias=bias or kind == "qwen2",
             out_bias=bias and kind != "qwen2",
             mlp_bias=bool(c.get("mlp_bias", False)),
             tied=bool(c.get("tie_word_embeddings", False)),
-            activation=one_of("hidden_act", c.get("hidden_act", "silu"), ACTIVATIONS),
+            activation=one_of("hidden_act", c.get("hidden_act", "silu"), layers.ACTIVATIONS),
             qk_norm=kind == "qwen3",
             layer_windows=_layer_windows(c, kind, num_layers),
         )
@@ -211,7 +137,7 @@ class LlamaBlock(nn.Module):
         x = x + nn.Dense(cfg.embed_dim, use_bias=cfg.out_bias, name="o_proj")(attn)
         h = layers.RMSNorm(cfg.eps, name="post_attention_layernorm")(x)
         dense = lambda n, name: nn.Dense(n, use_bias=cfg.mlp_bias, name=name)
-        gated = ACTIVATIONS[cfg.activation](dense(cfg.mlp_dim, "gate_proj")(h))
+        gated = layers.ACTIVATIONS[cfg.activation](dense(cfg.mlp_dim, "gate_proj")(h))
         return x + dense(cfg.embed_dim, "down_proj")(gated * dense(cfg.mlp_dim, "up_proj")(h))
 
 
@@ -226,15 +152,15 @@ class Llama(nn.Module):
         self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
         self.layers = [LlamaBlock(cfg, i) for i in range(cfg.num_layers)]
         self.norm = layers.RMSNorm(cfg.eps)
-        if not cfg.tied:
-            self.lm_head = nn.Dense(cfg.vocab_size, use_bias=False)
+        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
+            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
 
     def embed(self, tokens_BxT):
         return self.embed_tokens(tokens_BxT)
 
     def unembed(self, x):
         x = self.norm(x)
-        return self.embed_tokens.attend(x) if self.config.tied else self.lm_head(x)
+        return (self.embed_tokens if self.config.tied else self.lm_head).attend(x)
 
     def __call__(self, tokens_BxT, head_mask=None):
         x = self.embed(tokens_BxT)
@@ -249,18 +175,19 @@ def block_module(config: LlamaConfig, index: int) -> LlamaBlock:
 
 
 def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
-    """Hugging Face tensor name of a parameter path, and whether it needs a transpose."""
+    """Hugging Face tensor name of a parameter path, and whether it needs a transpose
+    (the names Gemma and Phi-3 share with Llama, their fused projections included)."""
     *mods, param = path
     if mods == ["lm_head"]:
-        return "lm_head.weight", True
+        return "lm_head.weight", False  # an Embed: vocab x hidden, as stored
     leaf = {"kernel": "weight", "scale": "weight", "bias": "bias", "embedding": "weight"}[param]
     names = []
     for m in mods:
         if m.startswith("layers_"):
             names.append(f"layers.{m.removeprefix('layers_')}")
-        elif m in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+        elif m in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm"):
             names.append(f"self_attn.{m}")
-        elif m in ("gate_proj", "up_proj", "down_proj"):
+        elif m in ("gate_proj", "up_proj", "gate_up_proj", "down_proj"):
             names.append(f"mlp.{m}")
         else:
             names.append(m)

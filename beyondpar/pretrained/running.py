@@ -1,6 +1,8 @@
 """Running a loaded model: logits and every layer's attention at once, or one layer at a
 time for texts too long to keep every layer's T x T maps, with the same head mask as
-the paper's model."""
+the paper's model. Parameters on a `data` x `model` mesh run sharded (XLA places the
+collectives); one layer's attention at a time is gathered over `model` for the
+analyses."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import numpy as np
 
 from beyondpar import graphs
 from beyondpar import model as model_lib
-from beyondpar.pretrained.loading import family
+from beyondpar.base import parallel
+from beyondpar.pretrained.loading import family, layer_name
 
 
 def check_tokens(module, tokens_BxT) -> np.ndarray:
@@ -61,22 +64,48 @@ def _apply(module, params, tokens, head_mask=None):
     return logits, jnp.stack(attn, axis=1)
 
 
-def layer_name(module, index: int) -> str:
-    return f"{module.layer_prefix}_{index}"
-
-
 def layer_by_layer(module, params, tokens_BxT, head_mask=None) -> Iterator[tuple[int, jax.Array]]:
     """Yield (layer, attention B x H x T x T) one layer at a time, then return the logits
-    (as StopIteration.value): only one layer's T x T maps are alive at once."""
+    (as StopIteration.value): only one layer's T x T maps are alive at once, gathered
+    over the mesh's `model` axis (`gather_heads`)."""
     tokens = check_tokens(module, tokens_BxT)
     mask = check_head_mask(module, head_mask)
+    mesh = parallel.mesh_of(params)
     x = _embed(module, params, tokens)
     for i in range(module.config.num_layers):
         block = family(module).block_module(module.config, i)
         layer_mask = None if mask is None else mask[..., i, :]
         x, attn = _block(block, params[layer_name(module, i)], x, layer_mask)
-        yield i, attn
+        yield i, gather_heads(attn, mesh)
     return _unembed(module, params, x)
+
+
+def gather_heads(attn_BxHxTxT, mesh):
+    """A layer's attention with all its heads together on each device that holds part of
+    the batch, as the analyses' kernels take it: on one device, or split along the batch
+    over every local device (on the first device of `mesh` when the batch does not
+    divide). Unchanged without a mesh, on one device, or when the batch is already split
+    over every local device by a mesh without a `model` axis."""
+    devices = attn_BxHxTxT.sharding.device_set
+    local = jax.local_devices()
+    if mesh is None or len(devices) == 1:
+        return attn_BxHxTxT
+    if mesh.shape[parallel.MODEL] == 1 and len(devices) == len(local):
+        return attn_BxHxTxT
+    if attn_BxHxTxT.shape[0] % len(local) == 0:
+        return jax.device_put(attn_BxHxTxT, parallel.batch_sharded(parallel.data_mesh(local)))
+    return jax.device_put(attn_BxHxTxT, mesh.devices.flat[0])
+
+
+def place_tokens(params, tokens_BxT) -> jax.Array:
+    """Token ids on the mesh of `params`, split along `data` when the batch divides;
+    without a mesh (parameters on one device, uncommitted) split over the local devices
+    when that divides, as data parallelism always was."""
+    mesh = parallel.mesh_of(params)
+    if mesh is None:
+        return parallel.split_over_devices(tokens_BxT)
+    tokens = np.asarray(tokens_BxT)
+    return jax.device_put(tokens, parallel.batch_sharding(mesh, tokens.shape[0]))
 
 
 @functools.partial(jax.jit, static_argnums=0)

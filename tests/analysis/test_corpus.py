@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from beyondpar import pretrained, pruning
-from beyondpar.analysis import corpus, loss_pruning, measures, series, statistics
+from beyondpar.analysis import corpus, corpus_report, loss_pruning, measures, optimum, series
 from beyondpar.analysis import text as text_lib
 from beyondpar.analysis import windows as windows_lib
+from beyondpar.base import files, parallel
 from conftest import DATA, analyze_cli
 
 HF = DATA / "hf"
@@ -90,24 +91,17 @@ def test_bad_corpora_are_named(tmp_path, name, content, message):
         corpus.read_documents(path)
 
 
-def test_bootstrap_interval_brackets_the_mean_like_the_normal_theory():
-    rng = np.random.default_rng(0)
-    x = rng.normal(3.0, 2.0, (400, 2))
-    stat = statistics.interval(x, seed=1)
-    half = 1.96 * 2.0 / np.sqrt(400)
-    for k in range(2):
-        assert stat["low"][k] < stat["mean"][k] < stat["high"][k]
-        assert (stat["high"][k] - stat["low"][k]) / 2 == pytest.approx(half, rel=0.2)
-    same = statistics.interval(np.ones((5, 1)), seed=0)
-    assert same == {"mean": [1.0], "low": [1.0], "high": [1.0]}
-
-
 @pytest.fixture(scope="module")
 def corpus_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus")
-    cspec = windows_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=4)
-    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    cspec = windows_lib.CorpusSpec(
+        tokens=24, max_windows=7, batch_size=4, pruning=True, pruning_windows=3, pruning_points=3
+    )
+    spec = measures.AnalysisSpec(
+        horizon=20, max_steps=20, pairwise=False, sink_tokens=1, optimal_weights=True
+    )
     summary, windows = windows_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
+    corpus_report.write(summary, out)
     return out, summary, windows, cspec, spec
 
 
@@ -162,7 +156,7 @@ def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tm
     records = lines_skipping_torn(copy / windows_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in records) == list(range(7))
     done = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
-    for r in records:  # batch 3 on one device = batch 4 over four devices, window by window
+    for r in records:  # batch 3 = batch 4, window by window
         a = r["layers"]["1"]["heads"]["fidelity"]
         np.testing.assert_allclose(
             a, done[r["window"]]["layers"]["1"]["heads"]["fidelity"], rtol=1e-5
@@ -180,6 +174,31 @@ def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tm
             progress=False,
         )
     assert (copy / windows_lib.WINDOWS_FILE).read_text() == before
+
+
+def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_path):
+    """The weights split over two devices along model (GQA: 4 heads on 2 kv heads), each
+    batch over two along data: every window's numbers as on one device."""
+    out, _, _, cspec, spec = corpus_run
+    mesh = parallel.model_mesh(2, 2)
+    windows_lib.run(HF / "llama-tiny", TEXT, cspec, spec, tmp_path, progress=False, mesh=mesh)
+    done = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
+    sharded = lines(tmp_path / windows_lib.WINDOWS_FILE)
+    assert sorted(r["window"] for r in sharded) == list(range(7))
+    for r in sharded:
+        for layer in ("0", "1"):
+            for field in ("fidelity", "fidelity_median", "hitting_time_normalized"):
+                np.testing.assert_allclose(
+                    r["layers"][layer]["heads"][field],
+                    done[r["window"]]["layers"][layer]["heads"][field],
+                    rtol=1e-4,
+                    atol=1e-6,
+                )
+        np.testing.assert_allclose(
+            r["layers"]["1"]["sink_mass"], done[r["window"]]["layers"]["1"]["sink_mass"], rtol=1e-5
+        )
+        want = done[r["window"]]["rollout"]["network_fidelity"]
+        assert r["rollout"]["network_fidelity"] == pytest.approx(want, rel=1e-4, abs=1e-7)
 
 
 def lines_skipping_torn(path):
@@ -291,3 +310,163 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
     assert len((tmp_path / "cli" / "series.jsonl").read_text().splitlines()) == 2
+
+
+# ---------------------------------------------------------------- the optimum, held out
+
+
+def test_every_window_is_measured_with_weights_searched_without_its_fold(corpus_run):
+    out, summary, windows, _, spec = corpus_run
+    found = json.loads((out / optimum.OPTIMAL_FILE).read_text())
+    assert found["folds"] == [[0, 4], [4, 7]] and found["held_out"]
+    assert found["search_windows"] == [[4, 5, 6], [0, 2, 3]]  # outside the fold, 3 each
+    assert summary["optimal"]["search_windows"] == found["search_windows"]
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    records = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
+    for window, fold in ((1, 0), (5, 1)):
+        weights = np.asarray(found["weights"][fold])  # L x H
+        inner = np.asarray(found["weights_without_sink"][fold])
+        alone = text_lib.analyze_tokens(
+            module,
+            params,
+            windows.tokens[window : window + 1],
+            spec.__class__(horizon=20, max_steps=20, pairwise=False, sink_tokens=1),
+            extra={"o": weights},
+            extra_without_sink={"o": inner},
+        )
+        for layer in ("0", "1"):
+            got = records[window]["layers"][layer]
+            want = alone["layers"][int(layer)]
+            assert got["mixes"]["optimal"]["fidelity"] == pytest.approx(
+                float(want["mixes"]["o"]["fidelity"][0]), rel=1e-5
+            )
+            assert got["without_sink"]["mixes"]["optimal"]["fidelity"] == pytest.approx(
+                float(want["without_sink"]["mixes"]["o"]["fidelity"][0]), rel=1e-5
+            )
+
+
+def test_in_sample_values_are_each_searchs_own_windows_and_beat_every_head(corpus_run):
+    out, summary, windows, _, spec = corpus_run
+    found = json.loads((out / optimum.OPTIMAL_FILE).read_text())
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    plain = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    for fold, searched in enumerate(found["search_windows"]):
+        extra = {"o": np.asarray(found["weights"][fold])}
+        inner = {"o": np.asarray(found["weights_without_sink"][fold])}
+        rec = text_lib.analyze_tokens(
+            module, params, windows.tokens[searched], plain, None, extra, inner
+        )
+        for layer in (0, 1):
+            for graph, suffix in (
+                (rec["layers"][layer], ""),
+                (rec["layers"][layer]["without_sink"], "_without_sink"),
+            ):
+                value = found[f"in_sample{suffix}"][fold][layer]
+                assert value == pytest.approx(
+                    float(np.mean(graph["mixes"]["o"]["fidelity"])), rel=1e-5
+                )
+                best_head = np.max(np.mean(graph["heads"]["fidelity"], axis=0))
+                assert value >= best_head - 1e-7, (fold, layer, suffix)  # its own optimum
+    in_sample = summary["optimal"]["in_sample"]["1"]
+    assert in_sample == pytest.approx(np.mean([f[1] for f in found["in_sample"]]))
+
+
+def test_a_changed_window_count_is_refused_when_the_optimum_is_held_out(corpus_run, tmp_path):
+    out, _, _, _, spec = corpus_run
+    for name in (windows_lib.SETTINGS_FILE, windows_lib.WINDOWS_FILE, optimum.OPTIMAL_FILE):
+        (tmp_path / name).write_text((out / name).read_text())
+    fewer = windows_lib.CorpusSpec(tokens=24, max_windows=6, batch_size=4)
+    with pytest.raises(ValueError, match=r"other folds .*--max_windows"):
+        windows_lib.run(HF / "llama-tiny", TEXT, fewer, spec, tmp_path, progress=False)
+
+
+def cells(report: str, heading: str) -> dict[str, list[str]]:
+    """The rows of the first table after `heading`, by their first cell."""
+    lines = report[report.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        parts = [c.strip() for c in line.strip("|").split("|")]
+        rows[parts[0]] = parts[1:]
+    return rows
+
+
+def ci(stat: dict) -> str:
+    return f"{100 * stat['mean']:.3f} [{100 * stat['low']:.3f}, {100 * stat['high']:.3f}]"
+
+
+def test_report_cells_are_the_summarys_values_with_intervals(corpus_run):
+    out, _, _, _, _ = corpus_run
+    summary = json.loads((out / "corpus.json").read_text())
+    report = (out / "report.md").read_text()
+    for heading, pick in (
+        ("## Layers\n", lambda d: d),
+        ("## Layers without", lambda d: d["without_sink"]),
+    ):
+        rows = cells(report, heading)
+        for layer, full in summary["layers"].items():
+            d = pick(full)
+            row = rows[layer]
+            assert row[1] == ci(d["best_head_fidelity"])
+            mixes = ["learned", "uniform", "optimal"]  # the report's order
+            assert set(d["mixes"]) == set(mixes)
+            for i, mix in enumerate(mixes):
+                assert row[2 + 3 * i] == ci(d["mixes"][mix]["fidelity"]), (layer, mix)
+                assert row[3 + 3 * i] == ci(d["mixes"][mix]["gain"])
+                assert row[4 + 3 * i] == f"{100 * d['mixes'][mix]['wins_share']:.0f}%"
+            suffix = "" if pick(full) is full else "_without_sink"
+            in_sample = summary["optimal"][f"in_sample{suffix}"][layer]
+            assert row[11] == f"{100 * in_sample:.3f}"
+    header = report[report.index("## Layers\n") :].splitlines()[2]
+    assert "optimal, held out (%)" in header and "optimal in sample (%)" in header
+    assert "fold 0 (windows 0-3) searched on windows 4, 5, 6" in report
+    pruned = cells(report, "## Pruning heads")
+    for name in ("projection", "gradient", "fidelity", "random"):
+        c = summary["pruning"][name]
+        assert (
+            pruned[name][3] == f"{c['loss_auc']:.3f}"
+            and pruned[name][4] == f"{c['accuracy_auc']:.3f}"
+        )
+    assert (out / "pruning.png").is_file() and (out / "fidelity_layers.png").is_file()
+
+
+def test_an_edited_corpus_is_refused_on_a_rerun(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text(TEXT.read_text())
+    cspec = windows_lib.CorpusSpec(tokens=16, max_windows=2)
+    out = tmp_path / "out"
+    windows_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
+    before = (out / windows_lib.WINDOWS_FILE).read_text()
+    (folder / "a.txt").write_text(TEXT.read_text().replace("Nature", "Reason"))  # same name
+    with pytest.raises(ValueError, match=r"other settings \(corpus_sha256: "):
+        windows_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
+    assert (out / windows_lib.WINDOWS_FILE).read_text() == before
+
+
+def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run):
+    _, summary, _, _, _ = corpus_run
+    plt = files.pyplot()
+    fig = corpus_report.plot_layers(summary, plt)
+    try:
+        full, without = fig.axes
+        for ax in (full, without):
+            assert ax.get_yscale() == "log"
+            labels = [ax.yaxis.get_major_formatter()(v, 0) for v in (0.02, 0.5, 2.0)]
+            assert labels == ["0.02", "0.5", "2"]
+            names = ax.get_legend_handles_labels()[1]
+            assert names == [
+                "uniform causal attention",
+                "learned",
+                "uniform",
+                "optimal, held out",
+                "best head",
+            ]
+        base = 100 * summary["baseline"]["baseline"]["fidelity"]
+        baseline = next(x for x in full.get_lines() if x.get_label() == "uniform causal attention")
+        assert baseline.get_ydata()[0] == pytest.approx(base)
+        assert "without the first 1 token(s)" in without.get_title()
+    finally:
+        plt.close(fig)

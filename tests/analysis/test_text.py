@@ -11,6 +11,7 @@ import pytest
 from beyondpar import graphs, metrics, pretrained
 from beyondpar.analysis import measures, series, text_report
 from beyondpar.analysis import text as text_lib
+from beyondpar.base import parallel
 from conftest import DATA, analyze_cli
 
 HF = DATA / "hf"
@@ -240,6 +241,53 @@ def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
         assert done.returncode == 2, (flags, done.stderr[-1500:])
         assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
         assert not out.exists()
+
+
+@pytest.mark.parametrize("data,model", [(1, 4), (2, 2)])
+def test_text_record_on_a_mesh_is_the_one_device_record(data, model):
+    want = text_lib.text_record(HF / "llama-tiny", SHORT, SPEC)
+    mesh = parallel.model_mesh(data, model)
+    got = text_lib.text_record(HF / "llama-tiny", SHORT, SPEC, mesh=mesh)
+    for layer in (0, 1):
+        for field in ("fidelity", "hitting_time_reference", "fidelity_median"):
+            np.testing.assert_allclose(
+                got["layers"][layer]["heads"][field],
+                want["layers"][layer]["heads"][field],
+                rtol=1e-4,
+                atol=1e-6,
+            )
+        np.testing.assert_allclose(
+            got["layers"][layer]["sink_mass"], want["layers"][layer]["sink_mass"], rtol=1e-5
+        )
+        np.testing.assert_allclose(
+            got["layers"][layer]["mixes"]["learned"]["fidelity"],
+            want["layers"][layer]["mixes"]["learned"]["fidelity"],
+            rtol=1e-4,
+        )
+    np.testing.assert_allclose(
+        got["rollout"]["sink_share"], want["rollout"]["sink_share"], rtol=1e-4, atol=1e-7
+    )
+
+
+def test_analyze_cli_mesh_flag(tmp_path):
+    for value in ("data:2,model", "data:0,model:2", "tensor:2"):
+        done = analyze_cli(f"--model={HF / 'llama-tiny'}", "--text=hi", f"--mesh={value}")
+        assert done.returncode == 2
+        want = f"error: --mesh must be data:D,model:M with integers D, M >= 1, got {value!r}"
+        assert done.stderr.strip() == want
+    done = analyze_cli(f"--model={HF / 'llama-tiny'}", "--text=hi", "--mesh=data:64,model:64")
+    assert done.returncode == 2 and "--mesh data:64,model:64 must use at most" in done.stderr
+    assert done.stderr.strip().count("\n") == 0
+    out = tmp_path / "sharded"
+    flags = [f"--text={SHORT}", "--horizon=20", "--nopairwise", "--layers=1"]
+    model = f"--model={HF / 'llama-tiny'}"
+    done = analyze_cli(model, *flags, f"--out={out}", "--mesh=data:1,model:2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    plain = analyze_cli(model, *flags, f"--out={tmp_path / 'plain'}")
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    got = json.loads((out / "analysis.json").read_text())["layers"]["1"]["heads"]["fidelity"]
+    want = json.loads((tmp_path / "plain" / "analysis.json").read_text())
+    np.testing.assert_allclose(got, want["layers"]["1"]["heads"]["fidelity"], rtol=1e-4)
 
 
 def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from beyondpar import graphs, metrics, model, pretrained
-from beyondpar.benchmarks import baselines, corpus, evaluation, kernels, text, training
+from beyondpar.benchmarks import baselines, corpus, evaluation, kernels, load, text, training
 from beyondpar.benchmarks.models import SMOLLM2_135M
 from conftest import SMOLLM2_GGUF, needs_smollm2
 
@@ -77,3 +77,21 @@ def test_corpus_benchmark_has_the_real_models_shape():
     real = pretrained.build(real).config
     assert built.eps == pytest.approx(real.eps)  # GGUF stores it as float32
     assert built == dataclasses.replace(real, eps=built.eps)
+
+
+def test_load_suite_times_both_paths_on_the_same_values(capsys):
+    tiny = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    tiny.update(num_key_value_heads=2, intermediate_size=256, max_position_embeddings=64)
+    tiny.update(rope_theta=1e6, rms_norm_eps=1e-6)
+    r = load.load_suite(repeats=1, config=tiny, smollm2=False)
+    (name,) = r["files"]
+    f = r["files"][name]
+    # Q4_K_M on 2 layers: layer 1 gets the wider types; rows of 64 values fall back.
+    assert f["types"] == {"Q5_0": 12, "Q8_0": 2, "Q6_K": 1, "Q4_K": 1, "F32": 11}
+    assert f["same_values"] and f["speedup"] == pytest.approx(f["previous_seconds"] / f["seconds"])
+    matrices = 64 * 64 * 2 + 32 * 64 * 2 + 64 * 256 * 3
+    vectors = 64 + 32 + 32 + 64 * 2  # q/k/v biases, two norms
+    values = 512 * 64 * 2 + 2 * (matrices + vectors) + 64
+    assert f["weights_gb"] == pytest.approx(values * 4 / 2**30)
+    assert f["rss_before_load_gb"] < f["peak_rss_gb"] < 64
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"cores"')

@@ -1,26 +1,25 @@
 """GGUF files: every supported architecture against the Hugging Face fixtures, exported
-the way llama.cpp lays them out, at several quantisation types; damaged and unsupported
-files."""
+the way llama.cpp lays them out, at several quantisation types, read through the jitted
+kernels; Gemma's and Phi-3's parameters bit for bit the `gguf` package's values with
+their fix-ups; damaged and unsupported files."""
 
 import shutil
 
 import gguf
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf_export import export
+from hf_fixtures import HF, copy_checkpoint, expected
+from safetensors.numpy import load_file
 
 from beyondpar import pretrained
-from beyondpar.pretrained import gguf_file
-from conftest import DATA
+from beyondpar.pretrained import gguf_file, gguf_quants
 
-HF = DATA / "hf"
 Q = gguf.GGMLQuantizationType
 # Round-off of each type on these weights: the logits' worst deviation it allows.
 TOLERANCE = {Q.F32: 1e-4, Q.F16: 5e-3, Q.BF16: 5e-2, Q.Q8_0: 0.1}
-
-
-def expected(name):
-    return dict(np.load(HF / name / "expected.npz"))
 
 
 @pytest.mark.parametrize(
@@ -32,9 +31,18 @@ def expected(name):
         ("gpt2-tiny", Q.F32),
         ("gpt2-tiny", Q.BF16),
         ("qwen3-tiny", Q.F32),
+        ("mistral-window", Q.F32),
+        ("gemma2-pattern", Q.F32),
+        ("gemma2-pattern", Q.BF16),
+        ("gemma3-tiny", Q.F32),
+        ("phi3-tiny", Q.F32),
+        ("phi3-tiny", Q.Q8_0),
+        ("phi3-longrope", Q.F32),
     ],
 )
-def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
+def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, monkeypatch, name, qtype):
+    """Through the jitted kernels (compiled for every shape, as for a large model)."""
+    monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     path = export(HF / name, tmp_path / "model.gguf", qtype)
     exp = expected(name)
     module, params, tokenizer = pretrained.load(path)
@@ -44,6 +52,151 @@ def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, name, qtype):
     np.testing.assert_allclose(attn, exp["attention"], atol=TOLERANCE[qtype])
     if qtype != Q.F32:  # quantised, so not bit-equal: the test would pass on any load
         assert np.abs(np.asarray(logits) - exp["logits"]).max() > 1e-7
+    if "tokens_24" in exp:  # longrope's short factors, within the original length
+        logits, _ = pretrained.apply_with_attention(module, params, exp["tokens_24"])
+        np.testing.assert_allclose(logits, exp["logits_24"], atol=TOLERANCE[qtype])
+
+
+def grouped(hf_name: str, values: np.ndarray, config) -> np.ndarray:
+    """Phi-3's fused rows as the model keeps them, cut out by hand: per kv head its query
+    heads, key and value; gate and up features side by side."""
+    if hf_name.endswith("qkv_proj.weight"):
+        d, heads, kv = config.head_dim, config.num_heads, config.num_kv_heads
+        q, k, v = np.split(values, [heads * d, (heads + kv) * d])
+        per = heads // kv * d  # rows of one group's query heads
+        return np.concatenate(
+            [
+                np.concatenate(
+                    [q[g * per : (g + 1) * per], k[g * d : (g + 1) * d], v[g * d : (g + 1) * d]]
+                )
+                for g in range(kv)
+            ]
+        )
+    if hf_name.endswith("gate_up_proj.weight"):
+        gate, up = np.split(values, 2)
+        return np.stack([gate, up], axis=1).reshape(values.shape)
+    return values
+
+
+def package_params(path, module) -> dict:
+    """Every parameter as the loader read it before its own reader and kernels: the
+    `gguf` package's values, 1 taken off Gemma's norms, Phi-3's rows grouped, kernels
+    transposed."""
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    names = gguf_file.GgufFile(path).hf_names()
+    fam = pretrained.family(module)
+    out = {}
+    for keys in pretrained.parameter_shapes(module):
+        hf, transpose = fam.hf_name(keys)
+        t = tensors[names[hf]]
+        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape)))
+        if type(module).__name__ == "Gemma" and hf.endswith("norm.weight"):
+            values = values - np.float32(1.0)
+        values = grouped(hf, values, module.config)
+        out[keys] = values.T if transpose else values
+    return out
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize(
+    "name,qtype",
+    [
+        ("gemma2-tiny", Q.Q8_0),
+        ("gemma3-tiny", Q.Q4_0),
+        ("phi3-tiny", Q.Q8_0),
+        ("phi3-tiny", Q.Q5_1),
+    ],
+)
+def test_new_architectures_read_the_packages_values_with_their_fix_ups(
+    tmp_path, monkeypatch, name, qtype, kernels
+):
+    """Gemma 2, Gemma 3 and Phi-3 through the kernels (or the package's NumPy code):
+    every parameter bit for bit the package's values with the family's fix-ups, and in
+    bfloat16 their cast."""
+    if kernels:
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+    path = export(HF / name, tmp_path / "model.gguf", qtype)
+    module, params, _ = pretrained.load(path, progress=False)
+    part = "qkv_proj" if name.startswith("phi3") else "q_proj"
+    read = gguf_file.GgufFile(path).read(f"model.layers.1.self_attn.{part}.weight", True)
+    assert isinstance(read, jax.Array) == kernels  # the kernel ran, or the package's code
+    want = package_params(path, module)
+    flat = {tuple(k.key for k in p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    assert flat.keys() == want.keys()
+    for keys, values in want.items():
+        np.testing.assert_array_equal(flat[keys], values, err_msg=str(keys))
+    _, half, _ = pretrained.load(path, jnp.bfloat16, progress=False)
+    flat = {tuple(k.key for k in p): x for p, x in jax.tree_util.tree_leaves_with_path(half)}
+    for keys, values in want.items():
+        assert flat[keys].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(flat[keys], jnp.asarray(values, jnp.bfloat16), str(keys))
+
+
+LLAMA_CPP_GEMMA3 = {"query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh"}
+
+
+@pytest.mark.parametrize(
+    "name,assumed",
+    [
+        ("gemma2-tiny", {"query_pre_attn_scalar": 16}),  # key_length, not 24
+        ("gemma3-legacy", {**LLAMA_CPP_GEMMA3, "sliding_window_pattern": 6}),
+    ],
+)
+def test_what_a_gemma_gguf_does_not_record_is_what_llama_cpp_assumes(tmp_path, name, assumed):
+    """llama.cpp's converter keeps no query_pre_attn_scalar, no sliding pattern and no
+    activation, and llama.cpp scales by key_length ** -0.5, slides five layers in six
+    and takes the tanh GELU: the file is that model, to the bit."""
+    path = export(HF / name, tmp_path / "model.gguf")
+    folder = copy_checkpoint(name, tmp_path, assumed)
+    tokens = expected(name)["tokens"]
+    want = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
+    module, params, _ = pretrained.load(path)
+    got = pretrained.apply_with_attention(module, params, tokens)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert np.abs(np.asarray(got[0]) - expected(name)["logits"]).max() > 1e-3
+
+
+@pytest.mark.parametrize("pattern", [3, [True, True, False, True]])
+def test_a_gemma_gguf_sliding_pattern_key_is_read(tmp_path, pattern):
+    """`gemma3.attention.sliding_window_pattern` (a period or a flag per layer) gives
+    gemma3-legacy's own pattern back: only what llama.cpp assumes otherwise differs."""
+    path = export(
+        HF / "gemma3-legacy",
+        tmp_path / "model.gguf",
+        extra=lambda writer: writer.add_sliding_window_pattern(pattern),
+    )
+    folder = copy_checkpoint("gemma3-legacy", tmp_path, LLAMA_CPP_GEMMA3)
+    tokens = expected("gemma3-legacy")["tokens"]
+    want = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
+    got = pretrained.apply_with_attention(*pretrained.load(path)[:2], tokens)
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_gemma_norms_are_stored_plus_one_and_read_back(tmp_path):
+    """llama.cpp's converter adds 1 to every Gemma norm weight (q/k norms too); reading
+    takes it off again."""
+    path = export(HF / "gemma3-tiny", tmp_path / "model.gguf")
+    source = gguf_file.GgufFile(path)
+    hf = load_file(HF / "gemma3-tiny" / "model.safetensors")
+    names = source.hf_names()
+    for name in ("model.layers.2.post_feedforward_layernorm.weight", "model.norm.weight"):
+        np.testing.assert_allclose(source._dequantize(names[name]), hf[name] + 1, atol=1e-7)
+    name = "model.layers.2.self_attn.k_norm.weight"
+    got = dict(source.read_tensors([name]))[name]
+    np.testing.assert_allclose(got, hf[name], atol=1e-6)
+
+
+def test_a_gguf_with_a_sliding_window_keeps_it(tmp_path):
+    """Mistral's GGUF is architecture llama with llama.attention.sliding_window: every layer
+    gets the window (a query reads itself and the 7 keys before it), as transformers."""
+    module, params, _ = pretrained.load(export(HF / "mistral-window", tmp_path / "m.gguf"))
+    cfg = module.config
+    assert [cfg.window(layer) for layer in range(cfg.num_layers)] == [8] * cfg.num_layers
+    _, attn = pretrained.apply_with_attention(module, params, expected("mistral-window")["tokens"])
+    i, j = np.indices(attn.shape[-2:])
+    assert not np.asarray(attn)[..., i - j >= 8].any()
+    assert (np.asarray(attn)[..., (i - j == 7)] > 0).all()
 
 
 def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
@@ -54,8 +207,6 @@ def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
     names = source.hf_names()
     q = dict(source.read_tensors(["model.layers.0.self_attn.q_proj.weight"]))
     raw = source._dequantize(names["model.layers.0.self_attn.q_proj.weight"])
-    from safetensors.numpy import load_file
-
     hf = load_file(HF / "llama-tiny" / "model.safetensors")
     np.testing.assert_array_equal(
         q["model.layers.0.self_attn.q_proj.weight"], hf["model.layers.0.self_attn.q_proj.weight"]
@@ -128,10 +279,10 @@ def rewrite(path, tmp_path, change) -> object:
     [
         (
             {"general.architecture": "falcon"},
-            r"general.architecture must be one of \['llama', 'qwen2', 'qwen3', 'gpt2'\], "
-            "got 'falcon'",
+            r"general.architecture must be one of \['llama', 'qwen2', 'qwen3', 'gpt2', "
+            r"'gemma2', 'gemma3', 'phi3'\], got 'falcon'",
         ),
-        ({"tokenizer.ggml.model": "llama"}, "tokenizer.ggml.model must be 'gpt2'.*got 'llama'"),
+        ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model must be 'gpt2'.*got 'bert'"),
         ({"tokenizer.ggml.pre": "chatglm-bpe"}, "tokenizer.ggml.pre must be one of .*chatglm"),
         ({"llama.attention.head_count": None}, "must hold metadata 'llama.attention.head_count'"),
     ],
@@ -143,12 +294,60 @@ def test_unsupported_gguf_files_are_named(tmp_path, change, message):
         pretrained.load(changed)
 
 
-def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path, monkeypatch):
-    path = export(HF / "llama-tiny", tmp_path / "model.gguf", Q.Q8_0)
-
-    def refuse(data, qtype):
-        raise NotImplementedError(f"Dequantization for {qtype.name} is not yet implemented")
-
-    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
-    with pytest.raises(ValueError, match=r"tensor '.*' has quantisation type (Q8_0|F32)"):
+@pytest.mark.parametrize(
+    "name,extra,message",
+    [
+        (
+            "gemma3-tiny",
+            lambda w: w.add_string("gemma3.rope.scaling.type", "yarn"),
+            r"gemma3.rope.scaling.type must be 'none' or 'linear', got 'yarn' with factor 4.0",
+        ),
+        (
+            "gemma2-pattern",
+            lambda w: w.add_rope_freq_base_swa(5000.0),
+            r"gemma2.rope.freq_base_swa must equal rope.freq_base=10000.0, got 5000.0",
+        ),
+        (
+            "gemma3-tiny",
+            lambda w: w.add_sliding_window_pattern([True, False]),
+            r"gemma3.attention.sliding_window_pattern must flag 6 layers, got 2",
+        ),
+        (
+            "phi3-tiny",
+            lambda w: w.add_rope_scaling_factor(8.0),
+            r"phi3.rope.scaling.type must be 'none' or 'longrope', got 'linear' with factor 8.0",
+        ),
+    ],
+)
+def test_gguf_metadata_a_family_cannot_run_is_named(tmp_path, name, extra, message):
+    path = export(HF / name, tmp_path / "model.gguf", extra=extra)
+    with pytest.raises(ValueError, match=message):
         pretrained.load(path)
+
+
+def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path):
+    """Q8_1 (llama.cpp's dot-product scratch type) has no dequantiser anywhere."""
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf", Q.Q8_0)
+    reader = gguf.GGUFReader(path)
+    out = tmp_path / "q8_1.gguf"
+    writer = gguf.GGUFWriter(out, "llama")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for tensor in reader.tensors:
+        data, qtype = np.asarray(tensor.data), Q(tensor.tensor_type)
+        if tensor.name == "blk.1.ffn_up.weight":
+            rows, cols = data.shape[0], int(tensor.shape[0])
+            data, qtype = np.zeros((rows, cols // 32 * 40), np.uint8), Q.Q8_1
+        writer.add_tensor(tensor.name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(
+        ValueError,
+        match=r"tensor 'blk.1.ffn_up.weight' has quantisation type Q8_1, which the gguf "
+        "package cannot dequantise",
+    ):
+        pretrained.load(out, progress=False)

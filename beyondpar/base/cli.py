@@ -1,0 +1,76 @@
+"""Command lines that fail in one line: a bad flag, a broken flag rule or bad input prints
+`error: ...` naming the flag, what it must be and what it got, and exits with status 2,
+never a page of usage text."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from absl import app, flags
+
+from beyondpar.base.locks import FolderBusy
+
+# What a user can get wrong: flags, files, values, a folder another process holds.
+USER_ERRORS = (ValueError, FileNotFoundError, FolderBusy, flags.Error)
+
+
+def fail(message: str) -> None:
+    print(f"error: {one_line(message)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def one_line(message: str) -> str:
+    """A message on one line: a traceback inside it (config files raise while absl parses
+    them) is cut to its first and last lines, other lines are joined with '; '."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return f"{lines[0]} {lines[-1]}"
+    return "; ".join(lines)
+
+
+def config(holder):
+    """The value of a config-file flag. ml_collections reports a config file it could not
+    load, or an override of a field the config does not have, only when the value is
+    read; both are a ValueError naming the flag."""
+    try:
+        value = holder.value
+        value.keys()  # the first real access is where a lazy failure is raised
+        return value
+    except (OSError, AttributeError, KeyError) as err:
+        raise ValueError(f"--{holder.name}: {one_line(err)}") from err
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a bad flag or a missing required one in one line."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as err:
+        fail(str(err))
+    except (AttributeError, KeyError) as err:  # ml_collections: an override of no field
+        overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+        missing = str(err).strip("'\"")
+        fail(f"{', '.join(overrides)} must name fields of the config, got no field {missing!r}")
+
+
+def run(main: Callable[[list[str]], int | None]) -> None:
+    """`app.run(main)` where every user error is one line and exit status 2; `main`'s
+    return value is the exit status."""
+
+    def guarded(argv):
+        try:
+            return main(argv)
+        except USER_ERRORS as err:
+            fail(str(err))
+
+    app.run(guarded, flags_parser=parse_flags)
+
+
+def exactly_one(**given) -> str:
+    """The name of the one flag given a value among `given`; else a ValueError naming all."""
+    named = [name for name, value in given.items() if value]
+    if len(named) != 1:
+        flags_ = " or ".join(f"--{name}" for name in given)
+        got = ", ".join(f"--{n}" for n in named) or "none"
+        raise ValueError(f"give exactly one of {flags_}, got {got}")
+    return named[0]

@@ -1,0 +1,139 @@
+"""Rotary position embeddings as the families' config.json files define them.
+
+One `Rope` per attention layer type: its base, the share of each head that rotates, and
+its scaling: `linear` (rates divided by a factor), `llama3` (long wavelengths slowed
+smoothly) or `longrope` (Phi-3: per-frequency short or long factors, picked by the text's
+length as transformers picks them, and a factor on cos and sin).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from beyondpar.pretrained import layers
+from beyondpar.pretrained.config_fields import field, one_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    theta: float = 10000.0
+    kind: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_len: int = 8192
+    partial_factor: float = 1.0
+    freq_factors: tuple[float, ...] | None = None  # llama.cpp's rope_freqs (GGUF)
+    short_factors: tuple[float, ...] = ()  # longrope
+    long_factors: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+
+    @classmethod
+    def from_hf(cls, c: dict, kinds=("default", "llama3")) -> Rope:
+        """`rope_scaling` (older configs) or `rope_parameters` (transformers 5) with the
+        top-level `rope_theta` and `partial_rotary_factor` as fallbacks."""
+        return cls.from_params(c.get("rope_scaling") or c.get("rope_parameters") or {}, c, kinds)
+
+    @classmethod
+    def from_params(cls, params: dict, c: dict, kinds, theta: float | None = None) -> Rope:
+        """The rope one parameter dict describes; `c` is the whole config (for fields
+        transformers reads beside it) and `theta` the base when neither names one."""
+        base = params.get("rope_theta", c.get("rope_theta", 10000.0 if theta is None else theta))
+        kind = one_of("rope_type", params.get("rope_type", params.get("type", "default")), kinds)
+        common = dict(
+            theta=float(base),
+            partial_factor=partial_rotary_factor(params, c, "partial_rotary_factor"),
+            kind=kind,
+        )
+        if kind == "default":
+            factors = c.get("rope_freq_factors")
+            return cls(**common, freq_factors=None if factors is None else tuple(factors))
+        if kind == "linear":
+            return cls(**common, factor=field(params, "factor", float))
+        if kind == "longrope":
+            return cls(**common, **_longrope(params, c))
+        return cls(
+            **common,
+            factor=field(params, "factor", float),
+            low_freq_factor=field(params, "low_freq_factor", float),
+            high_freq_factor=field(params, "high_freq_factor", float),
+            original_max_len=field(params, "original_max_position_embeddings"),
+        )
+
+    def inverse_frequencies(self, head_dim: int, seq_len: int = 1) -> np.ndarray:
+        """(rotary_dim / 2,) float32 rotation rates for a text of `seq_len` tokens."""
+        dim = layers.rotary_dim(head_dim, self.partial_factor)
+        if self.kind == "longrope":
+            long = seq_len > self.original_max_len
+            factors = self.long_factors if long else self.short_factors
+            _check_count(factors, dim // 2, f"rope_parameters {_FACTOR[long]!r}")
+            return layers.inverse_frequencies(self.theta, dim, factors)
+        inv = layers.inverse_frequencies(self.theta, dim).astype(np.float64)
+        if self.freq_factors is not None:
+            _check_count(self.freq_factors, len(inv), "rope frequency factors")
+            inv = inv / np.asarray(self.freq_factors)
+        if self.kind == "linear":
+            inv = inv / self.factor
+        elif self.kind == "llama3":
+            inv = self._llama3(inv)
+        return inv.astype(np.float32)
+
+    def _llama3(self, inv: np.ndarray) -> np.ndarray:
+        wavelen = 2 * math.pi / inv
+        low_wavelen = self.original_max_len / self.low_freq_factor
+        high_wavelen = self.original_max_len / self.high_freq_factor
+        scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
+        smooth = (self.original_max_len / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(medium, smoothed, scaled)
+
+
+_FACTOR = {False: "short_factor", True: "long_factor"}
+
+
+def _check_count(factors, size: int, name: str) -> None:
+    if len(factors) != size:
+        raise ValueError(f"{name} must number {size} (rotary dim / 2), got {len(factors)}")
+
+
+def _longrope(params: dict, c: dict) -> dict:
+    """Phi-3's longrope, as transformers reads Phi-3: the top-level
+    `original_max_position_embeddings` (4096 when absent) wins over the rope dict's; the
+    attention factor defaults to sqrt(1 + ln(s) / ln(original)), s = `factor` or
+    max_position_embeddings / original (1 when s <= 1)."""
+    original = field(c, "original_max_position_embeddings", default=4096)
+    factor = params.get("factor") or field(c, "max_position_embeddings") / original
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return dict(
+        short_factors=tuple(_factor_list(params, "short_factor")),
+        long_factors=tuple(_factor_list(params, "long_factor")),
+        original_max_len=original,
+        attention_factor=float(attention),
+    )
+
+
+def _factor_list(params: dict, name: str) -> list[float]:
+    value = params.get(name)
+    if not isinstance(value, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value
+    ):
+        raise ValueError(
+            f"config.json rope field {name!r} must be a list of positive numbers, got {value!r}"
+        )
+    return [float(v) for v in value]
+
+
+def partial_rotary_factor(params: dict, config: dict, name: str) -> float:
+    """The share of each head's features that rotate, in (0, 1]."""
+    value = params.get(name, config.get(name, 1.0))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"config.json field {name!r} must be a number in (0, 1], got {value!r}")
+    return float(value)

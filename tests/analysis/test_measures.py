@@ -1,0 +1,133 @@
+"""Per-layer measures: the uniform-causal baseline field by field against an independent
+float64 computation, mixes kept apart on the graph without the sink tokens, and the
+optimum cross-fitted over the sequences of a layer."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from beyondpar import graphs, metrics
+from beyondpar.analysis import measures
+
+SPEC = measures.AnalysisSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)
+
+
+def numpy_baseline(t: int, horizon: int, max_steps: int, eps: float) -> dict:
+    """Every baseline field of uniform causal attention, in float64 from the definitions:
+    matrix powers for fidelity, the two forward walks built column by column."""
+    c = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    power, best = np.eye(t), np.zeros(t)
+    for _ in range(horizon):
+        power = power @ c
+        best = np.maximum(best, power[-1])
+    mass = c.sum(0)
+    walks = {"normalized": c.T / mass[:, None]}
+    cum = np.minimum(1.0, np.cumsum(c, axis=0))  # reference: clipped column mass
+    ref = np.diff(cum, axis=0, prepend=0.0).T
+    ref[:, -1] += 1.0 - cum[-1]
+    walks["reference"] = ref
+    out = {
+        "fidelity": best.min(),
+        "fidelity_median": np.median(best),
+        "fidelity_p10": np.percentile(best, 10),
+    }
+    for name, p in walks.items():
+        q = p[:-1, :-1]
+        survival, total, tv = np.ones(t - 1), 0.0, max_steps + 1
+        for step in range(max_steps):
+            total += survival.sum()
+            survival = q @ survival
+            if survival.max() <= eps and tv > max_steps:
+                tv = step + 1
+        out[f"hitting_time_{name}"] = total / t
+        if name == "normalized":
+            rho = np.diag(q).max()
+            out["tv_mixing_time_normalized"] = tv
+            out["spectral_mixing_time_normalized"] = min(
+                np.log(1 / eps) / np.log(1 / rho), max_steps
+            )
+    return out
+
+
+@pytest.mark.parametrize("t", [6, 17])
+def test_baseline_is_uniform_causal_attention_field_by_field(t):
+    got = measures.baseline(t, SPEC)
+    want = numpy_baseline(t, SPEC.horizon, SPEC.max_steps, SPEC.eps)
+    assert set(got) == set(want)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=2e-5, err_msg=name)
+    np.testing.assert_allclose(got["fidelity"], 1 / t, rtol=1e-5)  # the sink's own share
+
+
+def test_without_sink_mixes_use_their_own_weights():
+    attn = graphs.random_causal(3, (2, 3), 12)  # B x H x T x T
+    spec = measures.AnalysisSpec(horizon=30, max_steps=30, pairwise=False, sink_tokens=1)
+    one_hot = lambda h: np.eye(3, dtype=np.float32)[h]
+    out = measures.analyze_layer(
+        attn, None, spec, extra={"x": one_hot(0)}, extra_without_sink={"x": one_hot(2)}
+    )
+    np.testing.assert_allclose(out["mixes"]["x"]["fidelity"], out["heads"]["fidelity"][:, 0])
+    inner = out["without_sink"]
+    np.testing.assert_allclose(inner["mixes"]["x"]["fidelity"], inner["heads"]["fidelity"][:, 2])
+    assert (
+        "x"
+        not in measures.analyze_layer(attn, None, spec, extra={"x": one_hot(0)})["without_sink"][
+            "mixes"
+        ]
+    )
+
+
+def test_per_sequence_mixes_weigh_each_sequence_with_its_own_weights():
+    attn = graphs.random_causal(4, (3, 2), 10)
+    w = np.asarray([[1, 0], [0, 1], [0.5, 0.5]], np.float32)  # B x H
+    out = measures.analyze_layer(
+        attn, None, measures.AnalysisSpec(horizon=30, pairwise=False), extra={"w": w}
+    )
+    mixed = jnp.einsum("bh,bhij->bij", w, attn)
+    np.testing.assert_allclose(
+        out["mixes"]["w"]["fidelity"], metrics.minimax_fidelity(mixed, 30), rtol=1e-5
+    )
+
+
+def test_the_optimum_of_several_sequences_is_held_out():
+    attn = graphs.random_causal(8, (4, 3), 10)
+    spec = measures.AnalysisSpec(horizon=30, max_steps=30, pairwise=False, optimal_weights=True)
+    out = measures.analyze_layer(attn, np.ones(3), spec)
+    o = out["optimal"]
+    assert o["held_out"] and o["fold"].tolist() == [0, 0, 1, 1]
+    assert o["search_sets"] == [[2, 3], [0, 1]]
+    per_sequence = np.asarray(o["fold_weights"])[o["fold"]]
+    mixed = jnp.einsum("bh,bhij->bij", per_sequence, jnp.asarray(attn))
+    np.testing.assert_allclose(
+        out["mixes"]["optimal"]["fidelity"], metrics.minimax_fidelity(mixed, 30), rtol=1e-5
+    )
+    for fold, sets in enumerate(o["search_sets"]):  # in sample: its own sequences
+        own = jnp.einsum(
+            "h,bhij->bij", o["fold_weights"][fold], jnp.asarray(attn)[np.asarray(sets)]
+        )
+        np.testing.assert_allclose(
+            o["in_sample"][fold], np.mean(metrics.minimax_fidelity(own, 30)), rtol=1e-5
+        )
+        best_head = np.max(np.mean(out["heads"]["fidelity"][np.asarray(sets)], 0))
+        assert o["in_sample"][fold] >= best_head - 1e-7  # never worse than a head where searched
+
+
+def test_one_sequence_has_nothing_to_hold_out():
+    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
+    out = measures.analyze_layer(graphs.random_causal(2, (1, 3), 8), None, spec)
+    assert not out["optimal"]["held_out"]
+    np.testing.assert_allclose(
+        out["mixes"]["optimal"]["fidelity"], out["optimal"]["in_sample"], rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(folds=0), "--folds must be an integer >= 1, got 0"),
+        (dict(sink_tokens=-1), "--sink_tokens must be an integer >= 0, got -1"),
+    ],
+)
+def test_bad_spec_names_the_flag(bad, message):
+    with pytest.raises(ValueError, match=message):
+        measures.AnalysisSpec(**bad)

@@ -1,0 +1,69 @@
+"""Mesh helpers: the --mesh flag's grammar and errors, data x model meshes, placing a
+host array so that each device receives only its part."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from beyondpar.base import parallel
+
+
+@pytest.mark.parametrize(
+    "text,sizes",
+    [
+        ("data:2,model:2", {"data": 2, "model": 2}),
+        ("model:4", {"data": 1, "model": 4}),
+        (" model:2 , data:1", {"data": 1, "model": 2}),
+    ],
+)
+def test_mesh_flag_sizes(text, sizes):
+    assert parallel.parse_mesh(text) == sizes
+
+
+@pytest.mark.parametrize(
+    "text", ["data:2,model", "data:0,model:4", "data:2,model:2,data:1", "tensor:2", "", "data:x"]
+)
+def test_bad_mesh_flags_name_the_flag_the_grammar_and_the_value(text):
+    with pytest.raises(ValueError) as err:
+        parallel.parse_mesh(text)
+    assert str(err.value) == (
+        f"--mesh must be data:D,model:M with integers D, M >= 1, got {text!r}"
+    )
+
+
+def test_a_mesh_larger_than_the_machine_is_named():
+    with pytest.raises(ValueError, match=r"--mesh data:4,model:2 must use at most the 4 devices"):
+        parallel.mesh_from_flag("data:4,model:2")
+
+
+def test_meshes_lay_devices_out_data_major():
+    mesh = parallel.mesh_from_flag("data:2,model:2")
+    assert mesh.axis_names == ("data", "model") and mesh.shape == {"data": 2, "model": 2}
+    devices = jax.local_devices()
+    assert mesh.devices.tolist() == [devices[:2], devices[2:4]]
+    assert parallel.model_mesh().devices.ravel().tolist() == [devices[0]]
+
+
+def test_place_gives_each_device_its_part():
+    mesh = parallel.model_mesh(2, 2)
+    host = np.arange(32.0).reshape(4, 8)
+    array = parallel.place(host, NamedSharding(mesh, P(None, "model")))
+    np.testing.assert_array_equal(array, host)
+    for shard in array.addressable_shards:
+        np.testing.assert_array_equal(shard.data, host[shard.index])
+        assert shard.data.shape == (4, 4)
+    one = jax.device_put(host, jax.local_devices()[0])
+    mesh = parallel.model_mesh()
+    same = parallel.place(one, NamedSharding(mesh, P()))
+    assert same.unsafe_buffer_pointer() == one.unsafe_buffer_pointer()  # no copy
+    assert same.sharding == NamedSharding(mesh, P()) and parallel.mesh_of([same]) is mesh
+
+
+def test_batches_split_along_data_when_they_divide():
+    mesh = parallel.model_mesh(2, 2)
+    assert parallel.batch_sharding(mesh, 6).spec == P("data")
+    assert parallel.batch_sharding(mesh, 5).spec == P()
+    assert parallel.mesh_of({"a": jax.device_put(np.ones(4), NamedSharding(mesh, P()))}) is mesh
+    assert parallel.mesh_of({"a": np.ones(4)}) is None

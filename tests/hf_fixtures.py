@@ -1,0 +1,42 @@
+"""Test helper: the tiny Hugging Face fixtures under data/hf, their expected outputs, and
+copies of them with config fields or tensors changed."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from beyondpar import pretrained
+from conftest import DATA
+
+HF = DATA / "hf"
+
+
+def expected(name: str) -> dict:
+    return dict(np.load(HF / name / "expected.npz"))
+
+
+def copy_checkpoint(name, tmp_path, config=None, tensors=None) -> Path:
+    """A copy of a fixture folder with config fields and tensors changed."""
+    folder = tmp_path / name
+    shutil.copytree(HF / name, folder)
+    if config is not None:
+        data = json.loads((folder / "config.json").read_text())
+        data.update(config)
+        (folder / "config.json").write_text(json.dumps(data))
+    if tensors is not None:
+        weights = load_file(folder / "model.safetensors")
+        save_file(tensors(weights), folder / "model.safetensors")
+    return folder
+
+
+def logits_and_attention(folder, tokens=None, dtype=None):
+    module, params, _ = pretrained.load(folder, dtype)
+    tokens = expected("llama-tiny")["tokens"] if tokens is None else tokens
+    return pretrained.apply_with_attention(module, params, tokens)
+
+
+def config_of(name: str) -> dict:
+    return json.loads((HF / name / "config.json").read_text())

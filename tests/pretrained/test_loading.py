@@ -1,0 +1,223 @@
+"""The loader: parameter shapes traced block by block, GGUF files read by threads into
+the same values as the previous one-tensor-at-a-time path, the progress bar, errors."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf_export import export
+from jax.sharding import PartitionSpec as P
+from safetensors.numpy import load_file
+
+from beyondpar import pretrained
+from beyondpar.benchmarks import gguf_models, previous_load
+from beyondpar.pretrained import files, gguf_file, gguf_quants, loading, sharding
+from conftest import DATA
+
+HF = DATA / "hf"
+FIXTURES = sorted(p.name for p in HF.iterdir() if (p / "config.json").is_file())
+TINY_QWEN2 = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    max_position_embeddings=128,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+)
+
+
+@pytest.fixture(scope="module")
+def qwen2_gguf(tmp_path_factory):
+    """A Qwen2-shaped GGUF with every type of llama.cpp's Q4_K_M mix: Q5_0, Q8_0 (rows of
+    64 values), Q4_K and Q6_K (the MLP down projection, rows of 256)."""
+    path = tmp_path_factory.mktemp("gguf") / "qwen2.gguf"
+    counts = gguf_models.write_qwen2_gguf(path, TINY_QWEN2)
+    assert set(counts) == {"Q5_0", "Q8_0", "Q4_K", "Q6_K", "F32"}
+    return path
+
+
+def full_trace_shapes(module):
+    like = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), int)))
+    leaves = jax.tree_util.tree_leaves_with_path(like["params"])
+    return {tuple(p.key for p in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_block_by_block_shapes_are_the_whole_networks(name):
+    module = pretrained.build(files.read_config(HF / name))
+    assert pretrained.parameter_shapes(module) == full_trace_shapes(module)
+
+
+def test_shapes_of_layers_with_different_blocks():
+    config = files.read_config(HF / "qwen3-tiny")
+    config.update(layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    module = pretrained.build(config)
+    assert module.config.layer_windows == (4, None)
+    assert pretrained.parameter_shapes(module) == full_trace_shapes(module)
+
+
+@pytest.mark.parametrize(
+    "name,head",
+    [
+        ("llama-tiny", "lm_head"),
+        ("neox-tiny", "embed_out"),
+        ("gemma3-legacy", "lm_head"),
+        ("phi3-tiny", "lm_head"),
+    ],
+)
+def test_untied_heads_are_kept_as_stored(name, head):
+    """An untied output head is an Embed holding the checkpoint's vocab x hidden matrix
+    (no transpose), split by vocabulary like the embedding; tied models have none."""
+    module, params, _ = pretrained.load(HF / name, progress=False)
+    stored = load_file(HF / name / "model.safetensors")
+    stored_name = "embed_out.weight" if head == "embed_out" else "lm_head.weight"
+    np.testing.assert_array_equal(params[head]["embedding"], stored[stored_name])
+    assert sharding.partition_spec((head, "embedding"), 2, module.config, 4) == P("model", None)
+    _, tied, _ = pretrained.load(HF / "gemma3-tiny", progress=False)
+    assert "lm_head" not in tied
+
+
+def test_a_row_order_must_name_every_stored_row(tmp_path):
+    """A family's row order (Phi-3's groups) against a tensor of another size is named,
+    from a safetensors file and from a GGUF one; a tensor GGUF stores transposed (GPT-2's
+    Conv1D) takes none."""
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    with files.Safetensors(files.shard_files(HF / "phi3-tiny")) as source:
+        rows = source.tensor(name).shape[0]
+        message = rf"tensor '{name}' must have {rows - 1} rows, got {rows}"
+        with pytest.raises(ValueError, match=message):
+            source.read(name, True, order=np.arange(rows - 1))
+    phi3 = gguf_file.GgufFile(export(HF / "phi3-tiny", tmp_path / "phi3.gguf"))
+    with pytest.raises(ValueError, match=rf"must have {rows + 1} rows, got {rows}"):
+        phi3.read(name, True, order=np.arange(rows + 1))
+    gpt2 = gguf_file.GgufFile(export(HF / "gpt2-tiny", tmp_path / "gpt2.gguf"))
+    with pytest.raises(ValueError, match="'h.0.attn.c_attn.weight' is stored transposed"):
+        gpt2.read("h.0.attn.c_attn.weight", False, order=np.arange(96))
+
+
+def leaves(params):
+    return {
+        jax.tree_util.keystr(p): np.asarray(x)
+        for p, x in jax.tree_util.tree_leaves_with_path(params)
+    }
+
+
+@pytest.mark.parametrize("kernels", ["every shape", "large shapes only"])
+def test_gguf_values_are_the_previous_paths_bit_for_bit(qwen2_gguf, monkeypatch, kernels):
+    if kernels == "every shape":
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+    module, params, tokenizer = pretrained.load(qwen2_gguf, progress=False)
+    old_module, old_params, old_tokenizer = previous_load.load(qwen2_gguf)
+    assert module.config == old_module.config
+    new, old = leaves(params), leaves(old_params)
+    assert new.keys() == old.keys() and len(new) == 3 * 12 + 3
+    for key in new:
+        assert new[key].dtype == np.float32, key
+        np.testing.assert_array_equal(new[key], old[key], err_msg=key)
+    assert params["lm_head"]["embedding"].shape == (512, 64)  # as stored: no transpose
+    assert tokenizer.encode("ab cd").ids == old_tokenizer.encode("ab cd").ids
+
+
+@pytest.mark.parametrize("kernels", ["every shape", "large shapes only"])
+def test_bfloat16_is_the_previous_paths_cast(qwen2_gguf, monkeypatch, kernels):
+    if kernels == "every shape":
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+    _, params, _ = pretrained.load(qwen2_gguf, jnp.bfloat16, progress=False)
+    _, old_params, _ = previous_load.load(qwen2_gguf, jnp.bfloat16)
+    new, old = leaves(params), leaves(old_params)
+    for key in new:
+        assert new[key].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(new[key], old[key], err_msg=key)
+
+
+def test_one_thread_or_many_read_the_same(qwen2_gguf, monkeypatch):
+    monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+    _, many, _ = pretrained.load(qwen2_gguf, progress=False)
+    monkeypatch.setattr(gguf_file.GgufFile, "workers", 1)
+    _, one, _ = pretrained.load(qwen2_gguf, progress=False)
+    for key, value in leaves(one).items():
+        np.testing.assert_array_equal(value, leaves(many)[key])
+
+
+class RecordingBar:
+    """Stands in for tqdm.tqdm and keeps what the loader told it."""
+
+    made: list = []
+
+    def __init__(self, total, disable=False, **kwargs):
+        self.total, self.disable, self.n, self.closed = total, disable, 0, False
+        RecordingBar.made.append(self)
+
+    def update(self, n):
+        self.n += n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.closed = True
+
+
+@pytest.mark.parametrize("source", ["gguf", "hf"])
+def test_progress_bar_counts_every_parameter_and_finishes(qwen2_gguf, monkeypatch, source):
+    monkeypatch.setattr(loading.tqdm, "tqdm", RecordingBar)
+    RecordingBar.made = []
+    path = qwen2_gguf if source == "gguf" else HF / "llama-tiny"
+    _, params, _ = pretrained.load(path)
+    (bar,) = RecordingBar.made
+    values = sum(x.size for x in jax.tree.leaves(params))
+    assert bar.total == values and bar.n == values and bar.closed
+    assert bar.disable is None  # shown on a terminal, not in a log
+    pretrained.load(path, progress=False)
+    assert RecordingBar.made[-1].disable is True
+
+
+def test_a_failing_tensor_stops_the_load_with_its_error(qwen2_gguf, monkeypatch):
+    read = gguf_file.GgufFile.read
+    calls = []
+
+    def failing(self, name, transpose, dtype=None, order=None):
+        calls.append(name)
+        if name == "model.layers.1.mlp.up_proj.weight":
+            raise ValueError(f"tensor {name!r} cannot be read: test")
+        return read(self, name, transpose, dtype, order)
+
+    monkeypatch.setattr(gguf_file.GgufFile, "read", failing)
+    with pytest.raises(ValueError, match="'model.layers.1.mlp.up_proj.weight' cannot be read"):
+        pretrained.load(qwen2_gguf, progress=False)
+
+
+def test_a_broken_tokenizer_stops_the_load(qwen2_gguf, monkeypatch):
+    def broken(self):
+        raise ValueError("tokenizer.ggml.model must be 'gpt2' (test)")
+
+    monkeypatch.setattr(gguf_file.GgufFile, "tokenizer", broken)
+    with pytest.raises(ValueError, match=r"tokenizer.ggml.model must be 'gpt2' \(test\)"):
+        pretrained.load(qwen2_gguf, progress=False)
+
+
+def test_loaded_config_matches_the_written_shape(qwen2_gguf):
+    module, _, _ = pretrained.load(qwen2_gguf, progress=False)
+    cfg = dataclasses.asdict(module.config)
+    assert (cfg["num_layers"], cfg["num_heads"], cfg["num_kv_heads"], cfg["mlp_dim"]) == (
+        3,
+        4,
+        2,
+        256,
+    )
+    assert cfg["qkv_bias"] and not cfg["tied"]
+
+
+def test_kernels_are_compiled_only_for_shapes_with_many_values(qwen2_gguf, monkeypatch):
+    source = gguf_file.GgufFile(qwen2_gguf)
+    assert source._compiled == set()  # 0.2M values in all: NumPy is quicker than compiling
+    monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 6 * 256 * 64)  # gate and up
+    source = gguf_file.GgufFile(qwen2_gguf)
+    assert {(q.name, r, c) for q, r, c in source._compiled} == {("Q5_0", 256, 64)}
+    assert isinstance(source.read("model.layers.2.mlp.up_proj.weight", True), jax.Array)
+    assert isinstance(source.read("lm_head.weight", False), np.ndarray)

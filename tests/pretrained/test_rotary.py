@@ -1,0 +1,82 @@
+"""Rotary scalings as transformers defines them: closed forms of the rates and factors,
+which field wins, and the errors that name a bad one."""
+
+import math
+
+import numpy as np
+import pytest
+
+from beyondpar.pretrained import rotary
+
+LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 2.0],
+    "long_factor": [3.0, 5.0],
+}
+PHI3 = {"max_position_embeddings": 128, "original_max_position_embeddings": 32}
+
+
+def default_rates(theta, dim):
+    return 1 / theta ** (np.arange(0, dim, 2) / dim)
+
+
+def test_linear_divides_every_rate_by_its_factor():
+    rope = rotary.Rope.from_params({"rope_type": "linear", "factor": 4.0}, {}, ("linear",), 1e6)
+    np.testing.assert_allclose(rope.inverse_frequencies(16), default_rates(1e6, 16) / 4, rtol=1e-6)
+
+
+def test_longrope_takes_short_factors_up_to_the_original_length_then_long_ones():
+    """Transformers switches when the text is longer than
+    original_max_position_embeddings: 32 tokens are short, 33 long."""
+    rope = rotary.Rope.from_params(LONGROPE, PHI3, ("longrope",))
+    base = default_rates(10000.0, 4)
+    np.testing.assert_allclose(rope.inverse_frequencies(4, 32), base / [1.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(rope.inverse_frequencies(4, 33), base / [3.0, 5.0], rtol=1e-6)
+    assert rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(32)))
+
+
+@pytest.mark.parametrize(
+    "params,config,factor",
+    [
+        ({"attention_factor": 0.7}, PHI3, 0.7),  # given: used as is
+        ({"factor": 2.0}, PHI3, math.sqrt(1 + math.log(2) / math.log(32))),
+        ({}, {"max_position_embeddings": 32}, 1.0),  # max / 4096 <= 1: no factor
+    ],
+)
+def test_longrope_attention_factor(params, config, factor):
+    rope = rotary.Rope.from_params({**LONGROPE, **params}, config, ("longrope",))
+    assert rope.attention_factor == pytest.approx(factor)
+
+
+def test_rope_scaling_wins_over_rope_parameters_and_top_level_fields_fill_in():
+    config = {
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5.0},
+        "rope_theta": 500.0,
+        "partial_rotary_factor": 0.5,
+    }
+    rope = rotary.Rope.from_hf(config, ("default", "linear"))
+    assert (rope.kind, rope.factor, rope.theta, rope.partial_factor) == ("linear", 2.0, 500.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        (
+            {"rope_type": "yarn"},
+            r"'rope_type' must be one of \['default', 'longrope'\], got 'yarn'",
+        ),
+        ({**LONGROPE, "short_factor": 1.0}, r"'short_factor' must be a list of positive numbers"),
+        ({**LONGROPE, "long_factor": [1.0, -2.0]}, r"'long_factor' must be a list of positive"),
+        ({"partial_rotary_factor": 1.5}, r"'partial_rotary_factor' must be a number in \(0, 1\]"),
+    ],
+)
+def test_bad_rope_fields_are_named(params, message):
+    with pytest.raises(ValueError, match=message):
+        rotary.Rope.from_params(params, PHI3, ("default", "longrope"))
+
+
+def test_a_wrong_number_of_longrope_factors_is_named():
+    rope = rotary.Rope.from_params(LONGROPE, PHI3, ("longrope",))
+    with pytest.raises(ValueError, match=r"'long_factor' must number 4 \(rotary dim / 2\), got 2"):
+        rope.inverse_frequencies(8, 64)

@@ -1,0 +1,187 @@
+"""Pretrained models on a data x model mesh of four (fake CPU) devices: the same logits
+and attention as on one device for every fixture, parameters really split along the axis
+their layout asks for (Phi-3's fused projections by whole groups), one layer's attention
+gathered over `model` at a time."""
+
+import gguf
+import jax
+import numpy as np
+import pytest
+from gguf_export import export
+from jax.sharding import PartitionSpec as P
+from safetensors.numpy import load_file
+
+from beyondpar import pretrained
+from beyondpar.base import parallel
+from beyondpar.pretrained import files, gguf_quants, sharding
+from conftest import DATA
+
+HF = DATA / "hf"
+FIXTURES = sorted(p.name for p in HF.iterdir() if (p / "expected.npz").is_file())
+MESHES = [(1, 4), (2, 2)]
+# Sharded against one device: float32 sums in another order. Gemma 3's random fixtures
+# (q/k norms, six layers in gemma3-tiny) magnify that round-off the most.
+ATOL = {"logits": 2e-5, "attention": 1e-5}
+GEMMA3_ATOL = {"logits": 1e-4, "attention": 5e-5}
+# (layer module, unit it splits by, split axis of its kernel): a projection that makes
+# heads and an MLP projection of each family.
+PROJECTIONS = {
+    "Gpt2": (("c_attn", "heads", 1), ("c_fc", "features", 1)),
+    "GptNeox": (("query_key_value", "heads", 1), ("dense_4h_to_h", "features", 0)),
+    "Phi3": (("qkv_proj", "kv_heads", 1), ("gate_up_proj", "features", 1)),
+}
+LLAMA_LIKE = (("q_proj", "heads", 1), ("down_proj", "features", 0))  # Llama, Gemma
+
+
+def expected(name):
+    return dict(np.load(HF / name / "expected.npz"))
+
+
+def atol(name, what):
+    return (GEMMA3_ATOL if name.startswith("gemma3") else ATOL)[what]
+
+
+@pytest.fixture(scope="module")
+def unsharded():
+    out = {}
+    for name in FIXTURES:
+        module, params, _ = pretrained.load(HF / name, progress=False)
+        tokens = np.concatenate([expected(name)["tokens"]] * 2)  # a batch that splits in two
+        out[name] = tokens, *pretrained.apply_with_attention(module, params, tokens)
+    return out
+
+
+def test_every_fixture_and_family_is_checked():
+    families = {type(pretrained.build(files.read_config(HF / n))).__name__ for n in FIXTURES}
+    assert families == {"Gpt2", "GptNeox", "Llama", "Gemma", "Phi3"} and len(FIXTURES) == 13
+
+
+@pytest.mark.parametrize("data,model", MESHES)
+@pytest.mark.parametrize("name", FIXTURES)
+def test_sharded_run_equals_one_device(unsharded, name, data, model):
+    tokens, logits, attn = unsharded[name]
+    mesh = parallel.model_mesh(data, model)
+    module, params, _ = pretrained.load(HF / name, mesh=mesh, progress=False)
+    placed = pretrained.place_tokens(params, tokens)
+    assert placed.sharding.spec == P("data") and placed.sharding.mesh.shape == mesh.shape
+    got_logits, got_attn = pretrained.apply_with_attention(module, params, placed)
+    np.testing.assert_allclose(got_logits, logits, atol=atol(name, "logits"))
+    np.testing.assert_allclose(got_attn, attn, atol=atol(name, "attention"))
+    np.testing.assert_allclose(
+        got_logits, np.concatenate([expected(name)["logits"]] * 2), atol=1e-4
+    )
+    run = pretrained.layer_by_layer(module, params, placed)
+    for layer in range(module.config.num_layers):
+        index, layer_attn = next(run)
+        assert index == layer
+        # Gathered over model: every head on each device, the batch of 4 over the 4 devices.
+        assert {s.data.shape for s in layer_attn.addressable_shards} == {(1, *attn.shape[2:])}
+        assert layer_attn.sharding.device_set == set(jax.local_devices())
+        np.testing.assert_allclose(layer_attn, attn[:, layer], atol=atol(name, "attention"))
+    odd = pretrained.layer_by_layer(module, params, placed[:2])  # 2 windows on 4 devices
+    assert next(odd)[1].sharding.device_set == {mesh.devices.flat[0]}
+
+
+@pytest.mark.parametrize("model", [2, 4])
+@pytest.mark.parametrize("name", FIXTURES)
+def test_heads_and_mlp_features_are_split_along_model(name, model):
+    """Split into `model` equal parts along the named axis when the unit (query heads,
+    kv heads for Phi-3's fused qkv, MLP features) divides, else whole on every device;
+    every norm whole."""
+    mesh = parallel.model_mesh(1, model)
+    module, params, _ = pretrained.load(HF / name, mesh=mesh, progress=False)
+    units = sharding.units(module.config)
+    layer = params[pretrained.layer_name(module, 0)]
+    for part, unit, axis in PROJECTIONS.get(type(module).__name__, LLAMA_LIKE):
+        kernel = layer[part]["kernel"]
+        shard = kernel.addressable_shards[0].data
+        if units[unit] % model:
+            assert kernel.sharding.spec == P() and shard.shape == kernel.shape, part
+            continue
+        assert kernel.sharding.spec == (P("model", None) if axis == 0 else P(None, "model"))
+        assert (
+            shard.shape[axis] == kernel.shape[axis] // model
+            and len(kernel.sharding.device_set) == model
+        )
+        assert shard.shape[1 - axis] == kernel.shape[1 - axis]
+    norms = [k for k in layer if "norm" in k or k.startswith("ln")]
+    assert norms and all(
+        x.sharding.spec == P() for k in norms for x in jax.tree.leaves(layer[k])
+    ), norms
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "gemma2-tiny", "phi3-tiny"])
+def test_kv_heads_split_only_when_they_divide(name):
+    """4 query heads on 2 kv heads: k/v (Phi-3: the fused qkv) split on 2 devices, whole
+    on 4; the output projection split by query heads on both."""
+    for model, spec in ((2, P(None, "model")), (4, P())):
+        mesh = parallel.model_mesh(1, model)
+        _, params, _ = pretrained.load(HF / name, mesh=mesh, progress=False)
+        layer = params["layers_0"]
+        for part in ("qkv_proj",) if name.startswith("phi3") else ("k_proj", "v_proj"):
+            assert layer[part]["kernel"].sharding.spec == spec, (part, model)
+        assert layer["o_proj"]["kernel"].sharding.spec == P("model", None)
+
+
+def test_phi3_devices_hold_whole_groups_and_matching_gate_and_up():
+    """phi3-tiny on 2 devices: device g holds query heads 2g and 2g + 1 with their key
+    and value head g, and the gate and up features of the same half, straight from the
+    checkpoint's rows."""
+    stored = load_file(HF / "phi3-tiny" / "model.safetensors")
+    module, params, _ = pretrained.load(HF / "phi3-tiny", mesh=parallel.model_mesh(1, 2))
+    cfg = module.config
+    d, heads, kv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    assert (heads, kv) == (4, 2)
+    q, k, v = np.split(
+        stored["model.layers.1.self_attn.qkv_proj.weight"], [heads * d, (heads + kv) * d]
+    )
+    gate, up = np.split(stored["model.layers.1.mlp.gate_up_proj.weight"], 2)
+    groups, halves = [], []
+    for shard in params["layers_1"]["qkv_proj"]["kernel"].addressable_shards:
+        g = shard.index[1].start // (4 * d)  # a group: 2 query heads, 1 key, 1 value head
+        group = [q[2 * g * d : (2 * g + 2) * d], k[g * d : (g + 1) * d], v[g * d : (g + 1) * d]]
+        np.testing.assert_array_equal(shard.data, np.concatenate(group).T)
+        groups.append(g)
+    for shard in params["layers_1"]["gate_up_proj"]["kernel"].addressable_shards:
+        half = slice(shard.index[1].start // 2, shard.index[1].stop // 2)
+        side_by_side = np.stack([gate[half], up[half]], axis=1).reshape(-1, gate.shape[1])
+        np.testing.assert_array_equal(shard.data, side_by_side.T)
+        halves.append(half.start)
+    assert sorted(groups) == [0, 1] and sorted(halves) == [0, cfg.mlp_dim // 2]
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "gemma3-legacy", "phi3-tiny"])
+def test_gguf_loads_straight_onto_the_mesh(tmp_path, monkeypatch, name):
+    """Through the kernels, fix-ups and all (Llama's rows, Gemma's norms, Phi-3's groups),
+    untied heads as stored: the logits of the same file on one device."""
+    monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+    path = export(HF / name, tmp_path / "model.gguf", gguf.GGMLQuantizationType.F16)
+    tokens = np.concatenate([expected(name)["tokens"]] * 2)
+    module, params, _ = pretrained.load(path, progress=False)
+    want, _ = pretrained.apply_with_attention(module, params, tokens)
+    module, params, _ = pretrained.load(path, mesh=parallel.model_mesh(2, 2), progress=False)
+    up = "gate_up_proj" if name.startswith("phi3") else "up_proj"
+    assert params["layers_1"][up]["kernel"].sharding.spec == P(None, "model")
+    assert params["lm_head"]["embedding"].sharding.spec == P("model", None)
+    got, _ = pretrained.apply_with_attention(
+        module, params, pretrained.place_tokens(params, tokens)
+    )
+    np.testing.assert_allclose(got, want, atol=atol(name, "logits"))
+    if name != "gemma3-legacy":  # llama.cpp runs Gemma 3 its own way (test_gguf_file)
+        np.testing.assert_allclose(got[:2], expected(name)["logits"], atol=5e-3)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_default_is_one_device_and_tokens_follow_the_parameters(tmp_path, monkeypatch, kernels):
+    """Every parameter on the 1 x 1 mesh, whether its kernel's output was kept in place
+    or it came through NumPy: a batch placed beside them runs."""
+    if kernels:
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf", gguf.GGMLQuantizationType.Q8_0)
+    module, params, _ = pretrained.load(path, progress=False)
+    meshes = {x.sharding.mesh for x in jax.tree.leaves(params)}
+    assert len(meshes) == 1 and next(iter(meshes)).devices.tolist() == [[jax.local_devices()[0]]]
+    tokens = pretrained.place_tokens(params, expected("llama-tiny")["tokens"])
+    assert tokens.sharding.device_set == {jax.local_devices()[0]}
+    logits = pretrained.layer_by_layer(module, params, tokens)
+    assert next(logits)[1].shape == (2, 4, 64, 64)
