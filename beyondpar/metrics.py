@@ -261,7 +261,7 @@ class _Rows(NamedTuple):
     scale: jax.Array
 
 
-def _sweep_block(c, *, horizon, walks, max_steps, eps, spectral, signal, tile) -> _Sweep:
+def _sweep_block(c, *, horizon, walks, max_steps, eps, spectral, signal, causal, tile) -> _Sweep:
     """Advance the sink signal and every walk's survival vector together over a block.
 
     Row s_t = s_{t-1} c from s_0 = e_tau (when horizon > 0); per walk (when max_steps > 0)
@@ -281,7 +281,7 @@ def _sweep_block(c, *, horizon, walks, max_steps, eps, spectral, signal, tile) -
         on_c.append((off_sink, _normalized_scale(c) * off_sink))
     groups = [_Rows(c, *(jnp.stack(x, axis=1) for x in zip(*on_c, strict=True)))] if on_c else []
     columns = {}
-    if "reference" in walks and (max_steps or (spectral and tile is None)):
+    if "reference" in walks and (max_steps or (spectral and not causal)):
         columns["reference"] = _walk_columns(c, "reference")
     if max_steps and "reference" in walks:
         roles["reference"] = (len(groups), 0)
@@ -293,7 +293,7 @@ def _sweep_block(c, *, horizon, walks, max_steps, eps, spectral, signal, tile) -
     )
     rho = None
     if spectral and walks:
-        rho = jnp.stack([_spectral_radius_of(c, w, columns, tile) for w in walks], axis=-1)
+        rho = jnp.stack([_spectral_radius_of(c, w, columns, causal) for w in walks], axis=-1)
     return _Sweep(fidelity, hit, tv, rho, signal_path)
 
 
@@ -372,10 +372,10 @@ def _walk_times(survival_BxKxT, max_steps: int, eps: float):
     return hit, jnp.where(jnp.any(mixed, axis=-1), first, max_steps + 1)
 
 
-def _spectral_radius_of(c, walk, columns, tile):
-    """Spectral radius of the walk without the sink; for causal operators (a `tile`) the
-    largest diagonal entry of the triangular walk, without building the walk."""
-    if tile is None:
+def _spectral_radius_of(c, walk, columns, causal: bool):
+    """Spectral radius of the walk without the sink; for causal operators the largest
+    diagonal entry of the triangular walk, without building (or checking) the walk."""
+    if not causal:
         return _spectral_radius_cols(columns[walk] if walk in columns else _walk_columns(c, walk))
     diag = jnp.diagonal(c, axis1=-2, axis2=-1)[:, :-1]
     if walk == "normalized":
@@ -458,7 +458,11 @@ def _sweep(
     on the triangular path when `c` is causal, with the batch split over threads when JAX
     has one CPU device."""
     settings = dict(horizon=horizon, walks=walks, max_steps=max_steps, eps=eps)
-    settings.update(spectral=spectral, signal=signal, tile=triangular_tile(c))
+    # Known-causal operators have triangular walks: their spectral radius is a diagonal.
+    long = c.shape[-1] >= TRIANGULAR_MIN_TOKENS
+    causal = (spectral or long) and is_causal(c)
+    tile = _tile(c.shape[-1]) if causal and long else None
+    settings.update(spectral=spectral, signal=signal, causal=causal, tile=tile)
     outs = _in_threads(functools.partial(_sweep_jit, **settings), c)
     if len(outs) == 1:
         return outs[0]
@@ -483,6 +487,10 @@ def triangular_tile(c) -> int | None:
     t = c.shape[-1]
     if t < TRIANGULAR_MIN_TOKENS or not is_causal(c):
         return None
+    return _tile(t)
+
+
+def _tile(t: int) -> int:
     return -(-t // TRIANGULAR_TILES)
 
 
@@ -516,7 +524,16 @@ def _thread_parts(c) -> int:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("horizon", "walks", "max_steps", "eps", "spectral", "signal", "tile"),
+    static_argnames=(
+        "horizon",
+        "walks",
+        "max_steps",
+        "eps",
+        "spectral",
+        "signal",
+        "causal",
+        "tile",
+    ),
 )
 def _sweep_jit(c, **settings) -> _Sweep:
     """`_sweep_block` over `c` in cache blocks spread over the local devices. The
