@@ -286,6 +286,42 @@ def test_triangular_path_equals_the_dense_path(t, monkeypatch, short_triangular)
             )
 
 
+def chain(t: int, keep: float) -> np.ndarray:
+    """Causal: every token keeps `keep` of itself and reads the token before it for the
+    rest; token 0 reads only itself. The sink's signal drifts down the chain, so the
+    lowest peak (token 1's) comes late."""
+    c = np.eye(t) * keep + np.eye(t, k=-1) * (1 - keep)
+    c[0, 0] = 1.0
+    return c
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
+    """Causal operators stop the recursion once the minimum is settled; the value must be
+    that of all `horizon` steps, bit for bit: sparse and dense mixes of causal heads (they
+    settle within a few steps), rows that sum to a little over 1 (within the checked
+    tolerance), a token that keeps filling from itself, and a chain whose minimum peaks
+    late (cut by the horizon or not)."""
+    heads = causal(7, (6, 4), 30).astype(dtype)
+    rng = np.random.default_rng(0)
+    mixes = [rng.dirichlet(np.full(4, a), 6) for a in (0.2, 1.0, 5.0)]
+    cases = [np.einsum("nh,nhij->nij", w, heads).astype(dtype) for w in mixes]
+    cases.append((cases[0] * (1 + 9e-5)).astype(dtype))
+    # Tokens 1 and 2 hold almost all they get: the minimum (token 2's) still grows after
+    # nothing is left above it, from what token 2 itself holds.
+    filling = [[1, 0, 0, 0], [0.02, 0.98, 0, 0], [0.01, 0.01, 0.98, 0], [0.19, 0.1, 0.1, 0.61]]
+    cases.append(np.asarray(filling, dtype))
+    cases += [np.stack([chain(12, 0.3), chain(12, 0.8)]).astype(dtype)] * 2
+    for c, k in zip(cases, (100, 100, 7, 100, 100, 5, 60), strict=True):
+        every_step = np.min(np.asarray(metrics.node_fidelity(c, k)), axis=-1)
+        np.testing.assert_array_equal(metrics.minimax_fidelity(c, k), every_step)
+        got = metrics.objective_unchecked(c, "fidelity", k, 1, "reference")
+        np.testing.assert_array_equal(got, every_step)
+    full = np.asarray(metrics.node_fidelity(cases[-1], 60))
+    assert np.argmin(full[0]) == 1
+    assert np.argmax(np.asarray(metrics.sink_signal(cases[-1], 60))[0, :, 1]) > 5
+
+
 def test_triangular_path_only_for_causal_operators(short_triangular):
     c = causal(1, (2,), 12)
     assert metrics.is_causal(c) and not metrics.is_causal(bidirectional(0, 12))
