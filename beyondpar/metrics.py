@@ -202,7 +202,7 @@ def _map_batch(block_fn, c_NxTxT, *extras, block_bytes=None, budget=CPU_BLOCK_BY
     block = _block_size(block_bytes or t * t * c_NxTxT.dtype.itemsize, budget)
     block = block or -(-n // devices)
     per_device = -(-n // devices)
-    block = min(block, per_device)
+    block = _dividing_block(min(block, per_device), per_device)
     padded = devices * block * -(-per_device // block)
     if padded > n:
         pad = jnp.broadcast_to(jnp.eye(t, dtype=c_NxTxT.dtype), (padded - n, t, t))
@@ -228,6 +228,14 @@ def _map_batch(block_fn, c_NxTxT, *extras, block_bytes=None, budget=CPU_BLOCK_BY
         )
     out = run_local(c_NxTxT, *extras)
     return jax.tree.map(lambda x: x[:n], out)
+
+
+def _dividing_block(block: int, per_device: int) -> int:
+    """The largest block of at most `block` (and over half of it) that divides each
+    device's share: padding the batch copies all of it and moves it between devices,
+    which costs more than a slightly smaller block."""
+    fits = [d for d in range(block, block // 2, -1) if per_device % d == 0]
+    return fits[0] if fits else block
 
 
 def map_blocks(block_fn, c, *extras, block_bytes: int | None = None, budget: int = CPU_BLOCK_BYTES):

@@ -322,6 +322,30 @@ def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
     assert np.argmax(np.asarray(metrics.sink_signal(cases[-1], 60))[0, :, 1]) > 5
 
 
+def test_blocks_divide_each_devices_share_when_they_can():
+    """Padding a batch copies it whole: a block that divides the share is taken instead,
+    if one of over half the size exists."""
+    assert metrics._dividing_block(10, 1536) == 8
+    assert metrics._dividing_block(10, 1540) == 10
+    assert metrics._dividing_block(10, 23) == 10  # none in 6..10: pad
+    assert metrics._dividing_block(7, 7) == 7
+    assert metrics._dividing_block(1, 5) == 1
+
+
+def test_dividing_blocks_give_the_padded_blocks_numbers(monkeypatch):
+    c = causal(3, (24,), 12).astype(np.float32)  # blocks of 8 (or 6 per device), not 10
+
+    def every_number():
+        by_walk, signal = metrics.metrics_by_walk(c, 20, 25, 0.25, WALKS, signal=True)
+        return [*jax.tree.leaves(by_walk), signal, metrics.minimax_fidelity(c, 20)]
+
+    divided = every_number()
+    monkeypatch.setattr(metrics, "_dividing_block", lambda block, per_device: block)
+    jax.clear_caches()
+    for fast, padded in zip(divided, every_number(), strict=True):
+        np.testing.assert_array_equal(fast, padded)
+
+
 def test_triangular_path_only_for_causal_operators(short_triangular):
     c = causal(1, (2,), 12)
     assert metrics.is_causal(c) and not metrics.is_causal(bidirectional(0, 12))
