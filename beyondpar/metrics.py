@@ -33,8 +33,17 @@ ROW_SUM_TOLERANCE = 1e-4
 POWER_ITERATIONS = 1000
 # Matrices per cache block on CPU: 10 float32 100x100 operators (400 KB) fit in L2; larger
 # matrices get fewer per block (one 1024 x 1024 operator, 4 MB, still sits in L3).
+_HIGHEST = lax.Precision.HIGHEST
 CPU_BLOCK = 10
 CPU_BLOCK_BYTES = 512 * 1024
+# Causal operators at least this long take the triangular path, cut into this many column
+# tiles; a block keeps the recursions' paths of a few operators (L2 and a share of L3).
+# Shorter ones are faster dense on CPU: their tiles are too small for efficient products.
+TRIANGULAR_MIN_TOKENS = 384
+TRIANGULAR_TILES = 4
+TRIANGULAR_BLOCK_BYTES = 5 * 512 * 1024
+# The early stop of the minimax fidelity keeps this relative margin over float32 rounding.
+_SETTLE_MARGIN = 1e-3
 
 
 class OperatorMetrics(NamedTuple):
@@ -113,10 +122,8 @@ def _walk_columns(c, walk: str):
     if walk == "reference":
         # The paper's sampler walks the unnormalised column: clipped cumulative mass,
         # with the shortfall sent to the sink.
-        cum = jnp.minimum(1.0, _prefix_sum_rows(c))
-        w = jnp.diff(cum, axis=-2, prepend=jnp.zeros_like(cum[..., :1, :]))
-        shortfall = 1.0 - cum[..., -1:, :]
-        w = w + sink[:, None] * shortfall
+        w, clipped_mass = _clipped_steps(c)
+        w = w.at[..., tau, :].add(1.0 - clipped_mass)
     else:
         mass = jnp.sum(c, axis=-2, keepdims=True)
         # A token nobody reads has no way on: it jumps straight to the sink.
@@ -125,21 +132,45 @@ def _walk_columns(c, walk: str):
     return w.at[..., :, tau].set(sink)
 
 
-def _prefix_sum_rows(c):
-    """Cumulative sum down each column (axis -2).
+def _clipped_steps(c):
+    """(min(1, cum_j) - min(1, cum_{j-1}) down each column, min(1, column mass)), with
+    cum_j the cumulative sum of rows 0..j.
 
-    XLA's cumsum does O(T) work per element on CPU. There a running sum over the rows of
-    a cache block is cheapest; accelerators get one GEMM with a triangle of ones.
+    XLA's cumsum does O(T) work per element on CPU, and a loop over T rows is all loop
+    overhead for T x T matrices. There the rows are cut into about sqrt(T) blocks: block
+    offsets from the block sums, then one loop over the rows of every block at once.
+    Accelerators get one GEMM with a triangle of ones.
     """
     t = c.shape[-2]
-    rows_first = jnp.moveaxis(c, -2, 0)
-    if jax.default_backend() == "cpu":
-        running = lambda acc, row: (acc + row, acc + row)
-        _, summed = lax.scan(running, jnp.zeros_like(rows_first[0]), rows_first)
-        return jnp.moveaxis(summed, 0, -2)
-    ones = jnp.tril(jnp.ones((t, t), c.dtype))
-    summed = jnp.dot(ones, rows_first.reshape(t, -1), precision=lax.Precision.HIGHEST)
-    return jnp.moveaxis(summed.reshape(rows_first.shape), 0, -2)
+    if jax.default_backend() != "cpu":
+        ones = jnp.tril(jnp.ones((t, t), c.dtype))
+        cum = jnp.minimum(1.0, jnp.einsum("jr,...ri->...ji", ones, c, precision=_HIGHEST))
+        return jnp.diff(cum, axis=-2, prepend=jnp.zeros_like(cum[..., :1, :])), cum[..., -1, :]
+    size = _rows_per_block(t)
+    count = -(-t // size)
+    x = c
+    if count * size > t:
+        x = jnp.pad(c, [(0, 0)] * (c.ndim - 2) + [(0, count * size - t), (0, 0)])
+    x = x.reshape(*c.shape[:-2], count, size, c.shape[-1])
+    totals = jnp.sum(x, axis=-2)
+    offsets = jnp.cumsum(totals, axis=-2) - totals  # mass of every block before
+
+    def add_row(i, state):
+        before, out = state
+        after = before + lax.dynamic_index_in_dim(x, i, axis=-2, keepdims=False)
+        step = jnp.minimum(1.0, after) - jnp.minimum(1.0, before)
+        return after, lax.dynamic_update_index_in_dim(out, step, i, axis=-2)
+
+    last, steps = lax.fori_loop(0, size, add_row, (offsets, jnp.zeros_like(x)))
+    steps = steps.reshape(*c.shape[:-2], count * size, c.shape[-1])[..., :t, :]
+    return steps, jnp.minimum(1.0, last[..., -1, :])
+
+
+def _rows_per_block(t: int) -> int:
+    """About sqrt(t) rows, a divisor of t when one is near (no padding copy)."""
+    root = math.isqrt(t - 1) + 1
+    near = [d for d in range(max(1, root // 2), 2 * root + 1) if t % d == 0]
+    return min(near, key=lambda d: abs(d - root)) if near else root
 
 
 def transition_matrix(c, walk: str = "reference") -> jax.Array:
@@ -152,23 +183,26 @@ def transition_matrix(c, walk: str = "reference") -> jax.Array:
 # ---------------------------------------------------------------- batching
 
 
-def _block_size(matrix_bytes: int) -> int | None:
+def _block_size(matrix_bytes: int, budget: int = CPU_BLOCK_BYTES) -> int | None:
     # Accelerators want the whole batch in one wide step; CPUs want it in cache.
     if jax.default_backend() != "cpu":
         return None
-    return max(1, min(CPU_BLOCK, CPU_BLOCK_BYTES // matrix_bytes))
+    return max(1, min(CPU_BLOCK, budget // matrix_bytes))
 
 
-def _map_batch(block_fn, c_NxTxT, *extras):
+def _map_batch(block_fn, c_NxTxT, *extras, block_bytes=None, budget=CPU_BLOCK_BYTES):
     """Apply `block_fn` (b x T x T [, b x ...] -> pytree of b x ...) over N operators in cache
     blocks and across local devices; `extras` are arrays with the same leading N that travel
-    with their operator. Padding uses identity operators (zero extras) and is dropped."""
+    with their operator. Padding uses identity operators (zero extras) and is dropped.
+    `block_bytes`: what one operator keeps in cache (default: its matrix), `budget`: what
+    a block may keep."""
     n, t = c_NxTxT.shape[0], c_NxTxT.shape[-1]
     mesh = parallel.local_mesh(n)
     devices = 1 if mesh is None else mesh.size
-    block = _block_size(t * t * c_NxTxT.dtype.itemsize) or -(-n // devices)
+    block = _block_size(block_bytes or t * t * c_NxTxT.dtype.itemsize, budget)
+    block = block or -(-n // devices)
     per_device = -(-n // devices)
-    block = min(block, per_device)
+    block = _dividing_block(min(block, per_device), per_device)
     padded = devices * block * -(-per_device // block)
     if padded > n:
         pad = jnp.broadcast_to(jnp.eye(t, dtype=c_NxTxT.dtype), (padded - n, t, t))
@@ -196,16 +230,25 @@ def _map_batch(block_fn, c_NxTxT, *extras):
     return jax.tree.map(lambda x: x[:n], out)
 
 
-def map_blocks(block_fn, c, *extras):
+def _dividing_block(block: int, per_device: int) -> int:
+    """The largest block of at most `block` (and over half of it) that divides each
+    device's share: padding the batch copies all of it and moves it between devices,
+    which costs more than a slightly smaller block."""
+    fits = [d for d in range(block, block // 2, -1) if per_device % d == 0]
+    return fits[0] if fits else block
+
+
+def map_blocks(block_fn, c, *extras, block_bytes: int | None = None, budget: int = CPU_BLOCK_BYTES):
     """Run `block_fn` over the operators `c` (...xTxT) in cache blocks spread over local
-    devices, as the kernels do; `extras` (... x anything) travel with their operator.
-    For code built on the kernels' batching (see `weighting`)."""
+    devices, as the kernels do; `extras` (... x anything) travel with their operator;
+    `block_bytes` is what one operator keeps in cache (default: its matrix) and `budget`
+    what a block may keep. For code built on the kernels' batching (see `weighting`)."""
     lead = c.shape[:-2]
     flat = c.reshape(-1, *c.shape[-2:])
     if flat.shape[0] == 0:
         raise ValueError(f"c must hold at least one matrix, got shape {c.shape}")
     extras = tuple(x.reshape(flat.shape[0], *x.shape[len(lead) :]) for x in extras)
-    out = _map_batch(block_fn, flat, *extras)
+    out = _map_batch(block_fn, flat, *extras, block_bytes=block_bytes, budget=budget)
     return jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), out)
 
 
@@ -213,94 +256,303 @@ def map_blocks(block_fn, c, *extras):
 
 
 class _Sweep(NamedTuple):
-    node_fidelity: jax.Array | None
-    hitting_time: jax.Array | None
-    tv_mixing_time: jax.Array | None
-    spectral_radius: jax.Array | None
+    node_fidelity: jax.Array | None  # ...xT
+    hitting_time: jax.Array | None  # ...xW, one per walk asked for
+    tv_mixing_time: jax.Array | None  # ...xW
+    spectral_radius: jax.Array | None  # ...xW
+    sink_signal: jax.Array | None  # ...x horizon x T
 
 
-def _sweep_block(
-    c, *, horizon: int, walk: str, max_steps: int, eps: float, spectral: bool
-) -> _Sweep:
-    """Advance the sink signal and the walk's survival vector together over a block.
+class _Rows(NamedTuple):
+    """Recursions v_t = (v_{t-1} mat) * scale that share one matrix (v0, scale: b x r x T)."""
 
-    Row 0 (when horizon > 0): s_t = s_{t-1} c, s_0 = e_tau. Row 1 (when max_steps > 0):
-    S_t = S_{t-1} W with the sink's entry held at 0, S_0 = 1 off the sink. Extra rows
-    against a matrix already in cache are almost free, so the two share one product
-    whenever they share the matrix (the normalised walk is c with columns rescaled).
+    mat: jax.Array
+    v0: jax.Array
+    scale: jax.Array
+
+
+def _sweep_block(c, *, horizon, walks, max_steps, eps, spectral, signal, causal, tile) -> _Sweep:
+    """Advance the sink signal and every walk's survival vector together over a block.
+
+    Row s_t = s_{t-1} c from s_0 = e_tau (when horizon > 0); per walk (when max_steps > 0)
+    S_t = S_{t-1} W with the sink's entry held at 0, from S_0 = 1 off the sink. Rows that
+    share a matrix share its product: the normalised walk is c with columns rescaled, so
+    it rides with the sink signal; the reference walk has its own matrix.
     """
     b, t = c.shape[0], c.shape[-1]
-    tau = t - 1
-    dtype = c.dtype
-    sink = jax.nn.one_hot(tau, t, dtype=dtype)
-    off_sink = 1 - sink
-    walking = max_steps > 0
-    walk_cols = None
-    if (walking and walk == "reference") or spectral:
-        walk_cols = _walk_columns(c, walk)
-    rows, scales, mats = [], [], []
+    sink = jax.nn.one_hot(t - 1, t, dtype=c.dtype)
+    off_sink = jnp.broadcast_to(1 - sink, (b, t))
+    on_c, roles = [], {}
     if horizon:
-        rows.append(sink)
-        scales.append(jnp.ones((b, t), dtype))
-        mats.append(c)
-    if walking and walk == "normalized":
-        mass = jnp.sum(c, axis=-2)
-        rows.append(off_sink)
-        scales.append(jnp.where(mass > 0, 1 / jnp.where(mass > 0, mass, 1), 0) * off_sink)
-        mats.append(c)
-    elif walking:
-        rows.append(off_sink)
-        scales.append(jnp.broadcast_to(off_sink, (b, t)))
-        mats.append(walk_cols)
-    best = hit = tv = None
-    if rows:
-        best, hit, tv = _iterate(
-            jnp.stack(rows), jnp.stack(scales, axis=1), mats, horizon, max_steps, eps
-        )
-    rho = _spectral_radius_cols(walk_cols) if spectral else None
-    return _Sweep(best, None if hit is None else hit / t, tv, rho)
+        roles["signal"] = (0, len(on_c))
+        on_c.append((jnp.broadcast_to(sink, (b, t)), jnp.ones((b, t), c.dtype)))
+    if max_steps and "normalized" in walks:
+        roles["normalized"] = (0, len(on_c))
+        on_c.append((off_sink, _normalized_scale(c) * off_sink))
+    groups = [_Rows(c, *(jnp.stack(x, axis=1) for x in zip(*on_c, strict=True)))] if on_c else []
+    columns = {}
+    if "reference" in walks and (max_steps or (spectral and not causal)):
+        columns["reference"] = _walk_columns(c, "reference")
+    if max_steps and "reference" in walks:
+        roles["reference"] = (len(groups), 0)
+        groups.append(_Rows(columns["reference"], off_sink[:, None], off_sink[:, None]))
+    settings = dict(horizon=horizon, walks=walks if max_steps else (), max_steps=max_steps)
+    sweep = _dense_sweep if tile is None else functools.partial(_triangular_sweep, tile=tile)
+    fidelity, hit, tv, signal_path = (
+        sweep(groups, roles, eps=eps, signal=signal, **settings) if groups else (None,) * 4
+    )
+    rho = None
+    if spectral and walks:
+        rho = jnp.stack([_spectral_radius_of(c, w, columns, causal) for w in walks], axis=-1)
+    return _Sweep(fidelity, hit, tv, rho, signal_path)
 
 
-def _iterate(rows, scale, mats, horizon, max_steps, eps):
-    b, t = scale.shape[0], scale.shape[-1]
-    shared = all(m is mats[0] for m in mats)
-    mat = mats[0] if shared else jnp.stack(mats, axis=1)
-    spec = "bri,bij->brj" if shared else "bri,brij->brj"
-    walk_row = rows.shape[0] - 1
-    dtype = scale.dtype
-    steps = max(horizon, max_steps)
+def _triangular_sweep(groups, roles, *, horizon, walks, max_steps, eps, signal, tile):
+    """(node fidelity, hitting times, TV times, sink signal) from every step's vector."""
+    paths = _triangular_paths(groups, max(horizon, max_steps), tile)
+    row = lambda role: paths[roles[role][0]][:, roles[role][1]]
+    signal_path = row("signal")[:, 1 : horizon + 1] if horizon else None
+    hit = tv = None
+    if walks:
+        hit, tv = zip(*(_walk_times(row(w), max_steps, eps) for w in walks), strict=True)
+        hit, tv = jnp.stack(hit, axis=-1), jnp.stack(tv, axis=-1)
+    fidelity = None if signal_path is None else jnp.max(signal_path, axis=1)
+    return fidelity, hit, tv, signal_path if signal else None
+
+
+def _dense_sweep(groups, roles, *, horizon, walks, max_steps, eps, signal):
+    """(node fidelity, hitting times, TV times, sink signal), reduced step by step: for
+    small T the vectors of every step would cost more to keep than to reduce."""
+    b, t = groups[0].v0.shape[0], groups[0].v0.shape[-1]
+    dtype, hp = groups[0].v0.dtype, lax.Precision.HIGHEST
 
     def body(step, carry):
-        v, best, hit, tv = carry
-        v = jnp.einsum(spec, v, mat, precision=lax.Precision.HIGHEST) * scale
+        vs, best, hit, tv, path = carry
+        vs = tuple(
+            jnp.einsum("bri,bij->brj", v, g.mat, precision=hp) * g.scale
+            for v, g in zip(vs, groups, strict=True)
+        )
         if horizon:
-            best = jnp.where(step <= horizon, jnp.maximum(best, v[:, 0]), best)
-        if max_steps:
-            survival = v[:, walk_row]
-            hit = hit + jnp.where(step < max_steps, jnp.sum(survival, -1), 0)
-            mixed = (jnp.max(survival, -1) <= eps) & (tv > max_steps) & (step <= max_steps)
-            tv = jnp.where(mixed, step, tv)
-        return v, best, hit, tv
+            s = vs[roles["signal"][0]][:, roles["signal"][1]]
+            best = jnp.where(step <= horizon, jnp.maximum(best, s), best)
+            if signal:
+                at = jnp.minimum(step, horizon) - 1
+                keep = lax.dynamic_index_in_dim(path, at, axis=1, keepdims=False)
+                path = lax.dynamic_update_index_in_dim(
+                    path, jnp.where(step <= horizon, s, keep), at, axis=1
+                )
+        hit, tv = list(hit), list(tv)
+        for i, walk in enumerate(walks):
+            survival = vs[roles[walk][0]][:, roles[walk][1]]
+            hit[i] = hit[i] + jnp.where(step < max_steps, jnp.sum(survival, -1), 0)
+            mixed = (jnp.max(survival, -1) <= eps) & (tv[i] > max_steps) & (step <= max_steps)
+            tv[i] = jnp.where(mixed, step, tv[i])
+        return vs, best, tuple(hit), tuple(tv), path
 
     init = (
-        jnp.broadcast_to(rows, (b, *rows.shape)),
+        tuple(g.v0 for g in groups),
         jnp.zeros((b, t), dtype),
-        jnp.full((b,), t - 1, dtype),  # S_0 summed over the T - 1 non-sink starts
-        jnp.full((b,), max_steps + 1, jnp.int32),
+        (jnp.full((b,), t - 1, dtype),) * len(walks),  # S_0 summed: T - 1 non-sink starts
+        (jnp.full((b,), max_steps + 1, jnp.int32),) * len(walks),
+        jnp.zeros((b, horizon if signal else 0, t), dtype),
     )
-    _, best, hit, tv = lax.fori_loop(1, steps + 1, body, init)
-    if not max_steps:
-        hit = tv = None
-    return (best if horizon else None), hit, tv
+    _, best, hit, tv, path = lax.fori_loop(1, max(horizon, max_steps) + 1, body, init)
+    return (
+        best if horizon else None,
+        jnp.stack(hit, axis=-1) / t if walks else None,
+        jnp.stack(tv, axis=-1) if walks else None,
+        path if signal else None,
+    )
 
 
-def _sweep(c, **settings) -> _Sweep:
-    """`_sweep_jit`, with the batch split over threads when JAX has one CPU device."""
-    outs = _in_threads(functools.partial(_sweep_jit, **settings), c)
+def _normalized_scale(c):
+    """1 / column mass: row vectors times c, rescaled, step the normalised walk."""
+    mass = jnp.sum(c, axis=-2)
+    return jnp.where(mass > 0, 1 / jnp.where(mass > 0, mass, 1), 0)
+
+
+def _walk_times(survival_BxKxT, max_steps: int, eps: float):
+    """Hitting time (mean over starts of sum_{t < max_steps} S_t) and TV mixing time
+    (first t <= max_steps with max_i S_t[i] <= eps, else max_steps + 1) of survival paths."""
+    t = survival_BxKxT.shape[-1]
+    hit = jnp.sum(survival_BxKxT[:, :max_steps], axis=(1, 2)) / t
+    worst = jnp.max(survival_BxKxT[:, 1 : max_steps + 1], axis=-1)
+    mixed = worst <= eps
+    first = jnp.argmax(mixed, axis=-1).astype(jnp.int32) + 1
+    return hit, jnp.where(jnp.any(mixed, axis=-1), first, max_steps + 1)
+
+
+def _spectral_radius_of(c, walk, columns, causal: bool):
+    """Spectral radius of the walk without the sink; for causal operators the largest
+    diagonal entry of the triangular walk, without building (or checking) the walk."""
+    if not causal:
+        return _spectral_radius_cols(columns[walk] if walk in columns else _walk_columns(c, walk))
+    diag = jnp.diagonal(c, axis1=-2, axis2=-1)[:, :-1]
+    if walk == "normalized":
+        mass = jnp.sum(c, axis=-2)[:, :-1]
+        diag = jnp.where(mass > 0, diag / jnp.where(mass > 0, mass, 1), 0)
+    else:  # reference: the clipped cumulative mass of column i starts at min(1, c[i, i])
+        diag = jnp.minimum(diag, 1)
+    return jnp.max(diag, axis=-1)
+
+
+def _triangular_paths(groups, steps, tile):
+    """The recursions for lower-triangular matrices, by column tiles from the last.
+
+    v_t[j] needs v_{t-1}[i] only for i >= j. Once every column right of a tile is known
+    for all t, their part of the tile's products is one GEMM over all steps (steps x r
+    rows); only the tile's own triangle is stepped one t at a time. Zeros above the
+    diagonal are never multiplied, and most of the work runs at matrix-product speed.
+    """
+    t = groups[0].mat.shape[-1]
+    count = -(-t // tile)
+    groups = [_pad_rows(g, count * tile - t) for g in groups]
+    paths = [
+        jnp.zeros((*g.v0.shape[:2], steps + 1, count * tile), g.v0.dtype).at[:, :, 0].set(g.v0)
+        for g in groups
+    ]
+    hp = lax.Precision.HIGHEST
+    for j in reversed(range(count)):
+        cols, right = slice(j * tile, (j + 1) * tile), slice((j + 1) * tile, None)
+        feed = [None] * len(groups)
+        if j < count - 1:
+            feed = [
+                jnp.einsum(
+                    "brki,bij->brkj", p[:, :, :steps, right], g.mat[:, right, cols], precision=hp
+                )
+                for g, p in zip(groups, paths, strict=True)
+            ]
+        diag = [(g.mat[:, cols, cols], g.scale[:, :, cols]) for g in groups]
+
+        def body(k, state, feed=feed, diag=diag):
+            vs, tiles = state
+            new = []
+            for v, x, (m, s) in zip(vs, feed, diag, strict=True):
+                y = jnp.einsum("bri,bij->brj", v, m, precision=hp)
+                if x is not None:
+                    y = y + lax.dynamic_index_in_dim(x, k, axis=2, keepdims=False)
+                new.append(y * s)
+            tiles = tuple(
+                lax.dynamic_update_index_in_dim(o, v, k + 1, axis=2)
+                for o, v in zip(tiles, new, strict=True)
+            )
+            return tuple(new), tiles
+
+        start = (tuple(g.v0[:, :, cols] for g in groups), tuple(p[..., cols] for p in paths))
+        _, tiles = lax.fori_loop(0, steps, body, start)
+        paths = [p.at[..., cols].set(o) for p, o in zip(paths, tiles, strict=True)]
+    return [p[..., :t] for p in paths]
+
+
+def _pad_rows(g: _Rows, pad: int) -> _Rows:
+    """Zero tokens after the last: they read nothing and nobody reads them."""
+    if not pad:
+        return g
+    vec = ((0, 0), (0, 0), (0, pad))
+    return _Rows(
+        jnp.pad(g.mat, ((0, 0), (0, pad), (0, pad))), jnp.pad(g.v0, vec), jnp.pad(g.scale, vec)
+    )
+
+
+def _sweep(
+    c,
+    *,
+    horizon: int,
+    walks: tuple[str, ...] = (),
+    max_steps: int = 0,
+    eps: float = 0.25,
+    spectral: bool = False,
+    signal: bool = False,
+) -> _Sweep:
+    """One pass over `c` for what is asked (horizon 0 skips fidelity, max_steps 0 the walks),
+    on the triangular path when `c` is causal, with the batch split over threads when JAX
+    has one CPU device."""
+    settings = dict(horizon=horizon, walks=walks, max_steps=max_steps, eps=eps)
+    # Known-causal operators have triangular walks: their spectral radius is a diagonal.
+    long = c.shape[-1] >= TRIANGULAR_MIN_TOKENS
+    causal = (spectral or long) and is_causal(c)
+    tile = _tile(c.shape[-1]) if causal and long else None
+    settings.update(spectral=spectral, signal=signal, causal=causal, tile=tile)
+    return _threaded(functools.partial(_sweep_jit, **settings), c)
+
+
+def _threaded(fn, c):
+    """fn(c) for a jitted kernel over operators `c`, run by `_in_threads` and joined."""
+    outs = _in_threads(fn, c)
     if len(outs) == 1:
         return outs[0]
     joined = jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
     return jax.tree.map(lambda x: x.reshape(*c.shape[:-2], *x.shape[1:]), joined)
+
+
+def _minimax(c, horizon: int) -> jax.Array:
+    """Minimax fidelity of row-stochastic operators `c` (...xTxT); causal ones stop their
+    recursion as soon as the minimum is settled (`_settled_minimax`)."""
+    if not is_causal(c):
+        return jnp.min(_sweep(c, horizon=horizon).node_fidelity, -1)
+    return _threaded(functools.partial(_settled_minimax_jit, horizon=horizon), c)
+
+
+@functools.partial(jax.jit, static_argnames="horizon")
+def _settled_minimax_jit(c, *, horizon: int) -> jax.Array:
+    return map_blocks(functools.partial(_settled_minimax, horizon=horizon), c)
+
+
+def _settled_minimax(c, *, horizon: int) -> jax.Array:
+    """min_j max_{1<=t<=horizon} s_t[j] of causal operators (b x T x T), early.
+
+    A causal row sends a token's share only to itself and earlier tokens, so the share at
+    or after token j never grows (beyond rows summing to a little over 1, `growth` per
+    step) and bounds every later s_t[j]. Once the token with the lowest running maximum
+    has less than that left at or after it, no later step can change the minimum: the
+    loop stops with the value all `horizon` steps give, from the same products.
+    """
+    b, t = c.shape[0], c.shape[-1]
+    tokens = jnp.arange(t)
+    growth = jnp.maximum(jnp.max(jnp.sum(c, axis=-1), axis=-1), 1)
+
+    def settled(step, s, best):
+        j = jnp.argmin(best, axis=-1)
+        tail = jnp.sum(jnp.where(tokens >= j[:, None], s, 0), axis=-1)
+        bound = tail * growth ** (horizon - step) * (1 + _SETTLE_MARGIN)
+        return jnp.all(bound < jnp.min(best, axis=-1))
+
+    def cond(carry):
+        step, s, best = carry
+        return (step < horizon) & ~settled(step, s, best)
+
+    def body(carry):
+        step, s, best = carry
+        s = jnp.einsum("bri,bij->brj", s[:, None], c, precision=_HIGHEST)[:, 0]
+        return step + 1, s, jnp.maximum(best, s)
+
+    sink = jnp.broadcast_to(jax.nn.one_hot(t - 1, t, dtype=c.dtype), (b, t))
+    _, _, best = lax.while_loop(cond, body, (0, sink, jnp.zeros_like(sink)))
+    return jnp.min(best, axis=-1)
+
+
+@jax.jit
+def _lower_triangular(c):
+    return jnp.all(jnp.triu(c, 1) == 0)
+
+
+def is_causal(c) -> bool:
+    """Whether every matrix of `c` (...xTxT, concrete) is lower triangular: a token reads
+    only itself and earlier tokens. One pass over the entries; False for traced arrays."""
+    return checks.is_concrete(c) and c.size > 0 and bool(_lower_triangular(c))
+
+
+def triangular_tile(c) -> int | None:
+    """Column tile of the triangular path for causal operators `c` long enough to gain
+    from it, else None (the dense path). Inside a user's jit the dense path runs."""
+    t = c.shape[-1]
+    if t < TRIANGULAR_MIN_TOKENS or not is_causal(c):
+        return None
+    return _tile(t)
+
+
+def _tile(t: int) -> int:
+    return -(-t // TRIANGULAR_TILES)
 
 
 def _in_threads(fn, c) -> list:
@@ -331,15 +583,29 @@ def _thread_parts(c) -> int:
     return max(1, min(os.cpu_count() or 1, n // (2 * block)))
 
 
-@functools.partial(jax.jit, static_argnames=("horizon", "walk", "max_steps", "eps", "spectral"))
-def _sweep_jit(
-    c, *, horizon: int, walk: str, max_steps: int, eps: float = 0.25, spectral: bool = False
-) -> _Sweep:
-    """One pass over `c` for what is asked: horizon 0 skips fidelity, max_steps 0 the walk."""
-    fn = functools.partial(
-        _sweep_block, horizon=horizon, walk=walk, max_steps=max_steps, eps=eps, spectral=spectral
-    )
-    return map_blocks(fn, c)
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "horizon",
+        "walks",
+        "max_steps",
+        "eps",
+        "spectral",
+        "signal",
+        "causal",
+        "tile",
+    ),
+)
+def _sweep_jit(c, **settings) -> _Sweep:
+    """`_sweep_block` over `c` in cache blocks spread over the local devices. The
+    triangular path keeps every step of its recursions (3 at most) in cache, not the
+    matrix."""
+    fn = functools.partial(_sweep_block, **settings)
+    if not settings["tile"]:
+        return map_blocks(fn, c)
+    steps = max(settings["horizon"], settings["max_steps"])
+    paths = 3 * (steps + 1) * c.shape[-1] * c.dtype.itemsize
+    return map_blocks(fn, c, block_bytes=paths, budget=TRIANGULAR_BLOCK_BYTES)
 
 
 # ---------------------------------------------------------------- spectral
@@ -370,7 +636,7 @@ def _spectral_radius_cols(walk_cols):
 
 
 def _spectral_radius(c, *, walk: str):
-    return _sweep(c, horizon=0, walk=walk, max_steps=0, spectral=True).spectral_radius
+    return _sweep(c, horizon=0, walks=(walk,), spectral=True).spectral_radius[..., 0]
 
 
 def _mixing_from_radius(rho, eps: float, max_steps: int):
@@ -383,11 +649,12 @@ def _mixing_from_radius(rho, eps: float, max_steps: int):
 # ---------------------------------------------------------------- public API
 
 
-def sink_signal(c, steps: int) -> jax.Array:
-    """s_t = e_tau^T c^t for t = 1..steps, shape ...x steps x T: token j's share at the sink."""
-    c = check_operator(c)
+def sink_signal(c, steps: int, validate: bool = True) -> jax.Array:
+    """s_t = e_tau^T c^t for t = 1..steps, shape ...x steps x T: token j's share at the sink.
+    `validate` False: as in `operator_metrics`."""
+    c = check_operator(c) if validate else _spread(jnp.asarray(c))
     steps = checks.positive_int("steps", steps)
-    return _sink_signal(c, steps)
+    return _sweep(c, horizon=steps, signal=True).sink_signal
 
 
 def row_powers(v0, mat, steps: int, keep=1):
@@ -399,12 +666,6 @@ def row_powers(v0, mat, steps: int, keep=1):
 
     _, out = lax.scan(step, v0, None, length=steps)
     return jnp.moveaxis(out, 0, -2)
-
-
-@functools.partial(jax.jit, static_argnames=("steps",))
-def _sink_signal(c, steps: int):
-    sink = jax.nn.one_hot(c.shape[-1] - 1, c.shape[-1], dtype=c.dtype)
-    return row_powers(jnp.broadcast_to(sink, c.shape[:-1]), c, steps)
 
 
 def survival(c, steps: int, walk: str = "reference") -> jax.Array:
@@ -429,12 +690,13 @@ def node_fidelity(c, horizon: int = 100) -> jax.Array:
     """phi_j = max_{1<=t<=horizon} s_t[j], shape ...xT."""
     c = check_operator(c)
     horizon = checks.positive_int("horizon", horizon)
-    return _sweep(c, horizon=horizon, walk="reference", max_steps=0).node_fidelity
+    return _sweep(c, horizon=horizon).node_fidelity
 
 
 def minimax_fidelity(c, horizon: int = 100) -> jax.Array:
     """min_j phi_j over all T tokens (the sink included), shape `...`."""
-    return jnp.min(node_fidelity(c, horizon), axis=-1)
+    c = check_operator(c)
+    return _minimax(c, checks.positive_int("horizon", horizon))
 
 
 def objective_unchecked(c, objective: str, horizon: int, max_steps: int, walk: str):
@@ -443,8 +705,8 @@ def objective_unchecked(c, objective: str, horizon: int, max_steps: int, walk: s
     pass over every entry: a search scores thousands of mixes of the same checked heads."""
     c = _spread(c)
     if objective == "fidelity":
-        return jnp.min(_sweep(c, horizon=horizon, walk="reference", max_steps=0).node_fidelity, -1)
-    return _sweep(c, horizon=0, walk=walk, max_steps=max_steps).hitting_time
+        return _minimax(c, horizon)
+    return _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps).hitting_time[..., 0]
 
 
 def hitting_time(
@@ -453,14 +715,15 @@ def hitting_time(
     """Mean over all T starts of E[min(steps to the sink, max_steps)] (the paper's mixing
     time). `validate` False: as in `operator_metrics`."""
     c, max_steps, walk = _walk_args(c, max_steps, walk, validate)
-    return _sweep(c, horizon=0, walk=walk, max_steps=max_steps).hitting_time
+    return _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps).hitting_time[..., 0]
 
 
 def tv_mixing_time(c, eps: float = 0.25, max_steps: int = 100, walk: str = "reference"):
     """min{t : max_i S_t[i] <= eps}; max_steps + 1 when not reached. int32."""
     c, max_steps, walk = _walk_args(c, max_steps, walk)
     eps = checks.open_unit_interval("eps", eps)
-    return _sweep(c, horizon=0, walk=walk, max_steps=max_steps, eps=eps).tv_mixing_time
+    sweep = _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps, eps=eps)
+    return sweep.tv_mixing_time[..., 0]
 
 
 def spectral_radius(c, walk: str = "reference") -> jax.Array:
@@ -493,19 +756,43 @@ def operator_metrics(
     """All metrics of operators `...xTxT` in one pass over each cache block. `validate`
     False skips the pass over every entry, for operators already checked (an analysis
     checks a layer's attention once, then measures it and its mixes several ways)."""
-    c, max_steps, walk = _walk_args(c, max_steps, walk, validate)
+    return metrics_by_walk(c, horizon, max_steps, eps, (walk,), validate)[0][walk]
+
+
+def metrics_by_walk(
+    c,
+    horizon: int = 100,
+    max_steps: int = 100,
+    eps: float = 0.25,
+    walks: tuple[str, ...] = WALKS,
+    validate: bool = True,
+    signal: bool = False,
+) -> tuple[dict[str, OperatorMetrics], jax.Array | None]:
+    """({walk: OperatorMetrics}, sink signal or None): `operator_metrics` of every walk in
+    `walks` from one pass (fidelity is the same for all), and with `signal` the sink
+    signal s_t for t = 1..horizon (...x horizon x T) that the fidelity maximises."""
+    walks = tuple(_check_walk(w) for w in walks)
+    if not walks or len(set(walks)) != len(walks):
+        raise ValueError(f"walks must name each walk of {WALKS} at most once, got {walks}")
+    c, max_steps, _ = _walk_args(c, max_steps, walks[0], validate)
     horizon = checks.positive_int("horizon", horizon)
     eps = checks.open_unit_interval("eps", eps)
-    sweep = _sweep(c, horizon=horizon, walk=walk, max_steps=max_steps, eps=eps, spectral=True)
-    rho = sweep.spectral_radius
-    return OperatorMetrics(
-        node_fidelity=sweep.node_fidelity,
-        minimax_fidelity=jnp.min(sweep.node_fidelity, axis=-1),
-        hitting_time=sweep.hitting_time,
-        tv_mixing_time=sweep.tv_mixing_time,
-        spectral_radius=rho,
-        spectral_mixing_time=_mixing_from_radius(rho, eps, max_steps),
+    sweep = _sweep(
+        c, horizon=horizon, walks=walks, max_steps=max_steps, eps=eps, spectral=True, signal=signal
     )
+    minimax = jnp.min(sweep.node_fidelity, axis=-1)
+    by_walk = {}
+    for i, walk in enumerate(walks):
+        rho = sweep.spectral_radius[..., i]
+        by_walk[walk] = OperatorMetrics(
+            node_fidelity=sweep.node_fidelity,
+            minimax_fidelity=minimax,
+            hitting_time=sweep.hitting_time[..., i],
+            tv_mixing_time=sweep.tv_mixing_time[..., i],
+            spectral_radius=rho,
+            spectral_mixing_time=_mixing_from_radius(rho, eps, max_steps),
+        )
+    return by_walk, sweep.sink_signal
 
 
 def _walk_args(c, max_steps, walk, validate: bool = True):

@@ -15,11 +15,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from beyondpar import graphs, metrics
 from beyondpar.base import checks
 from beyondpar.weighting import OBJECTIVES, optimal_weights  # noqa: F401 - public API
+
+DIVERSITY_ROW_BLOCKS = 4  # causal attention: rows in blocks, each without the keys after it
 
 
 def amplification(per_head_fidelity_xH, combined_fidelity):
@@ -68,21 +69,24 @@ def head_diversity(attn_xHxTxT, validate: bool = True) -> jax.Array:
     heads' attention rows: 0 for identical heads, 1 for disjoint supports (0 for H = 1).
     `validate` False skips the check of attention already checked."""
     attn = check_heads(attn_xHxTxT, validate)
-    return _diversity(attn)
+    # Causal rows read only earlier keys: each block of rows skips the keys after it.
+    blocks = DIVERSITY_ROW_BLOCKS if attn.shape[-1] >= 8 and metrics.is_causal(attn) else 1
+    return _diversity(attn, blocks)
 
 
-@jax.jit
-def _diversity(attn):
-    h = attn.shape[-3]
+@functools.partial(jax.jit, static_argnums=1)
+def _diversity(attn, row_blocks: int):
+    h, t = attn.shape[-3], attn.shape[-1]
     if h == 1:
         return jnp.zeros(attn.shape[:-3], attn.dtype)
-    rows, cols = jnp.triu_indices(h, 1)
-
-    def pair(ij):  # one pair at a time: all pairs at once would be H^2 / 2 copies of attn
-        a, b = jnp.take(attn, ij[0], axis=-3), jnp.take(attn, ij[1], axis=-3)
-        return jnp.mean(0.5 * jnp.sum(jnp.abs(a - b), axis=-1), axis=-1)
-
-    return jnp.mean(lax.map(pair, (rows, cols)), axis=0)
+    rows = jnp.swapaxes(attn, -3, -2)  # ... x T x H x T: a query's rows of every head together
+    total = 0.0
+    for q in range(row_blocks):
+        lo, hi = q * t // row_blocks, (q + 1) * t // row_blocks
+        block = rows[..., lo:hi, :, :hi]
+        l1 = jnp.sum(jnp.abs(block[..., :, None, :] - block[..., None, :, :]), axis=-1)
+        total = total + jnp.sum(jnp.triu(jnp.sum(l1, axis=-3), 1), axis=(-2, -1))
+    return 0.5 * total / (t * h * (h - 1) / 2)
 
 
 def cross_head_share(
@@ -93,33 +97,33 @@ def cross_head_share(
 
     With C = sum_h w_h A_h, s_t = e_tau^T C^t and the single-head part
     p_t = sum_h w_h^t e_tau^T A_h^t: share[j] = 1 - p_{t_j}[j] / s_{t_j}[j] at
-    t_j = the first step attaining max_t s_t[j] (0 where s is 0). One pass of H + 1
-    vector recursions, never a T x T power. `validate` False: as in `head_diversity`.
+    t_j = the first step attaining max_t s_t[j] (0 where s is 0). The sink signals of the
+    mix and of every head come from one kernel call, never a T x T power. `validate`
+    False: as in `head_diversity`.
     """
     attn = check_heads(attn_xHxTxT, validate)
     w = graphs.normalize_weights(weights_xH, attn.shape[-3]).astype(attn.dtype)
     horizon = checks.positive_int("horizon", horizon)
-    return _cross_head_share(attn, w, horizon)
-
-
-@functools.partial(jax.jit, static_argnames="horizon")
-def _cross_head_share(attn, w, horizon: int):
-    t = attn.shape[-1]
     mixed = jnp.einsum("...h,...hij->...ij", w, attn)
-    sink = jax.nn.one_hot(t - 1, t, dtype=attn.dtype)
-    s0 = jnp.broadcast_to(sink, mixed.shape[:-1])
-    p0 = jnp.broadcast_to(sink, attn.shape[:-1])  # one row per head
-    hp = lax.Precision.HIGHEST
+    ops = jnp.concatenate([mixed[..., None, :, :], attn], axis=-3)
+    signals = metrics.sink_signal(ops, horizon, validate=False)
+    return cross_head_share_of_signals(signals[..., 0, :, :], signals[..., 1:, :, :], w)
 
-    def step(_, carry):
-        s, p, best_s, best_p = carry
-        s = jnp.einsum("...i,...ij->...j", s, mixed, precision=hp)
-        p = jnp.einsum("...hi,...hij->...hj", p, attn, precision=hp) * w[..., None]
-        single = jnp.sum(p, axis=-2)
-        better = s > best_s
-        return s, p, jnp.where(better, s, best_s), jnp.where(better, single, best_p)
 
-    zeros = jnp.zeros_like(s0)
-    _, _, best_s, best_p = lax.fori_loop(0, horizon, step, (s0, p0, zeros, zeros))
+def cross_head_share_of_signals(mixed_xKxT, heads_xHxKxT, weights_xH) -> jax.Array:
+    """`cross_head_share` from sink signals already computed (`metrics.sink_signal` or
+    `metrics.metrics_by_walk(..., signal=True)`): the mix's (..., K, T), every head's
+    (..., H, K, T) and the normalised weights (..., H) of the mix."""
+    return _share_of_signals(jnp.asarray(mixed_xKxT), jnp.asarray(heads_xHxKxT), weights_xH)
+
+
+@jax.jit
+def _share_of_signals(mixed, heads, w):
+    peak = jnp.argmax(mixed, axis=-2)  # the first step attaining the maximum
+    best_s = jnp.take_along_axis(mixed, peak[..., None, :], axis=-2)[..., 0, :]
+    at_peak = jnp.take_along_axis(heads, peak[..., None, None, :], axis=-2)[..., 0, :]
+    steps = (peak + 1).astype(mixed.dtype)  # row k of the signal is step k + 1
+    powers = jnp.asarray(w, mixed.dtype)[..., :, None] ** steps[..., None, :]
+    best_p = jnp.sum(powers * at_peak, axis=-2)
     safe = jnp.where(best_s > 0, best_s, 1)
     return jnp.where(best_s > 0, 1 - best_p / safe, 0)

@@ -1,11 +1,14 @@
-"""Benchmarks that print ratios measured in one run.
+"""Benchmarks that print ratios measured in one run, a line per part as it finishes and
+one JSON line at the end.
 
-python launch/benchmark.py metrics [--repeats 5]
-python launch/benchmark.py train   [--repeats 5]
-python launch/benchmark.py synergy [--repeats 1]     # one 16-head checkpoint, every analysis
-python launch/benchmark.py pretrained [--repeats 1]  # GPT-2-small shape, 1,024 tokens
-python launch/benchmark.py corpus                    # SmolLM2-135M shape, 100 x 512 tokens
-python launch/benchmark.py load [--repeats 3]        # GGUF loading: Qwen2.5-0.5B shape, SmolLM2
+python launch/benchmark.py metrics      # kernels vs the paper, NumPy, matmul (5 repeats)
+python launch/benchmark.py train        # train step per head count vs PyTorch (5 repeats)
+python launch/benchmark.py synergy      # one 16-head checkpoint, every analysis (1 repeat)
+python launch/benchmark.py pretrained   # GPT-2-small shape, 1,024 tokens (1 repeat)
+python launch/benchmark.py corpus       # SmolLM2-135M shape, 100 x 512 tokens (one pass)
+python launch/benchmark.py load         # GGUF loading: Qwen2.5-0.5B shape, SmolLM2 (3 repeats)
+
+--repeats=N overrides a suite's timed repeats (the best one is reported).
 """
 
 from absl import flags
@@ -13,7 +16,9 @@ from absl import flags
 from beyondpar import benchmarks
 from beyondpar.base import cli, parallel
 
-FLAGS = flags.DEFINE_integer("repeats", 5, "Timed repeats; the best one is reported.")
+FLAGS = flags.DEFINE_integer(
+    "repeats", None, "Timed repeats, the best one reported; default: the suite's own (above)."
+)
 
 
 def main(argv):
@@ -21,7 +26,8 @@ def main(argv):
         raise ValueError(
             f"benchmark.py takes one suite, one of {list(benchmarks.SUITES)}, got {argv[1:]}"
         )
-    benchmarks.SUITES[argv[1]](repeats=FLAGS.value)
+    kwargs = {} if FLAGS.value is None else {"repeats": FLAGS.value}
+    benchmarks.SUITES[argv[1]](**kwargs)
 
 
 if __name__ == "__main__":

@@ -64,12 +64,14 @@ def bidirectional(seed: int, t: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("walk", WALKS)
-@pytest.mark.parametrize("kind", ["causal", "bidirectional"])
-def test_kernels_match_matrix_powers(walk, kind):
+@pytest.mark.parametrize("kind", ["causal", "bidirectional", "causal on the triangular path"])
+def test_kernels_match_matrix_powers(walk, kind, monkeypatch):
+    if kind == "causal on the triangular path":
+        monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
     t, k = 12, 30
     mats = (
         causal(3, (3,), t)
-        if kind == "causal"
+        if kind.startswith("causal")
         else np.stack([bidirectional(s, t) for s in range(3)])
     )
     got = metrics.operator_metrics(mats, horizon=k, max_steps=k, walk=walk)
@@ -83,8 +85,10 @@ def test_kernels_match_matrix_powers(walk, kind):
 
 
 @pytest.mark.parametrize("walk", WALKS)
-def test_transition_matrix_follows_the_definition(walk):
-    for c in [bidirectional(4, 9), causal(4, (), 9)]:
+@pytest.mark.parametrize("t", [7, 9, 10, 23])  # row blocks of the clipped cumulative mass:
+def test_transition_matrix_follows_the_definition(walk, t):  # exact, padded, uneven
+    sunk = causal(5, (), t) + 3 * np.eye(t)[0]  # token 0's column clips at the first rows
+    for c in [bidirectional(4, t), causal(4, (), t), sunk / sunk.sum(-1, keepdims=True)]:
         np.testing.assert_allclose(
             metrics.transition_matrix(c, walk), walk_by_definition(c, walk), atol=1e-14
         )
@@ -252,6 +256,123 @@ def test_spectral_radius_is_max_diagonal_for_causal():
         p = np.asarray(metrics.transition_matrix(c, walk))
         expected = np.max(np.diagonal(p[:, :-1, :-1], axis1=-2, axis2=-1), axis=-1)
         np.testing.assert_array_equal(metrics.spectral_radius(c, walk), expected)
+
+
+# ---------------------------------------------------------------- the triangular path
+
+
+@pytest.fixture
+def short_triangular(monkeypatch):
+    """The triangular path for short operators too (by default only long ones take it)."""
+    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
+
+
+@pytest.mark.parametrize("t", [8, 13, 21, 40])  # tiles of 2, 4 (padded), 6 (padded), 10
+def test_triangular_path_equals_the_dense_path(t, monkeypatch, short_triangular):
+    """Causal operators skip the zeros above the diagonal (column tiles, GEMMs over all
+    steps); every number must be the dense recursion's. Horizon and step cap differ so
+    that a mix-up of the two shows."""
+    c = causal(t, (3,), t)
+    assert metrics.triangular_tile(c) == -(-t // metrics.TRIANGULAR_TILES)
+    tri, tri_signal = metrics.metrics_by_walk(c, 25, 30, 0.25, WALKS, signal=True)
+    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 10**9)
+    assert metrics.triangular_tile(c) is None
+    dense, dense_signal = metrics.metrics_by_walk(c, 25, 30, 0.25, WALKS, signal=True)
+    np.testing.assert_allclose(tri_signal, dense_signal, rtol=1e-12, atol=1e-15)
+    for walk in WALKS:
+        for name in metrics.OperatorMetrics._fields:
+            np.testing.assert_allclose(
+                getattr(tri[walk], name), getattr(dense[walk], name), rtol=1e-12, atol=1e-15
+            )
+
+
+def chain(t: int, keep: float) -> np.ndarray:
+    """Causal: every token keeps `keep` of itself and reads the token before it for the
+    rest; token 0 reads only itself. The sink's signal drifts down the chain, so the
+    lowest peak (token 1's) comes late."""
+    c = np.eye(t) * keep + np.eye(t, k=-1) * (1 - keep)
+    c[0, 0] = 1.0
+    return c
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
+    """Causal operators stop the recursion once the minimum is settled; the value must be
+    that of all `horizon` steps, bit for bit: sparse and dense mixes of causal heads (they
+    settle within a few steps), rows that sum to a little over 1 (within the checked
+    tolerance), a token that keeps filling from itself, and a chain whose minimum peaks
+    late (cut by the horizon or not)."""
+    heads = causal(7, (6, 4), 30).astype(dtype)
+    rng = np.random.default_rng(0)
+    mixes = [rng.dirichlet(np.full(4, a), 6) for a in (0.2, 1.0, 5.0)]
+    cases = [np.einsum("nh,nhij->nij", w, heads).astype(dtype) for w in mixes]
+    cases.append((cases[0] * (1 + 9e-5)).astype(dtype))
+    # Tokens 1 and 2 hold almost all they get: the minimum (token 2's) still grows after
+    # nothing is left above it, from what token 2 itself holds.
+    filling = [[1, 0, 0, 0], [0.02, 0.98, 0, 0], [0.01, 0.01, 0.98, 0], [0.19, 0.1, 0.1, 0.61]]
+    cases.append(np.asarray(filling, dtype))
+    cases += [np.stack([chain(12, 0.3), chain(12, 0.8)]).astype(dtype)] * 2
+    for c, k in zip(cases, (100, 100, 7, 100, 100, 5, 60), strict=True):
+        every_step = np.min(np.asarray(metrics.node_fidelity(c, k)), axis=-1)
+        np.testing.assert_array_equal(metrics.minimax_fidelity(c, k), every_step)
+        got = metrics.objective_unchecked(c, "fidelity", k, 1, "reference")
+        np.testing.assert_array_equal(got, every_step)
+    full = np.asarray(metrics.node_fidelity(cases[-1], 60))
+    assert np.argmin(full[0]) == 1
+    assert np.argmax(np.asarray(metrics.sink_signal(cases[-1], 60))[0, :, 1]) > 5
+
+
+def test_blocks_divide_each_devices_share_when_they_can():
+    """Padding a batch copies it whole: a block that divides the share is taken instead,
+    if one of over half the size exists."""
+    assert metrics._dividing_block(10, 1536) == 8
+    assert metrics._dividing_block(10, 1540) == 10
+    assert metrics._dividing_block(10, 23) == 10  # none in 6..10: pad
+    assert metrics._dividing_block(7, 7) == 7
+    assert metrics._dividing_block(1, 5) == 1
+
+
+def test_dividing_blocks_give_the_padded_blocks_numbers(monkeypatch):
+    c = causal(3, (24,), 12).astype(np.float32)  # blocks of 8 (or 6 per device), not 10
+
+    def every_number():
+        by_walk, signal = metrics.metrics_by_walk(c, 20, 25, 0.25, WALKS, signal=True)
+        return [*jax.tree.leaves(by_walk), signal, metrics.minimax_fidelity(c, 20)]
+
+    divided = every_number()
+    monkeypatch.setattr(metrics, "_dividing_block", lambda block, per_device: block)
+    jax.clear_caches()
+    for fast, padded in zip(divided, every_number(), strict=True):
+        np.testing.assert_array_equal(fast, padded)
+
+
+def test_triangular_path_only_for_causal_operators(short_triangular):
+    c = causal(1, (2,), 12)
+    assert metrics.is_causal(c) and not metrics.is_causal(bidirectional(0, 12))
+    assert metrics.triangular_tile(c) == 3
+    assert metrics.triangular_tile(np.swapaxes(c, -1, -2)) is None  # upper triangular
+    assert metrics.triangular_tile(bidirectional(0, 12)) is None
+    assert metrics.triangular_tile(causal(1, (2,), metrics.TRIANGULAR_MIN_TOKENS - 1)) is None
+    assert jax.jit(lambda x: metrics.triangular_tile(x) is None)(c)  # traced: dense
+
+
+def test_metrics_by_walk_is_each_walks_metrics_from_one_pass():
+    c = causal(4, (2, 3), 11)
+    by_walk, signal = metrics.metrics_by_walk(c, 20, 15, 0.3, signal=True)
+    for walk in WALKS:
+        one = metrics.operator_metrics(c, 20, 15, 0.3, walk)
+        for name in one._fields:
+            np.testing.assert_allclose(getattr(by_walk[walk], name), getattr(one, name))
+    assert signal.shape == (2, 3, 20, 11)
+    for t in (0, 7, 19):
+        np.testing.assert_allclose(
+            signal[1, 2, t], np.linalg.matrix_power(c[1, 2], t + 1)[-1], rtol=1e-12
+        )
+    np.testing.assert_allclose(signal, metrics.sink_signal(c, 20), rtol=1e-12)
+    assert metrics.metrics_by_walk(c, 20, 15)[1] is None
+    for walks in [(), ("normalized", "normalized"), ("reference", "forward")]:
+        with pytest.raises(ValueError, match="walk"):
+            metrics.metrics_by_walk(c, 20, 15, walks=walks)
 
 
 # ---------------------------------------------------------------- batching and dtypes

@@ -202,18 +202,41 @@ def test_row_recursion_gradient_equals_autodiff_of_the_loop(steps):
     np.testing.assert_allclose(custom[1, 2, 3], numeric, rtol=1e-6)
 
 
-def test_head_diversity_is_the_mean_over_head_pairs():
+@pytest.mark.parametrize("t", [5, 13])  # causal T = 13: rows in blocks without later keys
+@pytest.mark.parametrize("causal", [True, False])
+def test_head_diversity_is_the_mean_over_head_pairs(t, causal):
     """H = 3 and 4: the mean over the H(H-1)/2 pairs and over rows of the TV distance,
     computed pair by pair in NumPy."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(t)
     for h in (3, 4):
-        attn = np.tril(rng.random((2, h, 5, 5)))
+        attn = rng.random((2, h, t, t))
+        attn = np.tril(attn) if causal else attn
         attn /= attn.sum(-1, keepdims=True)
+        assert metrics.is_causal(attn) == causal
         pairs = [(i, j) for i in range(h) for j in range(i + 1, h)]
         want = np.mean(
             [[0.5 * np.abs(a[i] - a[j]).sum(-1).mean() for i, j in pairs] for a in attn], axis=1
         )
         np.testing.assert_allclose(synergy.head_diversity(attn), want, rtol=1e-12)
+
+
+def test_cross_head_share_of_signals_is_the_share_of_the_layer_analysis():
+    """The layer analysis takes the share from the sink signals of its metric sweep (the
+    first mix and every head) instead of a second recursion: same numbers, and the
+    first mix is the learned one, not the uniform mix beside it."""
+    attn = graphs.random_causal(5, (2, 3), 12, dtype=np.float64)
+    w = np.array([0.2, 0.5, 0.3])
+    spec = measures.AnalysisSpec(horizon=20, max_steps=25, pairwise=False)
+    out = measures.analyze_layer(attn, w, spec)
+    share = np.asarray(synergy.cross_head_share(attn, w, 20))
+    np.testing.assert_allclose(out["cross_head_share_mean"], share.mean(-1), rtol=1e-5)
+    uniform = np.asarray(synergy.cross_head_share(attn, np.ones(3), 20)).mean(-1)
+    assert np.all(np.abs(uniform - share.mean(-1)) > 1e-3)
+    np.testing.assert_allclose(out["head_diversity"], synergy.head_diversity(attn), rtol=1e-5)
+    signals = metrics.sink_signal(attn, 20)
+    mixed = metrics.sink_signal(graphs.combine_heads(attn, w), 20)
+    from_signals = synergy.cross_head_share_of_signals(mixed, signals, w / w.sum())
+    np.testing.assert_allclose(from_signals, share, rtol=1e-12)
 
 
 def test_cross_head_share_uses_the_first_step_of_a_plateau():

@@ -56,21 +56,33 @@ def operator_fields(ops_xTxT, spec: AnalysisSpec, validate: bool = True) -> dict
     the median and 10th percentile of node fidelity beside it (a typical token, when one
     unread token sets the minimum to 0), hitting times on both walks, TV and spectral
     mixing on the normalised walk. `validate` False: operators already checked."""
-    ops = metrics.check_operator(ops_xTxT, "ops") if validate else ops_xTxT
-    norm = metrics.operator_metrics(
-        ops, spec.horizon, spec.max_steps, spec.eps, "normalized", validate=False
+    return _operator_sweep(ops_xTxT, spec, validate)[0]
+
+
+def _operator_sweep(ops_xTxT, spec: AnalysisSpec, validate: bool = True, signal: bool = False):
+    """(`operator_fields`, sink signals ...x horizon x T or None): both walks and the
+    fidelity in one kernel pass."""
+    by_walk, signals = metrics.metrics_by_walk(
+        ops_xTxT,
+        spec.horizon,
+        spec.max_steps,
+        spec.eps,
+        ("normalized", "reference"),
+        validate=validate,
+        signal=signal,
     )
-    ref = metrics.hitting_time(ops, spec.max_steps, "reference", validate=False)
+    norm, ref = by_walk["normalized"], by_walk["reference"]
     node = np.asarray(norm.node_fidelity)
-    return {
+    fields = {
         "fidelity": np.asarray(norm.minimax_fidelity),
         "fidelity_median": np.median(node, axis=-1),
         "fidelity_p10": np.percentile(node, 10, axis=-1),
-        "hitting_time_reference": np.asarray(ref),
+        "hitting_time_reference": np.asarray(ref.hitting_time),
         "hitting_time_normalized": np.asarray(norm.hitting_time),
         "tv_mixing_time_normalized": np.asarray(norm.tv_mixing_time),
         "spectral_mixing_time_normalized": np.asarray(norm.spectral_mixing_time),
     }
+    return fields, signals
 
 
 def baseline(num_tokens: int, spec: AnalysisSpec) -> dict[str, float]:
@@ -130,7 +142,8 @@ def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dic
     names, mixes = _mixes(attn, weights_H, extra)
     ops = jnp.concatenate([jnp.einsum("bmh,bhij->bmij", mixes, attn), attn], axis=1)
     with timer.part("per-head and mixed metrics"):
-        fields = operator_fields(ops, spec, validate=False)
+        # The sink signals of the first mix and of every head give the cross-head share.
+        fields, signals = _operator_sweep(ops, spec, validate=False, signal=True)
         fid = fields["fidelity"]
     k = len(names)
     out.update(
@@ -143,7 +156,7 @@ def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dic
         out["mixes"][mix]["gain"] = fid[:, i] - fid[:, k:].max(-1)
     with timer.part("synergy analyses"):
         out["head_diversity"] = np.asarray(synergy.head_diversity(attn, validate=False))
-        share = synergy.cross_head_share(attn, mixes[:, 0], spec.horizon, validate=False)
+        share = synergy.cross_head_share_of_signals(signals[:, 0], signals[:, k:], mixes[:, 0])
         out["cross_head_share_mean"] = np.asarray(share).mean(-1)
     if spec.pairwise:
         with timer.part("pairwise synergy"):

@@ -65,6 +65,7 @@ def analyze_tokens(
         weights = importances[layer]
         with timer.part("rollout"):
             product = _rollout_step(product, graphs.combine_heads(attn, weights), spec.residual)
+            product.block_until_ready()
         if layer in layers:
             fixed, fixed_inner = _at_layer(extra, layer), _at_layer(extra_without_sink, layer)
             out[layer] = analyze_layer(attn, weights, spec, timer, fixed, fixed_inner)

@@ -16,7 +16,8 @@ from beyondpar.study import evaluate, pruning_curves
 
 def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dict:
     """Evaluation of one paper-sized checkpoint with every analysis on, part by part; the
-    first call includes compilation, the best of `repeats` later calls does not."""
+    first call includes compilation, the best of `repeats` later calls does not; a line
+    per part as it finishes."""
     module = model_lib.Transformer(model_lib.ModelConfig(num_heads=heads))
     params = model_lib.init_params(module, jax.random.PRNGKey(0))
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, 100, 256)
@@ -30,34 +31,33 @@ def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dic
         ),
         "pruning (4 orders)": lambda: _pruning(module, params, examples, spec),
     }
+    devices = len(jax.local_devices())
+    print(f"{heads} heads, {sequences} sequences of 100 tokens, {devices} device(s)")
     cold, warm = {}, {}
     for name, fn in parts.items():
         _, cold[name] = timed(fn)
         warm[name] = min(timed(fn)[1] for _ in range(repeats))
+        print(f"{name:<46} {warm[name]:7.2f} s; first call {cold[name]:6.2f} s", flush=True)
     _, total_cold = timed(lambda: evaluate.evaluate_params(module, params, examples, spec))
     total = min(
         timed(lambda: evaluate.evaluate_params(module, params, examples, spec))[1]
         for _ in range(repeats)
     )
+    print(
+        f"{'full evaluation (evaluate_params)':<46} {total:7.2f} s; first call {total_cold:6.2f} s"
+    )
     result = {
         "heads": heads,
         "sequences": sequences,
-        "devices": len(jax.local_devices()),
+        "devices": devices,
         "seconds_warm": warm,
         "seconds_first_call": cold,
         "total_s": total,
         "total_first_call_s": total_cold,
         "share": {name: v / sum(warm.values()) for name, v in warm.items()},
     }
-    print(f"{heads} heads, {sequences} sequences of 100 tokens, {result['devices']} device(s)")
-    for name in parts:
-        print(
-            f"{name:<46} {warm[name]:7.2f} s ({result['share'][name]:5.1%}); "
-            f"first call {cold[name]:6.2f} s"
-        )
-    print(
-        f"{'full evaluation (evaluate_params)':<46} {total:7.2f} s; first call {total_cold:6.2f} s"
-    )
+    shares = ", ".join(f"{name} {share:.0%}" for name, share in result["share"].items())
+    print(f"shares of the parts: {shares}")
     print(json.dumps(result))
     return result
 

@@ -6,7 +6,9 @@ import resource
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from beyondpar.base import parallel
 from beyondpar.base.timing import best_time
 
 
@@ -15,6 +17,22 @@ def matmul_flops_per_s(repeats: int, size: int = 2048) -> float:
     x = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
     matmul = jax.jit(lambda a: a @ a)
     return 2 * size**3 / best_time(lambda: matmul(x), repeats)
+
+
+def copy_bytes_per_s(repeats: int, megabytes: int = 256) -> float:
+    """Bytes read plus written per second by an elementwise pass over a large float32
+    array split over the local devices (every core streaming its share), in place: a
+    fresh output would time the kernel mapping new pages, not the memory."""
+    n = megabytes * 2**20 // 4
+    devices = len(jax.local_devices())
+    holder = [parallel.split_over_devices(np.ones((devices, n // devices), np.float32))]
+    shift = jax.jit(lambda a: a + 1.0, donate_argnums=0)
+
+    def run():
+        holder[0] = shift(holder[0])
+        return holder[0]
+
+    return 2 * holder[0].nbytes / best_time(run, repeats)
 
 
 def peak_rss_gb() -> float:

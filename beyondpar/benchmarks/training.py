@@ -1,5 +1,16 @@
-"""Speed of a data-parallel training step of the paper's model, per head count, against
-the step's FLOPs at the machine's own matmul rate."""
+"""Speed of a data-parallel training step of the paper's model, per head count, against an
+independent PyTorch version of the same step (when torch is installed) and against a
+roofline floor of this machine, all measured in the same run.
+
+The floor of a step is its matmul FLOPs at the machine's matmul rate plus its passes over
+the attention tensors (B x H x T x T per layer, the only part that grows with H) at the
+machine's copy bandwidth. `ATTENTION_PASSES` counts the passes an implementation cannot
+avoid without recomputing the attention: forward, the scores are written and read by the
+softmax, the probabilities written and read by the value product; backward, the
+probability gradient is written and read with the probabilities, the score gradient
+written and read by the query and key products, and the probabilities read by the value
+product (dropout masks are recomputed from their key, not stored).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +24,11 @@ from beyondpar import model as model_lib
 from beyondpar import tasks
 from beyondpar.base import parallel
 from beyondpar.base.timing import best_time
-from beyondpar.benchmarks.machine import matmul_flops_per_s
+from beyondpar.benchmarks import torch_baseline
+from beyondpar.benchmarks.machine import copy_bytes_per_s, matmul_flops_per_s
 from beyondpar.study import train
+
+ATTENTION_PASSES = 11
 
 
 def train_step_flops(cfg, batch: int, t: int) -> float:
@@ -24,45 +38,96 @@ def train_step_flops(cfg, batch: int, t: int) -> float:
     return 3 * (layers * per_layer + 2 * batch * t * d * v)
 
 
+def attention_bytes(cfg, batch: int, t: int) -> float:
+    """Bytes the step moves over attention tensors: ATTENTION_PASSES per layer."""
+    return ATTENTION_PASSES * cfg.num_layers * batch * cfg.num_heads * t * t * 4
+
+
+def roofline_ms(cfg, batch: int, t: int, flops_per_s: float, bytes_per_s: float) -> float:
+    return 1e3 * (
+        train_step_flops(cfg, batch, t) / flops_per_s + attention_bytes(cfg, batch, t) / bytes_per_s
+    )
+
+
+def jax_step_ms(cfg, mesh, examples: tasks.Examples, repeats: int) -> float:
+    """Best milliseconds of the jitted data-parallel step of `study.train`."""
+    module, tx = model_lib.Transformer(cfg), optax.adam(1e-3)
+    state = train.create_state(module, jax.random.PRNGKey(0), tx, examples.inputs.shape[1])
+    holder = [jax.device_put(state, parallel.replicated(mesh))]
+    step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(2))
+    batch = tasks.Examples(*(parallel.shard_batch(np.asarray(a), mesh) for a in examples))
+
+    def run():
+        holder[0], loss = step(holder[0], batch)
+        return loss
+
+    return 1e3 * best_time(run, repeats)
+
+
 def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int = 100):
-    """Milliseconds per data-parallel train step at the paper's size, per head count."""
+    """Milliseconds per train step at the paper's size per head count: JAX, PyTorch with
+    as many threads as JAX has devices, and the roofline floor; a line per head count."""
     mesh = parallel.data_mesh()
-    rate = matmul_flops_per_s(repeats)
+    rate, bandwidth = matmul_flops_per_s(repeats), copy_bytes_per_s(repeats)
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), batch, t, 256)
-    sharded = tasks.Examples(*(parallel.shard_batch(np.asarray(a), mesh) for a in examples))
-    ms, flops = {}, None
+    cfg = model_lib.ModelConfig(max_len=t)
+    with_torch = torch_baseline.available()
+    print(f"batch {batch}, T={t}, d=64, 4 layers, {mesh.size} device(s)")
+    print(
+        f"step {train_step_flops(cfg, batch, t) / 1e9:.2f} GFLOP; matmul {rate / 1e9:.0f} GFLOP/s; "
+        f"copy {bandwidth / 1e9:.1f} GB/s; "
+        + ("PyTorch " if with_torch else "PyTorch baseline: skipped (pip install torch)")
+        + (f"{_torch_version()} with {mesh.size} thread(s)" if with_torch else "")
+    )
+    rows = {}
     for h in heads:
         cfg = model_lib.ModelConfig(num_heads=h, max_len=t)
-        module, tx = model_lib.Transformer(cfg), optax.adam(1e-3)
-        state = train.create_state(module, jax.random.PRNGKey(0), tx, t)
-        holder = [jax.device_put(state, parallel.replicated(mesh))]
-        step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(2))
+        row = {"jax": jax_step_ms(cfg, mesh, examples, repeats)}
+        row["roofline"] = roofline_ms(cfg, batch, t, rate, bandwidth)
+        if with_torch:
+            inputs, targets = np.asarray(examples.inputs), np.asarray(examples.targets)
+            row["torch"] = 1e3 * torch_baseline.step_seconds(
+                cfg, inputs, targets, repeats, mesh.size
+            )
+        rows[str(h)] = row
+        _print_row(h, row, batch * t)
+    result = _result(rows, mesh.size, rate, bandwidth, cfg, batch, t)
+    print(json.dumps(result))
+    return result
 
-        def run(holder=holder, step=step):
-            holder[0], loss = step(holder[0], sharded)
-            return loss
 
-        ms[str(h)] = 1e3 * best_time(run, repeats)
-        flops = train_step_flops(cfg, batch, t)
-    floor_ms = 1e3 * flops / rate
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _print_row(h: int, row: dict, tokens: int) -> None:
+    line = f"H={h:>2}: {row['jax']:7.1f} ms/step {tokens / row['jax'] * 1e3:9.0f} tokens/s"
+    line += f"; floor {row['roofline']:6.1f} ms ({row['jax'] / row['roofline']:4.2f}x)"
+    if "torch" in row:
+        line += f"; PyTorch {row['torch']:7.1f} ms ({row['torch'] / row['jax']:4.2f}x slower)"
+    print(line, flush=True)
+
+
+def _result(rows: dict, devices: int, rate: float, bandwidth: float, cfg, batch, t) -> dict:
+    flops = train_step_flops(cfg, batch, t)
+    ms = {h: r["jax"] for h, r in rows.items()}
     result = {
-        "devices": mesh.size,
+        "devices": devices,
         "matmul_gflops": rate / 1e9,
+        "copy_gb_per_s": bandwidth / 1e9,
         "step_gflop": flops / 1e9,
-        "floor_ms": floor_ms,
+        "floor_ms": 1e3 * flops / rate,  # FLOPs alone
+        "attention_passes": ATTENTION_PASSES,
+        "roofline_ms": {h: r["roofline"] for h, r in rows.items()},
         "ms_per_step": ms,
         "tokens_per_s": {h: batch * t / (v / 1e3) for h, v in ms.items()},
-        "x_floor": {h: v / floor_ms for h, v in ms.items()},
+        "x_floor": {h: v / (1e3 * flops / rate) for h, v in ms.items()},
+        "x_roofline": {h: r["jax"] / r["roofline"] for h, r in rows.items()},
         "ratio_16_to_1": ms["16"] / ms["1"] if {"1", "16"} <= ms.keys() else None,
     }
-    print(f"batch {batch}, T={t}, d=64, 4 layers, {mesh.size} device(s)")
-    print(f"step {flops / 1e9:.2f} GFLOP; matmul {rate / 1e9:.0f} GFLOP/s; floor {floor_ms:.1f} ms")
-    for h, v in ms.items():
-        print(
-            f"H={h:>2}: {v:7.1f} ms/step {result['tokens_per_s'][h]:9.0f} tokens/s "
-            f"{result['x_floor'][h]:5.2f}x floor"
-        )
-    if result["ratio_16_to_1"]:
-        print(f"step(H=16) / step(H=1) = {result['ratio_16_to_1']:.2f}")
-    print(json.dumps(result))
+    if all("torch" in r for r in rows.values()):
+        result["torch_ms_per_step"] = {h: r["torch"] for h, r in rows.items()}
+        result["speedup_vs_torch"] = {h: r["torch"] / r["jax"] for h, r in rows.items()}
     return result

@@ -144,6 +144,26 @@ def test_analyze_cli(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_operator_fields_of_both_walks_come_from_one_sweep():
+    """Reference and normalised walks are measured in one kernel pass: each field equals
+    its own kernel with horizon and step cap kept apart."""
+    ops = graphs.random_causal(2, (2, 5), 12, dtype=np.float64)
+    spec = measures.AnalysisSpec(horizon=15, max_steps=25, eps=0.3)
+    fields = measures.operator_fields(ops, spec)
+    norm = metrics.operator_metrics(ops, 15, 25, 0.3, "normalized")
+    node = np.asarray(norm.node_fidelity)
+    np.testing.assert_allclose(fields["fidelity"], norm.minimax_fidelity, rtol=1e-12)
+    np.testing.assert_allclose(fields["fidelity_median"], np.median(node, -1), rtol=1e-12)
+    np.testing.assert_allclose(
+        fields["hitting_time_reference"], metrics.hitting_time(ops, 25, "reference"), rtol=1e-12
+    )
+    np.testing.assert_allclose(fields["hitting_time_normalized"], norm.hitting_time, rtol=1e-12)
+    np.testing.assert_array_equal(fields["tv_mixing_time_normalized"], norm.tv_mixing_time)
+    np.testing.assert_allclose(
+        fields["spectral_mixing_time_normalized"], norm.spectral_mixing_time, rtol=1e-12
+    )
+
+
 # ---------------------------------------------------------------- sink-aware measures
 
 

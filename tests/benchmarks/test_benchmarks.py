@@ -31,6 +31,20 @@ def test_flop_count_of_the_papers_step():
     assert 5.5e9 < flops < 6.5e9  # "about 6 GFLOP forward + backward"
 
 
+def test_roofline_floor_of_the_papers_step():
+    """FLOPs at the matmul rate plus ATTENTION_PASSES float32 passes over B x H x T x T per
+    layer at the copy bandwidth; only the attention part grows with the head count."""
+    cfg = model.ModelConfig(num_heads=8, max_len=100)
+    flops = training.train_step_flops(cfg, batch=50, t=100)
+    passes = training.ATTENTION_PASSES * 4 * 50 * 8 * 100 * 100 * 4
+    assert training.attention_bytes(cfg, 50, 100) == passes
+    expected = 1e3 * (flops / 2e11 + passes / 1e10)
+    assert training.roofline_ms(cfg, 50, 100, 2e11, 1e10) == pytest.approx(expected, rel=1e-12)
+    one = dataclasses.replace(cfg, num_heads=1)
+    assert training.train_step_flops(one, 50, 100) == flops
+    assert training.attention_bytes(one, 50, 100) * 8 == passes
+
+
 @pytest.mark.slow
 def test_suites_report_their_ratios(capsys):
     r = kernels.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
