@@ -11,7 +11,7 @@ python launch/ablate.py --config=configs/ablation.py:tasks=demo --workdir="$out/
 python launch/example2.py --out "$out/example2"
 smollm2=$(python -c 'from beyondpar.benchmarks.models import smollm2_gguf; print(smollm2_gguf())')
 python launch/analyze.py --model="$smollm2" --corpus=data/founding_documents --tokens=128 \
-  --max_windows=32 --sink_tokens=1 --optimal_weights --search_windows=4 \
+  --max_windows=32 --sink_tokens=1 --optimal_weights --search_windows=3 \
   --out="$out/smollm2"
 echo
 echo "report:    $out/ablation/report/report.md (+ results.csv, results.json, *.png)"
