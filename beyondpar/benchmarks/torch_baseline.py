@@ -86,7 +86,7 @@ def step_seconds(cfg, inputs: np.ndarray, targets: np.ndarray, repeats: int, thr
     torch.manual_seed(0)
     p = init_params(cfg)
     opt = torch.optim.Adam(p.values(), lr=1e-3)
-    tokens, labels = torch.from_numpy(np.asarray(inputs)), torch.from_numpy(np.asarray(targets))
+    tokens, labels = torch.from_numpy(np.array(inputs)), torch.from_numpy(np.array(targets))
 
     def step():
         opt.zero_grad(set_to_none=True)
