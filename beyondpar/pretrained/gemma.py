@@ -235,19 +235,16 @@ class GemmaBlock(nn.Module):
         return x + norm("post_feedforward_layernorm")(out)
 
 
-class Gemma(nn.Module):
+class Gemma(layers.DecoderStack):
     """tokens (B, T) -> logits (B, T, V); attention of every layer sown."""
 
     config: GemmaConfig
-    layer_prefix = "layers"
 
-    def setup(self):
-        cfg = self.config
-        self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
-        self.layers = [GemmaBlock(cfg, i) for i in range(cfg.num_layers)]
-        self.norm = layers.UnitOffsetRMSNorm(cfg.eps)
-        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
-            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
+    def block(self, index: int) -> GemmaBlock:
+        return GemmaBlock(self.config, index)
+
+    def final_norm(self) -> nn.Module:
+        return layers.UnitOffsetRMSNorm(self.config.eps)
 
     def embed(self, tokens_BxT):
         x = self.embed_tokens(tokens_BxT)
@@ -255,15 +252,7 @@ class Gemma(nn.Module):
         return x * jnp.asarray(np.float32(math.sqrt(self.config.embed_dim))).astype(x.dtype)
 
     def unembed(self, x):
-        x = self.norm(x)
-        logits = (self.embed_tokens if self.config.tied else self.lm_head).attend(x)
-        return layers.softcap(logits, self.config.final_softcap)
-
-    def __call__(self, tokens_BxT, head_mask=None):
-        x = self.embed(tokens_BxT)
-        for i, block in enumerate(self.layers):
-            x = block(x, None if head_mask is None else head_mask[..., i, :])
-        return self.unembed(x)
+        return layers.softcap(super().unembed(x), self.config.final_softcap)
 
 
 def block_module(config: GemmaConfig, index: int) -> GemmaBlock:

@@ -76,6 +76,41 @@ class RMSNorm(nn.Module):
         return scale * normed.astype(x.dtype)
 
 
+class DecoderStack(nn.Module):
+    """What every decoder-only family shares: token embedding, the blocks, a final norm and
+    an output head (the embedding when tied; else kept as stored, vocab x hidden, and read
+    by `attend`: no transpose). A family declares `config` and gives `block(index)`, and
+    `final_norm()` when it is not RMSNorm. tokens (B, T) -> logits (B, T, V)."""
+
+    layer_prefix = "layers"
+
+    def block(self, index: int) -> nn.Module:
+        raise NotImplementedError
+
+    def final_norm(self) -> nn.Module:
+        return RMSNorm(self.config.eps)
+
+    def setup(self):
+        cfg = self.config
+        self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
+        self.layers = [self.block(i) for i in range(cfg.num_layers)]
+        self.norm = self.final_norm()
+        if not cfg.tied:
+            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
+
+    def embed(self, tokens_BxT):
+        return self.embed_tokens(tokens_BxT)
+
+    def unembed(self, x):
+        return (self.embed_tokens if self.config.tied else self.lm_head).attend(self.norm(x))
+
+    def __call__(self, tokens_BxT, head_mask=None):
+        x = self.embed(tokens_BxT)
+        for i, block in enumerate(self.layers):
+            x = block(x, None if head_mask is None else head_mask[..., i, :])
+        return self.unembed(x)
+
+
 def softcap(x, cap: float | None):
     """cap * tanh(x / cap): x kept within (-cap, cap), nearly unchanged when |x| << cap."""
     return x if cap is None else cap * jnp.tanh(x / cap)

@@ -141,32 +141,13 @@ class LlamaBlock(nn.Module):
         return x + dense(cfg.embed_dim, "down_proj")(gated * dense(cfg.mlp_dim, "up_proj")(h))
 
 
-class Llama(nn.Module):
+class Llama(layers.DecoderStack):
     """tokens (B, T) -> logits (B, T, V); attention of every layer sown."""
 
     config: LlamaConfig
-    layer_prefix = "layers"
 
-    def setup(self):
-        cfg = self.config
-        self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
-        self.layers = [LlamaBlock(cfg, i) for i in range(cfg.num_layers)]
-        self.norm = layers.RMSNorm(cfg.eps)
-        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
-            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
-
-    def embed(self, tokens_BxT):
-        return self.embed_tokens(tokens_BxT)
-
-    def unembed(self, x):
-        x = self.norm(x)
-        return (self.embed_tokens if self.config.tied else self.lm_head).attend(x)
-
-    def __call__(self, tokens_BxT, head_mask=None):
-        x = self.embed(tokens_BxT)
-        for i, block in enumerate(self.layers):
-            x = block(x, None if head_mask is None else head_mask[..., i, :])
-        return self.unembed(x)
+    def block(self, index: int) -> LlamaBlock:
+        return LlamaBlock(self.config, index)
 
 
 def block_module(config: LlamaConfig, index: int) -> LlamaBlock:

@@ -120,32 +120,14 @@ class Phi3Block(nn.Module):
         return x + nn.Dense(cfg.embed_dim, use_bias=False, name="down_proj")(gated)
 
 
-class Phi3(nn.Module):
+class Phi3(layers.DecoderStack):
     """tokens (B, T) -> logits (B, T, V); attention of every layer sown."""
 
     config: Phi3Config
-    layer_prefix = "layers"
 
-    def setup(self):
-        cfg = self.config
-        self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim)
-        self.layers = [Phi3Block(cfg) for _ in range(cfg.num_layers)]
-        self.norm = layers.RMSNorm(cfg.eps)
-        if not cfg.tied:  # kept as stored (vocab x hidden) and read by `attend`: no transpose
-            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
-
-    def embed(self, tokens_BxT):
-        return self.embed_tokens(tokens_BxT)
-
-    def unembed(self, x):
-        x = self.norm(x)
-        return (self.embed_tokens if self.config.tied else self.lm_head).attend(x)
-
-    def __call__(self, tokens_BxT, head_mask=None):
-        x = self.embed(tokens_BxT)
-        for i, block in enumerate(self.layers):
-            x = block(x, None if head_mask is None else head_mask[..., i, :])
-        return self.unembed(x)
+    def block(self, index: int) -> Phi3Block:
+        del index  # every layer runs the same code
+        return Phi3Block(self.config)
 
 
 def block_module(config: Phi3Config, index: int) -> Phi3Block:
