@@ -41,7 +41,8 @@ def corpus_suite(
     config: dict | None = None,
 ) -> dict:
     """One pass over `windows` windows (`repeats` is accepted for the CLI; a pass over
-    100 windows already averages over 13 batches, the first one compiling)."""
+    100 windows already averages over 13 batches, the first one compiling), with a
+    progress bar over the windows."""
     del repeats
     config = dict(SMOLLM2_135M if config is None else config)
     (module, params), build_s = timed(lambda: random_model(config))
@@ -60,7 +61,7 @@ def corpus_suite(
         batch_size,
         lambda i, line: records.__setitem__(i, json.loads(json.dumps(line))),
         timer=timer,
-        progress=False,
+        progress=True,  # a pass takes minutes: a bar on stderr, the figures on stdout
     )
     windows_s = time.perf_counter() - start
     seconds.update(timer.seconds)

@@ -1,5 +1,13 @@
 """Speed of the metric kernels as ratios taken in one run: against the paper's method,
-against a NumPy loop of the same algorithm, and against this machine's own matmul rate."""
+against a NumPy loop of the same algorithm, against this machine's own matmul rate, and
+against the bound its cache bandwidth puts on any vector recursion.
+
+Each metric is a chain of vector-matrix products: every step reads every entry of the
+operator's matrix for 2 flops per row advanced. The fused kernel advances the sink signal
+on `c` and the reference walk on its own matrix, so it reads 2 T^2 floats per step for
+4 T^2 flops (0.5 flop per byte). A matmul reuses each entry T times; a recursion cannot
+(step t needs step t - 1), so at best it runs at the speed the matrices stream from
+cache: `bandwidth_bound_*` below, measured in the same run."""
 
 from __future__ import annotations
 
@@ -16,9 +24,22 @@ from beyondpar import graphs, metrics
 from beyondpar.base import parallel
 from beyondpar.base.timing import best_time
 from beyondpar.benchmarks.baselines import numpy_exact, paper_method
-from beyondpar.benchmarks.machine import matmul_flops_per_s
+from beyondpar.benchmarks.machine import cache_bytes_per_s, matmul_flops_per_s
 
 T = K = 100  # the paper's sequence length and horizon
+MATRICES_READ = {"fused": 2, "fused_normalized_walk": 1}  # per step: c (+ the walk's own)
+
+
+def recursion_bytes(t: int, steps: int, matrices_per_step: int) -> int:
+    """float32 bytes a recursion reads per operator: every matrix entry, every step."""
+    return 4 * t * t * steps * matrices_per_step
+
+
+def bandwidth_bound(flop: float, nbytes: float, bytes_per_s: float, flops_per_s: float) -> dict:
+    """The fastest a recursion reading `nbytes` can do `flop` at `bytes_per_s`, as seconds
+    and as a fraction of the matmul rate."""
+    seconds = nbytes / bytes_per_s
+    return {"seconds": seconds, "fraction_of_matmul": flop / seconds / flops_per_s}
 
 
 def metrics_suite(
@@ -39,9 +60,13 @@ def metrics_suite(
     n = host.size // (T * T)
     timings = _kernel_times(host, repeats)
     paper_s, numpy_s = _baseline_times(host, repeats)
-    rate = matmul_flops_per_s(repeats)
+    rate, cache = matmul_flops_per_s(repeats), cache_bytes_per_s(repeats)
     kernel_s = timings["fused"]
     flop = 2 * 2 * K * T * T * n  # two metrics, 2 K T^2 each
+    bounds = {
+        name: bandwidth_bound(flop, n * recursion_bytes(T, K, reads), cache, rate)
+        for name, reads in MATRICES_READ.items()
+    }
     us = {name: 1e6 * v / n for name, v in timings.items()}
     us.update(paper_method=1e6 * paper_s, numpy_exact=1e6 * numpy_s)
     result = {
@@ -54,6 +79,13 @@ def metrics_suite(
         "effective_gflops": flop / kernel_s / 1e9,
         "fraction_of_matmul": flop / kernel_s / rate,
         "fraction_of_matmul_normalized_walk": flop / timings["fused_normalized_walk"] / rate,
+        "cache_gb_per_s": cache / 1e9,
+        "bandwidth_bound_fraction_of_matmul": {
+            name: b["fraction_of_matmul"] for name, b in bounds.items()
+        },
+        "fraction_of_bandwidth_bound": {
+            name: b["seconds"] / timings[name] for name, b in bounds.items()
+        },
     }
     if plain_session:
         plain = plain_session_fidelity_us(sequences, layers, operators)
@@ -109,6 +141,13 @@ def _print_metrics(r: dict) -> None:
     print(f"effective rate         {r['effective_gflops']:10.1f} GFLOP/s")
     print(f"fraction of matmul     {r['fraction_of_matmul']:10.1%}")
     print(f"  (normalised walk)    {r['fraction_of_matmul_normalized_walk']:10.1%}")
+    print(f"cache bandwidth        {r['cache_gb_per_s']:10.1f} GB/s (read + write, in cache)")
+    bound, share = r["bandwidth_bound_fraction_of_matmul"], r["fraction_of_bandwidth_bound"]
+    for name in MATRICES_READ:
+        print(
+            f"  {name}: bandwidth bound {bound[name]:6.1%} of matmul; "
+            f"kernel at {share[name]:6.1%} of that bound"
+        )
     if "plain_session_vs_launcher" in r:
         print(f"plain session / launcher (fidelity) {r['plain_session_vs_launcher']:6.2f}x")
     print(json.dumps(r))

@@ -45,11 +45,30 @@ def test_roofline_floor_of_the_papers_step():
     assert training.attention_bytes(one, 50, 100) * 8 == passes
 
 
+def test_bandwidth_bound_of_the_metric_recursions():
+    """Every matrix entry read once per step; the bound is those bytes at the cache rate,
+    and its flop rate over the matmul rate."""
+    assert kernels.recursion_bytes(t=100, steps=100, matrices_per_step=2) == 8 * 10**6
+    assert kernels.recursion_bytes(t=7, steps=3, matrices_per_step=1) == 4 * 49 * 3
+    bound = kernels.bandwidth_bound(flop=4e6, nbytes=8e6, bytes_per_s=8e10, flops_per_s=2e11)
+    assert bound["seconds"] == pytest.approx(1e-4, rel=1e-12)
+    assert bound["fraction_of_matmul"] == pytest.approx(0.2, rel=1e-12)  # 4e10 / 2e11
+    assert kernels.MATRICES_READ == {"fused": 2, "fused_normalized_walk": 1}
+
+
 @pytest.mark.slow
 def test_suites_report_their_ratios(capsys):
     r = kernels.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
     assert r["matrices"] == 8 and r["speedup_vs_paper"] > 1
     assert set(r["us_per_matrix"]) >= {"fused", "paper_method", "numpy_exact"}
+    bound, share = r["bandwidth_bound_fraction_of_matmul"], r["fraction_of_bandwidth_bound"]
+    # The normalised walk reads one matrix per step, the fused kernel two: half the bound.
+    assert bound["fused_normalized_walk"] == pytest.approx(2 * bound["fused"], rel=1e-9)
+    us = r["us_per_matrix"]
+    for name in ("fused", "fused_normalized_walk"):
+        seconds = 8 * kernels.recursion_bytes(100, 100, kernels.MATRICES_READ[name])
+        seconds /= r["cache_gb_per_s"] * 1e9
+        assert share[name] == pytest.approx(seconds / (8 * us[name] * 1e-6), rel=1e-6)
     t = training.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
     assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
     lines = capsys.readouterr().out.strip().splitlines()
