@@ -38,6 +38,21 @@ def test_curve_keeps_one_head_and_measures_it(reference):
     np.testing.assert_allclose(got["auc"], np.mean(got["accuracy"]))  # two points
 
 
+@pytest.mark.parametrize("walk", ["normalized", "reference"])
+def test_curve_measures_each_point_with_its_horizon_steps_and_walk(reference, walk):
+    """Fidelity over `horizon` steps, the hitting time over `max_steps` on `walk`, of
+    every layer's mix of the heads kept (here, all of them)."""
+    module, params, examples, attn, weights = reference
+    masks = jnp.ones((1, 4, 4), jnp.float32)
+    got = pruning_curves.curve(module, params, examples, weights, masks, 40, 7, walk)
+    mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
+    fidelity = np.mean(metrics.minimax_fidelity(mixed, 40), axis=0)
+    hitting = np.mean(metrics.hitting_time(mixed, 7, walk), axis=0)
+    np.testing.assert_allclose(got["fidelity"][0], fidelity, rtol=1e-4)
+    np.testing.assert_allclose(got["hitting_time"][0], hitting, rtol=1e-4)
+    assert np.all(np.asarray(got["hitting_time"][0]) < 7)  # capped at max_steps, not horizon
+
+
 def test_pruning_curves_cover_every_order(reference):
     module, params, examples, attn, weights = reference
     spec = evaluate.EvalSpec(horizon=30, max_steps=30)
