@@ -163,6 +163,36 @@ class Transformer(nn.Module):
         return nn.Dense(cfg.vocab_size, name="head")(x)
 
 
+def embed(module: Transformer, params, tokens_BxT) -> jax.Array:
+    """The residual stream entering layer 0: token plus position embeddings."""
+    cfg = module.config
+    t = tokens_BxT.shape[-1]
+    tokens = nn.Embed(cfg.vocab_size, cfg.embed_dim).apply(
+        {"params": params["token_emb"]}, tokens_BxT
+    )
+    return tokens + nn.Embed(cfg.max_len, cfg.embed_dim).apply(
+        {"params": params["pos_emb"]}, jnp.arange(t)
+    )
+
+
+def apply_block(module: Transformer, params, layer: int, x_BxTxD, head_mask=None):
+    """(the stream after `layer`, its attention B x H x T x T) in eval mode: one layer of
+    `Transformer`, for work that shares the layers before a change (pruning curves)."""
+    out, state = Block(module.config).apply(
+        {"params": params[f"layers_{layer}"]},
+        x_BxTxD,
+        True,
+        head_mask,
+        mutable=["intermediates"],
+    )
+    return out, state["intermediates"]["attn"]["attention"][0]
+
+
+def unembed(module: Transformer, params, x_BxTxD) -> jax.Array:
+    """Logits from the stream after the last layer."""
+    return nn.Dense(module.config.vocab_size).apply({"params": params["head"]}, x_BxTxD)
+
+
 def init_params(module: Transformer, key: jax.Array, seq_len: int | None = None):
     """Parameters for `module` from `key` (a dummy batch of one sequence)."""
     tokens = jnp.zeros((1, seq_len or module.config.max_len), jnp.int32)

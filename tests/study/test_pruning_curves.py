@@ -53,6 +53,31 @@ def test_curve_measures_each_point_with_its_horizon_steps_and_walk(reference, wa
     assert np.all(np.asarray(got["hitting_time"][0]) < 7)  # capped at max_steps, not horizon
 
 
+def test_points_that_share_layers_are_each_the_masked_model():
+    """Every point of a curve is the whole masked model, whatever layer each removal is
+    in (the curve shares the layers before the points' masks differ). A small random
+    model: its accuracy moves with every removal, so points cannot be swapped unseen."""
+    cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=40, mlp_dim=32, embed_dim=16)
+    module = model_lib.Transformer(cfg)
+    params = model_lib.init_params(module, jax.random.PRNGKey(5))
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 6)
+    weights = np.asarray(model_lib.head_importances(module, params))
+    order = [(2, 1), (0, 3), (2, 0), (3, 3), (0, 0), (1, 2)]
+    masks = jnp.asarray(pruning.masks_along(order, 4, 4))
+    got = pruning_curves.curve(module, params, examples, weights, masks, 30, 20, "normalized")
+    for p, mask in enumerate(np.asarray(masks)):
+        logits, attn = model_lib.apply_with_attention(module, params, examples.inputs, mask)
+        correct = (np.argmax(logits, -1) == examples.targets) & examples.predictable
+        assert got["accuracy"][p] == pytest.approx(correct.sum() / examples.predictable.sum())
+        for layer in range(4):
+            mix = graphs.combine_heads(attn[:, layer], weights[layer] * mask[layer])
+            fid = np.mean(metrics.minimax_fidelity(mix, 30))
+            hit = np.mean(metrics.hitting_time(mix, 20, "normalized"))
+            np.testing.assert_allclose(got["fidelity"][p][layer], fid, rtol=1e-5)
+            np.testing.assert_allclose(got["hitting_time"][p][layer], hit, rtol=1e-5)
+    assert len(set(got["accuracy"])) > 3
+
+
 def test_pruning_curves_cover_every_order(reference):
     module, params, examples, attn, weights = reference
     spec = evaluate.EvalSpec(horizon=30, max_steps=30)
