@@ -144,7 +144,8 @@ def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
 
 def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> list[list]:
     """Per layer, [(fidelity lost, layer, head), ...] in greedy removal order."""
-    attn = jnp.asarray(attn_NxLxHxTxT)
+    # Checked once: every candidate below is a convex mix of these rows.
+    attn = metrics.check_operator(attn_NxLxHxTxT, "attn_NxLxHxTxT")
     num_layers, num_heads = attn.shape[1], attn.shape[2]
     imp = np.asarray(importances_LxH, np.float64)
     alive = np.ones((num_layers, num_heads), bool)
@@ -172,7 +173,8 @@ def _mixed_fidelity(attn, weights_LxCxH, horizon):
     """Mean over sequences of the minimax fidelity of each candidate mix: L x C."""
     w = graphs.normalize_weights(np.asarray(weights_LxCxH, attn.dtype), attn.shape[2])
     mixed = jnp.einsum("lch,nlhij->nlcij", w, attn)
-    return np.asarray(jnp.mean(metrics.minimax_fidelity(mixed, horizon), axis=0))
+    fidelity = metrics.objective_unchecked(mixed, "fidelity", horizon, 1, "reference")
+    return np.asarray(jnp.mean(fidelity, axis=0))
 
 
 def merge_sequences(per_layer) -> list[tuple[int, int]]:

@@ -54,7 +54,9 @@ def _layer(module, params, layer, streams, masks_UxH, importance_H, horizon, max
         out, mixed = _layer_runs(
             module, params, layer, streams[part], masks_UxH[part], importance_H
         )
-        fid = metrics.minimax_fidelity(mixed, horizon)  # stops once settled: same values
+        # Mixes of the model's softmax rows: row-stochastic, no validation pass. The
+        # minimax stops once settled (the same values as the full sweep).
+        fid = metrics.objective_unchecked(mixed, "fidelity", horizon, max_steps, walk)
         hit = metrics.hitting_time(mixed, max_steps, walk, validate=False)
         return out, np.asarray(jnp.mean(fid, axis=1)), np.asarray(jnp.mean(hit, axis=1))
 
