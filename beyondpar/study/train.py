@@ -112,10 +112,28 @@ def loss_and_accuracy(logits, batch: tasks.Examples, weights=None):
     }
 
 
-def make_train_step(module, tx, mesh, dropout_key):
-    """Jitted update: parameters replicated, the batch split over the `data` axis."""
+def adam(learning_rate: float) -> optax.GradientTransformation:
+    """The paper's optimiser, one object per learning rate: runs with the same model and
+    learning rate then share one compiled update (see `make_train_step`)."""
+    return _adam(float(learning_rate))
 
-    def step_fn(state, batch: tasks.Examples):
+
+@functools.cache
+def _adam(learning_rate: float) -> optax.GradientTransformation:
+    return optax.adam(learning_rate)
+
+
+def make_train_step(module, tx, mesh, dropout_key):
+    """Jitted update: parameters replicated, the batch split over the `data` axis. Steps
+    made for the same (module, tx, mesh) share one compiled program: every run of a grid
+    with the same model, and every resume, compiles it once per process."""
+    update = _update(module, tx, mesh)
+    return lambda state, batch: update(state, batch, dropout_key)
+
+
+@functools.lru_cache(maxsize=32)
+def _update(module, tx, mesh):
+    def step_fn(state, batch: tasks.Examples, dropout_key):
         key = jax.random.fold_in(dropout_key, state["step"])
 
         def loss_fn(params):
@@ -131,10 +149,14 @@ def make_train_step(module, tx, mesh, dropout_key):
         return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, loss
 
     repl, data = parallel.replicated(mesh), parallel.batch_sharded(mesh)
-    return jax.jit(step_fn, in_shardings=(repl, data), out_shardings=(repl, repl), donate_argnums=0)
+    shardings = dict(in_shardings=(repl, data, repl), out_shardings=(repl, repl))
+    return jax.jit(step_fn, donate_argnums=0, **shardings)
 
 
+@functools.lru_cache(maxsize=32)
 def make_eval_step(module, mesh):
+    """Jitted loss and accuracy sums; one compiled program per (module, mesh)."""
+
     def eval_fn(params, batch, weights):
         logits = module.apply({"params": params}, batch.inputs, deterministic=True)
         return loss_and_accuracy(logits, batch, weights)
@@ -237,7 +259,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 def _train(config, workdir: Path, mesh, main: bool) -> dict:
     started = time.perf_counter()
     module = model_lib.Transformer(config_lib.model_config(config))
-    tx = optax.adam(config.optim.learning_rate)
+    tx = adam(config.optim.learning_rate)
     k = keys(config.seed)
     last_step = total_steps(config)
     state = jax.device_put(

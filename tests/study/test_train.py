@@ -344,3 +344,33 @@ def test_evaluate_split_is_independent_of_batch_size():
         got = train.evaluate_split(eval_step, params, examples, batch_size, mesh)
         for name, value in expected.items():
             np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=f"{name} {batch_size}")
+
+
+def test_runs_of_the_same_model_share_one_compiled_update(tmp_path):
+    """A grid trains many runs of one model in a process, and a resume starts a new loop:
+    the update and the evaluation compile once per process, not once per run. A run with
+    another learning rate is another program."""
+    compiled = []
+
+    def listener(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    def run(name, **optim):
+        config = smoke.get_config()
+        config.progress_bar = False
+        config.task.num_train = 64
+        config.optim.update(num_epochs=2, **optim)
+        before = len(compiled)
+        train.train_and_evaluate(config, str(tmp_path / name))
+        return len(compiled) - before
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        first = run("first", learning_rate=2e-3)
+        again = run("again", learning_rate=2e-3)
+        other = run("other", learning_rate=5e-3)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert first >= 2 and again == 0
+    assert other >= 1  # the learning rate is part of the compiled update
