@@ -1,14 +1,27 @@
 """Test setup: float64 available, four fake CPU devices, fixture loading."""
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 # Several fake devices let the data-parallel paths run on one CPU; set before JAX starts.
 os.environ.setdefault("XLA_FLAGS", "")
+# Each training run and evaluation jits fresh closures, and every launcher test starts a
+# new interpreter: without a cache, the same programs are compiled again and again (an
+# 8-step smoke run is mostly compilation). A compilation cache of this test process alone
+# (the launchers it starts read it through the environment), removed when it exits.
+_COMPILED = tempfile.mkdtemp(prefix="beyondpar-tests-jax-cache-")
+atexit.register(shutil.rmtree, _COMPILED, ignore_errors=True)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILED
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1.0"
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_compilation_cache_dir", _COMPILED)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

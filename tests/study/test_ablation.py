@@ -18,7 +18,10 @@ def smoke_ablation():
     config.levels.heads = (1, 2)
     config.levels.task = ("copy",)
     config.overrides.optim__num_epochs = 2
-    config.overrides.evaluation__pruning = False  # tested on their own
+    # Tested on their own (test_evaluate, test_pruning_curves, test_report); here the grid,
+    # its resumption and its report are what is checked.
+    config.overrides.evaluation__pruning = False
+    config.overrides.evaluation__optimal_weights = False
     return config
 
 
