@@ -127,3 +127,17 @@ def test_layer_by_layer_forward_is_the_models_forward():
     free, _ = model.apply_block(module, params, 0, model.embed(module, params, tokens))
     masked, _ = model.apply_block(module, params, 0, model.embed(module, params, tokens), mask[0])
     assert float(jnp.max(jnp.abs(free - masked))) > 1e-4
+
+
+def test_unembed_is_the_models_output_layer_with_its_bias():
+    """unembed after the blocks gives the model's logits for any head, a bias included."""
+    module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
+    params = model.init_params(module, jax.random.PRNGKey(0))
+    bias = jax.random.normal(jax.random.PRNGKey(1), params["head"]["bias"].shape)
+    params = {**params, "head": {**params["head"], "bias": bias}}
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 11)
+    x = model.embed(module, params, tokens)
+    for layer in range(SMALL["num_layers"]):
+        x, _ = model.apply_block(module, params, layer, x)
+    logits = module.apply({"params": params}, tokens)
+    np.testing.assert_allclose(model.unembed(module, params, x), logits, rtol=1e-5, atol=1e-6)

@@ -116,6 +116,29 @@ def reference():
     return module, params, examples, np.asarray(attn, np.float64), np.asarray(weights)
 
 
+def test_greedy_sequences_record_the_fidelity_each_removal_loses(reference):
+    """Each entry is the mean fidelity of the layer's learned mix of the heads alive
+    before the removal minus that after it: losses are positive where fidelity drops and
+    sum to the full mix's fidelity minus that of the head kept."""
+    _, _, _, attn, weights = reference
+    per_layer = pruning.greedy_sequences(attn, weights, horizon=50)
+
+    def fidelity(layer, alive):
+        mixed = graphs.combine_heads(attn[:, layer], weights[layer] * alive)
+        return float(np.mean(metrics.minimax_fidelity(mixed, 50)))
+
+    for layer, sequence in enumerate(per_layer):
+        alive = np.ones(4)
+        for lost, at, head in sequence:
+            before = fidelity(layer, alive)
+            alive[head] = 0.0
+            assert at == layer
+            assert lost == pytest.approx(before - fidelity(layer, alive), abs=1e-5)
+        total = sum(lost for lost, _, _ in sequence)
+        whole = fidelity(layer, np.ones(4))
+        assert total == pytest.approx(whole - fidelity(layer, alive), abs=1e-5)
+
+
 def test_greedy_fidelity_order_takes_the_cheapest_head_first(reference):
     module, params, examples, attn, weights = reference
     order = pruning.fidelity_order(attn, weights, horizon=50)

@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from beyondpar import graphs, metrics, model, pretrained
-from beyondpar.benchmarks import baselines, corpus, evaluation, kernels, load, text, training
+from beyondpar.benchmarks import (
+    baselines,
+    corpus,
+    evaluation,
+    kernels,
+    load,
+    machine,
+    text,
+    training,
+)
 from beyondpar.benchmarks.models import SMOLLM2_135M
 from conftest import SMOLLM2_GGUF, needs_smollm2
 
@@ -64,6 +73,13 @@ def test_suites_report_their_ratios(capsys):
     bound, share = r["bandwidth_bound_fraction_of_matmul"], r["fraction_of_bandwidth_bound"]
     # The normalised walk reads one matrix per step, the fused kernel two: half the bound.
     assert bound["fused_normalized_walk"] == pytest.approx(2 * bound["fused"], rel=1e-9)
+    # Two metrics of K steps at 2 T^2 flops per step; the fused kernel reads 2 T^2 floats
+    # per step for 4 T^2 flops: 0.5 flop per byte at the cache rate.
+    rate = r["cache_gb_per_s"] / r["matmul_gflops"]
+    assert bound["fused"] == pytest.approx(0.5 * rate, rel=1e-9)
+    flop = 8 * 4 * 100**3
+    kernel_s = 8 * r["us_per_matrix"]["fused"] * 1e-6
+    assert r["effective_gflops"] == pytest.approx(flop / kernel_s / 1e9, rel=1e-6)
     us = r["us_per_matrix"]
     for name in ("fused", "fused_normalized_walk"):
         seconds = 8 * kernels.recursion_bytes(100, 100, kernels.MATRICES_READ[name])
@@ -128,3 +144,12 @@ def test_load_suite_times_both_paths_on_the_same_values(capsys):
     assert f["weights_gb"] == pytest.approx(values * 4 / 2**30)
     assert f["rss_before_load_gb"] < f["peak_rss_gb"] < 64
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"cores"')
+
+
+def test_cache_rate_counts_each_pass_reading_and_writing_the_block(monkeypatch):
+    """`passes` in-place passes over `kilobytes` per device: every byte read and written
+    once per pass."""
+    monkeypatch.setattr(machine, "best_time", lambda fn, repeats: 0.25)
+    devices = len(jax.local_devices())
+    rate = machine.cache_bytes_per_s(1, kilobytes=3, passes=5)
+    assert rate == pytest.approx(2 * 5 * devices * 3 * 1024 / 0.25, rel=1e-12)

@@ -78,6 +78,27 @@ def test_points_that_share_layers_are_each_the_masked_model():
     assert len(set(got["accuracy"])) > 3
 
 
+def test_accuracy_counts_predictable_positions_only():
+    """The accuracy is over predictable positions: targets equal to the model's own
+    prediction at even positions only, predictable on the first half, give the share of
+    even positions in that half (the others, right or wrong, do not count)."""
+    cfg = model_lib.ModelConfig(
+        num_heads=2, num_layers=2, vocab_size=6, max_len=12, mlp_dim=16, embed_dim=8
+    )
+    module = model_lib.Transformer(cfg)
+    params = model_lib.init_params(module, jax.random.PRNGKey(1))
+    inputs = jax.random.randint(jax.random.PRNGKey(2), (3, 12), 0, 6)
+    predicted = np.argmax(module.apply({"params": params}, inputs), -1)
+    even = np.arange(12) % 2 == 0
+    targets = np.where(even, predicted, (predicted + 1) % 6)
+    predictable = np.broadcast_to(np.arange(12) < 5, (3, 12))  # positions 0, 2, 4 of 5 even
+    examples = tasks.Examples(inputs, jnp.asarray(targets), jnp.asarray(predictable))
+    masks = jnp.ones((1, 2, 2), jnp.float32)
+    weights = np.asarray(model_lib.head_importances(module, params))
+    got = pruning_curves.curve(module, params, examples, weights, masks, 5, 5, "normalized")
+    assert got["accuracy"] == [pytest.approx(3 / 5)]
+
+
 def test_pruning_curves_cover_every_order(reference):
     module, params, examples, attn, weights = reference
     spec = evaluate.EvalSpec(horizon=30, max_steps=30)
