@@ -463,14 +463,16 @@ def _sweep(
     eps: float = 0.25,
     spectral: bool = False,
     signal: bool = False,
+    causal: bool | None = None,
 ) -> _Sweep:
     """One pass over `c` for what is asked (horizon 0 skips fidelity, max_steps 0 the walks),
-    on the triangular path when `c` is causal, with the batch split over threads when JAX
-    has one CPU device."""
+    on the triangular path when `c` is causal (None: checked here, one pass over `c`), with
+    the batch split over threads when JAX has one CPU device."""
     settings = dict(horizon=horizon, walks=walks, max_steps=max_steps, eps=eps)
     # Known-causal operators have triangular walks: their spectral radius is a diagonal.
     long = c.shape[-1] >= TRIANGULAR_MIN_TOKENS
-    causal = (spectral or long) and is_causal(c)
+    if causal is None:
+        causal = (spectral or long) and is_causal(c)
     tile = _tile(c.shape[-1]) if causal and long else None
     settings.update(spectral=spectral, signal=signal, causal=causal, tile=tile)
     return _threaded(functools.partial(_sweep_jit, **settings), c)
@@ -767,10 +769,13 @@ def metrics_by_walk(
     walks: tuple[str, ...] = WALKS,
     validate: bool = True,
     signal: bool = False,
+    causal: bool | None = None,
 ) -> tuple[dict[str, OperatorMetrics], jax.Array | None]:
     """({walk: OperatorMetrics}, sink signal or None): `operator_metrics` of every walk in
     `walks` from one pass (fidelity is the same for all), and with `signal` the sink
-    signal s_t for t = 1..horizon (...x horizon x T) that the fidelity maximises."""
+    signal s_t for t = 1..horizon (...x horizon x T) that the fidelity maximises.
+    `causal`: whether every operator is lower triangular, when the caller knows (mixes
+    and sub-graphs of causal attention it checked); None checks it (one pass over `c`)."""
     walks = tuple(_check_walk(w) for w in walks)
     if not walks or len(set(walks)) != len(walks):
         raise ValueError(f"walks must name each walk of {WALKS} at most once, got {walks}")
@@ -778,7 +783,14 @@ def metrics_by_walk(
     horizon = checks.positive_int("horizon", horizon)
     eps = checks.open_unit_interval("eps", eps)
     sweep = _sweep(
-        c, horizon=horizon, walks=walks, max_steps=max_steps, eps=eps, spectral=True, signal=signal
+        c,
+        horizon=horizon,
+        walks=walks,
+        max_steps=max_steps,
+        eps=eps,
+        spectral=True,
+        signal=signal,
+        causal=causal,
     )
     minimax = jnp.min(sweep.node_fidelity, axis=-1)
     by_walk = {}
