@@ -487,11 +487,12 @@ def _threaded(fn, c):
     return jax.tree.map(lambda x: x.reshape(*c.shape[:-2], *x.shape[1:]), joined)
 
 
-def _minimax(c, horizon: int) -> jax.Array:
-    """Minimax fidelity of row-stochastic operators `c` (...xTxT); causal ones stop their
-    recursion as soon as the minimum is settled (`_settled_minimax`)."""
-    if not is_causal(c):
-        return jnp.min(_sweep(c, horizon=horizon).node_fidelity, -1)
+def _minimax(c, horizon: int, causal: bool | None = None) -> jax.Array:
+    """Minimax fidelity of row-stochastic operators `c` (...xTxT); causal ones (None:
+    checked here) stop their recursion as soon as the minimum is settled
+    (`_settled_minimax`)."""
+    if not (is_causal(c) if causal is None else causal):
+        return jnp.min(_sweep(c, horizon=horizon, causal=False).node_fidelity, -1)
     return _threaded(functools.partial(_settled_minimax_jit, horizon=horizon), c)
 
 
@@ -701,14 +702,19 @@ def minimax_fidelity(c, horizon: int = 100) -> jax.Array:
     return _minimax(c, checks.positive_int("horizon", horizon))
 
 
-def objective_unchecked(c, objective: str, horizon: int, max_steps: int, walk: str):
+def objective_unchecked(
+    c, objective: str, horizon: int, max_steps: int, walk: str, causal: bool | None = None
+):
     """Minimax fidelity ("fidelity") or hitting time ("hitting_time") of operators known to
     be row-stochastic (e.g. mixes of attention already checked), without the validation
-    pass over every entry: a search scores thousands of mixes of the same checked heads."""
+    pass over every entry: a search scores thousands of mixes of the same checked heads.
+    `causal`: whether they are lower triangular, when the caller knows (mixes of causal
+    heads are causal); None checks it, a pass over every entry."""
     c = _spread(c)
     if objective == "fidelity":
-        return _minimax(c, horizon)
-    return _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps).hitting_time[..., 0]
+        return _minimax(c, horizon, causal)
+    sweep = _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps, causal=causal)
+    return sweep.hitting_time[..., 0]
 
 
 def hitting_time(
