@@ -609,3 +609,29 @@ def test_fused_metrics_equal_single_kernels(fixture):
     np.testing.assert_array_equal(
         fused.tv_mixing_time, metrics.tv_mixing_time(c, walk="normalized")
     )
+
+
+def test_a_known_causality_skips_the_check_and_picks_the_path(monkeypatch, short_triangular):
+    """`causal` from a caller that checked it (mixes of checked causal heads): no second
+    pass over the entries, the triangular path for True and the dense one for False, and
+    the numbers of the call that checks."""
+    c = causal(2, (3,), 12).astype(np.float32)
+    run = lambda **hint: jax.tree.leaves(
+        metrics.metrics_by_walk(c, 20, 25, 0.3, WALKS, signal=True, **hint)
+    )
+    scores = lambda **hint: [
+        metrics.objective_unchecked(c, objective, 20, 25, "reference", **hint)
+        for objective in ("fidelity", "hitting_time")
+    ]
+    checked, checked_scores = run(), scores()
+    monkeypatch.setattr(metrics, "is_causal", lambda c: pytest.fail("causality checked again"))
+    paths = []
+    real = metrics._triangular_paths
+    monkeypatch.setattr(metrics, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    for hint in (True, False):
+        jax.clear_caches()
+        paths.clear()
+        hinted = run(causal=hint) + scores(causal=hint)
+        for want, got in zip(checked + checked_scores, hinted, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert bool(paths) == hint

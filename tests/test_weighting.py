@@ -264,3 +264,21 @@ def test_a_single_fold_of_several_sets_is_in_sample():
     found = weighting.cross_fitted(attn, 1, horizon=10, local_rounds=0, random_starts=0)
     assert found["held_out"] is False and found["fold"].tolist() == [0, 0, 0]
     assert found["search_sets"] == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("objective", weighting.OBJECTIVES)
+def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, objective):
+    """4 layers (as many as the test's devices): each device mixes and scores its own
+    layers; the weights and values are those of each layer searched alone, and the
+    attention's causality is checked once per search, not per batch of mixes."""
+    attn = jnp.asarray(graphs.random_causal(11, (4, 5, 3), 9), jnp.float32)
+    settings = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
+    checks = []
+    real = metrics.is_causal
+    monkeypatch.setattr(metrics, "is_causal", lambda c: checks.append(c.shape) or real(c))
+    w, value = weighting.optimal_weights(attn, objective, **settings)
+    assert checks == [attn.shape]
+    for layer in range(4):
+        w1, v1 = weighting.optimal_weights(attn[layer], objective, **settings)
+        np.testing.assert_allclose(w[layer], w1, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(value[layer], v1, rtol=1e-6)

@@ -9,6 +9,7 @@ import pytest
 from beyondpar import graphs, metrics, synergy
 from beyondpar.analysis import measures
 
+WALKS = metrics.WALKS
 SPEC = measures.AnalysisSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)
 
 
@@ -146,3 +147,43 @@ def test_gain_is_over_the_best_head_and_cross_head_share_is_the_learned_mix():
         np.testing.assert_allclose(mix["gain"], mix["fidelity"] - heads.max(-1), atol=1e-7)
     share = synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), 30)
     np.testing.assert_allclose(out["cross_head_share_mean"], np.mean(share, -1), rtol=1e-5)
+
+
+def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch):
+    """Heads and mixes go through the kernels in separate calls; each field must still be
+    the kernel's number on its own head, its own mix, and on the graph without the sink
+    token; the layer's causality is checked once for all of them."""
+    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
+    attn = graphs.random_causal(9, (2, 3), 12)
+    learned = np.asarray([0.5, 0.3, 0.2], np.float32)
+    spec = measures.AnalysisSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False, sink_tokens=1)
+    checks = []
+    real = metrics.is_causal
+    monkeypatch.setattr(metrics, "is_causal", lambda c: checks.append(1) or real(c))
+    out = measures.analyze_layer(attn, learned, spec)
+    assert len(checks) == 1
+    monkeypatch.setattr(metrics, "is_causal", real)
+    mixes = {"learned": learned, "uniform": np.full(3, 1 / 3, np.float32)}
+    for graph, a in ((out, attn), (out["without_sink"], graphs.drop_sink_tokens(attn, 1))):
+        a = np.asarray(a)
+        operators = {"heads": a} | {
+            f"mixes.{name}": np.einsum("h,bhij->bij", w, a) for name, w in mixes.items()
+        }
+        for where, c in operators.items():
+            record = graph["heads"] if where == "heads" else graph["mixes"][where[6:]]
+            np.testing.assert_allclose(
+                record["fidelity"], metrics.minimax_fidelity(c, 17), rtol=1e-5
+            )
+            for walk in WALKS:
+                np.testing.assert_allclose(
+                    record[f"hitting_time_{walk}"],
+                    metrics.hitting_time(c, 23, walk),
+                    rtol=1e-5,
+                    err_msg=f"{where} {walk}",
+                )
+            np.testing.assert_allclose(
+                record["tv_mixing_time_normalized"],
+                metrics.tv_mixing_time(c, 0.3, 23, "normalized"),
+            )
+        np.testing.assert_allclose(graph["head_diversity"], synergy.head_diversity(a), rtol=1e-5)
+        np.testing.assert_array_equal(graph["best_head"], np.argmax(graph["heads"]["fidelity"], -1))
