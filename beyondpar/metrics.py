@@ -463,14 +463,16 @@ def _sweep(
     eps: float = 0.25,
     spectral: bool = False,
     signal: bool = False,
+    causal: bool | None = None,
 ) -> _Sweep:
     """One pass over `c` for what is asked (horizon 0 skips fidelity, max_steps 0 the walks),
-    on the triangular path when `c` is causal, with the batch split over threads when JAX
-    has one CPU device."""
+    on the triangular path when `c` is causal (None: checked here, one pass over `c`), with
+    the batch split over threads when JAX has one CPU device."""
     settings = dict(horizon=horizon, walks=walks, max_steps=max_steps, eps=eps)
     # Known-causal operators have triangular walks: their spectral radius is a diagonal.
     long = c.shape[-1] >= TRIANGULAR_MIN_TOKENS
-    causal = (spectral or long) and is_causal(c)
+    if causal is None:
+        causal = (spectral or long) and is_causal(c)
     tile = _tile(c.shape[-1]) if causal and long else None
     settings.update(spectral=spectral, signal=signal, causal=causal, tile=tile)
     return _threaded(functools.partial(_sweep_jit, **settings), c)
@@ -485,11 +487,12 @@ def _threaded(fn, c):
     return jax.tree.map(lambda x: x.reshape(*c.shape[:-2], *x.shape[1:]), joined)
 
 
-def _minimax(c, horizon: int) -> jax.Array:
-    """Minimax fidelity of row-stochastic operators `c` (...xTxT); causal ones stop their
-    recursion as soon as the minimum is settled (`_settled_minimax`)."""
-    if not is_causal(c):
-        return jnp.min(_sweep(c, horizon=horizon).node_fidelity, -1)
+def _minimax(c, horizon: int, causal: bool | None = None) -> jax.Array:
+    """Minimax fidelity of row-stochastic operators `c` (...xTxT); causal ones (None:
+    checked here) stop their recursion as soon as the minimum is settled
+    (`_settled_minimax`)."""
+    if not (is_causal(c) if causal is None else causal):
+        return jnp.min(_sweep(c, horizon=horizon, causal=False).node_fidelity, -1)
     return _threaded(functools.partial(_settled_minimax_jit, horizon=horizon), c)
 
 
@@ -699,14 +702,19 @@ def minimax_fidelity(c, horizon: int = 100) -> jax.Array:
     return _minimax(c, checks.positive_int("horizon", horizon))
 
 
-def objective_unchecked(c, objective: str, horizon: int, max_steps: int, walk: str):
+def objective_unchecked(
+    c, objective: str, horizon: int, max_steps: int, walk: str, causal: bool | None = None
+):
     """Minimax fidelity ("fidelity") or hitting time ("hitting_time") of operators known to
     be row-stochastic (e.g. mixes of attention already checked), without the validation
-    pass over every entry: a search scores thousands of mixes of the same checked heads."""
+    pass over every entry: a search scores thousands of mixes of the same checked heads.
+    `causal`: whether they are lower triangular, when the caller knows (mixes of causal
+    heads are causal); None checks it, a pass over every entry."""
     c = _spread(c)
     if objective == "fidelity":
-        return _minimax(c, horizon)
-    return _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps).hitting_time[..., 0]
+        return _minimax(c, horizon, causal)
+    sweep = _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps, causal=causal)
+    return sweep.hitting_time[..., 0]
 
 
 def hitting_time(
@@ -767,10 +775,13 @@ def metrics_by_walk(
     walks: tuple[str, ...] = WALKS,
     validate: bool = True,
     signal: bool = False,
+    causal: bool | None = None,
 ) -> tuple[dict[str, OperatorMetrics], jax.Array | None]:
     """({walk: OperatorMetrics}, sink signal or None): `operator_metrics` of every walk in
     `walks` from one pass (fidelity is the same for all), and with `signal` the sink
-    signal s_t for t = 1..horizon (...x horizon x T) that the fidelity maximises."""
+    signal s_t for t = 1..horizon (...x horizon x T) that the fidelity maximises.
+    `causal`: whether every operator is lower triangular, when the caller knows (mixes
+    and sub-graphs of causal attention it checked); None checks it (one pass over `c`)."""
     walks = tuple(_check_walk(w) for w in walks)
     if not walks or len(set(walks)) != len(walks):
         raise ValueError(f"walks must name each walk of {WALKS} at most once, got {walks}")
@@ -778,7 +789,14 @@ def metrics_by_walk(
     horizon = checks.positive_int("horizon", horizon)
     eps = checks.open_unit_interval("eps", eps)
     sweep = _sweep(
-        c, horizon=horizon, walks=walks, max_steps=max_steps, eps=eps, spectral=True, signal=signal
+        c,
+        horizon=horizon,
+        walks=walks,
+        max_steps=max_steps,
+        eps=eps,
+        spectral=True,
+        signal=signal,
+        causal=causal,
     )
     minimax = jnp.min(sweep.node_fidelity, axis=-1)
     by_walk = {}

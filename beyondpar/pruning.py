@@ -146,10 +146,11 @@ def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> lis
     """Per layer, [(fidelity lost, layer, head), ...] in greedy removal order."""
     # Checked once: every candidate below is a convex mix of these rows.
     attn = metrics.check_operator(attn_NxLxHxTxT, "attn_NxLxHxTxT")
+    causal = metrics.is_causal(attn)  # and so is every mix: not checked again each round
     num_layers, num_heads = attn.shape[1], attn.shape[2]
     imp = np.asarray(importances_LxH, np.float64)
     alive = np.ones((num_layers, num_heads), bool)
-    current = _mixed_fidelity(attn, imp[:, None, :], horizon)[:, 0]
+    current = _mixed_fidelity(attn, imp[:, None, :], horizon, causal)[:, 0]
     per_layer = [[] for _ in range(num_layers)]
     for _ in range(num_heads - 1):
         # Every layer has the same number of heads left: candidates are L x left.
@@ -158,7 +159,7 @@ def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> lis
         np.put_along_axis(remaining, left[..., None], False, axis=-1)
         weights = imp[:, None, :] * remaining
         weights = np.where(weights.sum(-1, keepdims=True) > 0, weights, remaining)
-        fid = _mixed_fidelity(attn, weights, horizon)
+        fid = _mixed_fidelity(attn, weights, horizon, causal)
         pick = np.argmax(fid, axis=-1)
         for layer, (i, head) in enumerate(
             zip(pick, left[np.arange(num_layers), pick], strict=True)
@@ -169,11 +170,12 @@ def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> lis
     return per_layer
 
 
-def _mixed_fidelity(attn, weights_LxCxH, horizon):
-    """Mean over sequences of the minimax fidelity of each candidate mix: L x C."""
+def _mixed_fidelity(attn, weights_LxCxH, horizon, causal=None):
+    """Mean over sequences of the minimax fidelity of each candidate mix: L x C.
+    `causal`: whether the attention is lower triangular (None: checked)."""
     w = graphs.normalize_weights(np.asarray(weights_LxCxH, attn.dtype), attn.shape[2])
     mixed = jnp.einsum("lch,nlhij->nlcij", w, attn)
-    fidelity = metrics.objective_unchecked(mixed, "fidelity", horizon, 1, "reference")
+    fidelity = metrics.objective_unchecked(mixed, "fidelity", horizon, 1, "reference", causal)
     return np.asarray(jnp.mean(fidelity, axis=0))
 
 

@@ -64,13 +64,19 @@ def pairwise_synergy(attn_xHxTxT, horizon: int = 100):
     return out.at[..., rows, cols].set(gain).at[..., cols, rows].set(gain)
 
 
-def head_diversity(attn_xHxTxT, validate: bool = True) -> jax.Array:
+def head_diversity(attn_xHxTxT, validate: bool = True, causal: bool | None = None) -> jax.Array:
     """Mean over head pairs and query rows of the total-variation distance between the two
     heads' attention rows: 0 for identical heads, 1 for disjoint supports (0 for H = 1).
-    `validate` False skips the check of attention already checked."""
+    `validate` False skips the check of attention already checked; `causal` says whether
+    it is lower triangular when the caller knows (None: checked, one pass)."""
     attn = check_heads(attn_xHxTxT, validate)
+    long = attn.shape[-1] >= 8
     # Causal rows read only earlier keys: each block of rows skips the keys after it.
-    blocks = DIVERSITY_ROW_BLOCKS if attn.shape[-1] >= 8 and metrics.is_causal(attn) else 1
+    blocks = (
+        DIVERSITY_ROW_BLOCKS
+        if long and (metrics.is_causal(attn) if causal is None else causal)
+        else 1
+    )
     return _diversity(attn, blocks)
 
 

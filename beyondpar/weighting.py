@@ -39,7 +39,7 @@ import optax
 from jax import lax
 
 from beyondpar import graphs, metrics
-from beyondpar.base import checks
+from beyondpar.base import checks, parallel
 
 OBJECTIVES = ("fidelity", "hitting_time")
 _FLOOR = 1e-6  # the smallest weight a start of the descent gives a head
@@ -87,6 +87,9 @@ def optimal_weights(
     search_sequences = checks.positive_int("search_sequences", search_sequences)
     a = _check_attn(attn)
     settings = dict(objective=objective, walk=walk, horizon=horizon, max_steps=max_steps)
+    # Checked once: every mix of causal heads is causal, and the scoring of each batch of
+    # mixes would otherwise check it again.
+    settings["causal"] = metrics.is_causal(a)
     sign = 1.0 if objective == "fidelity" else -1.0
     num_heads = a.shape[-3]
     pool = start_pool(num_heads, init, a.shape[:-4], a.dtype, random_starts, seed)
@@ -165,7 +168,13 @@ def _check_attn(attn):
         raise ValueError(f"attn must have shape (N, H, T, T) or (H, T, T), got shape {a.shape}")
     if a.ndim == 3:
         a = a[None]
-    return metrics.check_operator(a, "attn")
+    a = metrics.check_operator(a, "attn")
+    mesh = parallel.local_mesh()
+    if a.ndim > 4 and mesh is not None and a.shape[0] % mesh.size == 0:
+        # Independent problems (e.g. layers) split over the devices: each device mixes
+        # and scores its own, and the mixes never move between devices.
+        a = jax.device_put(a, parallel.batch_sharded(mesh))
+    return a
 
 
 def _propose(sub, pool, sign, local_rounds, settings, *, steps, learning_rate, local_starts):
@@ -174,7 +183,8 @@ def _propose(sub, pool, sign, local_rounds, settings, *, steps, learning_rate, l
     proposals, proposal_scores = pool, _exact_scores(sub, pool, **settings)
     if steps:
         best = _top(proposals, proposal_scores, sign, 1)[0]
-        found = _descend(sub, best, steps=steps, learning_rate=learning_rate, **settings)
+        smooth = {k: v for k, v in settings.items() if k != "causal"}  # any operator
+        found = _descend(sub, best, steps=steps, learning_rate=learning_rate, **smooth)
         proposals = jnp.concatenate([proposals, found], axis=-2)
         found_scores = _exact_scores(sub, found, **settings)
         proposal_scores = jnp.concatenate([proposal_scores, found_scores], axis=-1)
@@ -191,8 +201,10 @@ def _subsample(a, sequences: int):
     picked = np.unique(np.linspace(0, n - 1, min(sequences, n)).round().astype(int))
     if len(picked) == n:
         return a
-    # On the host: indexing a batch split over devices would need an all-to-all.
-    return jnp.asarray(np.take(np.asarray(a), picked, axis=-4))
+    # On the host: indexing a batch split over devices would need an all-to-all. Put
+    # back as `a` was: problems split over devices stay split.
+    sub = np.take(np.asarray(a), picked, axis=-4)
+    return jax.device_put(sub, a.sharding) if len(a.sharding.device_set) > 1 else jnp.asarray(sub)
 
 
 def start_pool(num_heads: int, init, lead: tuple, dtype, random_starts: int, seed: int):
@@ -264,17 +276,18 @@ def pattern_search(attn, starts, values, sign: float, rounds: int, settings: dic
 _CHUNK_ENTRIES = 2**25  # mixed operators per scoring call: 128 MB in float32
 
 
-def _exact_scores(attn, candidates, *, objective, walk, horizon, max_steps):
+def _exact_scores(attn, candidates, *, objective, walk, horizon, max_steps, causal=None):
     """Exact objective of every candidate mix (..., S, H) -> (...), mean over N. The mixes
-    of checked attention rows are row-stochastic, so the kernels skip their validation;
-    candidates go in chunks so the mixed operators stay within a fixed memory."""
+    of checked attention rows are row-stochastic, so the kernels skip their validation
+    (and their causality check when `causal` is known); candidates go in chunks so the
+    mixed operators stay within a fixed memory."""
     per_candidate = int(np.prod(attn.shape[:-3])) * attn.shape[-1] ** 2
     chunk = max(1, _CHUNK_ENTRIES // max(per_candidate, 1))
     out = []
     for start in range(0, candidates.shape[-2], chunk):
         part = candidates[..., start : start + chunk, :]
         mixed = jnp.einsum("...sh,...nhij->...snij", part, attn)
-        values = metrics.objective_unchecked(mixed, objective, horizon, max_steps, walk)
+        values = metrics.objective_unchecked(mixed, objective, horizon, max_steps, walk, causal)
         out.append(np.asarray(jnp.mean(values, axis=-1)))
     # Scores come back split over devices; on the host they stay out of later collectives.
     return jnp.asarray(np.concatenate(out, axis=-1))

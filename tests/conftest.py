@@ -10,18 +10,28 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "")
 # Each training run and evaluation jits fresh closures, and every launcher test starts a
 # new interpreter: without a cache, the same programs are compiled again and again (an
-# 8-step smoke run is mostly compilation). A compilation cache of this test process alone
-# (the launchers it starts read it through the environment), removed when it exits.
-_COMPILED = tempfile.mkdtemp(prefix="beyondpar-tests-jax-cache-")
-atexit.register(shutil.rmtree, _COMPILED, ignore_errors=True)
+# 8-step smoke run is mostly compilation). A compilation cache of this test run: made by
+# the first process (pytest itself, whose workers and launchers inherit it through the
+# environment) and removed when that process exits. A size limit turns on the cache's
+# file lock, so that two workers never read an entry while the other writes it.
+_RUN_CACHE = "BEYONDPAR_TEST_JAX_CACHE"
+if _RUN_CACHE in os.environ:
+    _COMPILED = os.environ[_RUN_CACHE]
+else:
+    _COMPILED = tempfile.mkdtemp(prefix="beyondpar-tests-jax-cache-")
+    atexit.register(shutil.rmtree, _COMPILED, ignore_errors=True)
+    os.environ[_RUN_CACHE] = _COMPILED
+_CACHE_BYTES = 4 * 2**30
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILED
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1.0"
+os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(_CACHE_BYTES)
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_compilation_cache_dir", _COMPILED)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+jax.config.update("jax_compilation_cache_max_size", _CACHE_BYTES)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -128,3 +128,22 @@ def test_uniform_causal_rows_sum_to_one_and_spread_evenly(t):
     for i in range(t):
         np.testing.assert_allclose(a[i, : i + 1], 1.0 / (i + 1), rtol=1e-6)
         assert not a[i, i + 1 :].any()
+
+
+def test_drop_sink_tokens_renormalises_each_row_over_the_keys_left():
+    """Row i of the graph without the first k tokens is row k + i over keys k.., divided
+    by what it puts there; a row that read only the dropped tokens reads itself."""
+    attn = graphs.random_causal(2, (2, 3), 7, dtype=np.float64)  # B x H x T x T
+    attn[0, 1, 4] = [0.25, 0.75, 0, 0, 0, 0, 0]  # token 4 of one head reads only tokens 0-1
+    got = np.asarray(graphs.drop_sink_tokens(attn, 2))
+    assert got.shape == (2, 3, 5, 5)
+    for b in range(2):
+        for h in range(3):
+            for i in range(5):
+                row = attn[b, h, i + 2, 2:]
+                want = row / row.sum() if row.sum() > 0 else np.eye(5)[i]
+                np.testing.assert_allclose(got[b, h, i], want, rtol=1e-12, err_msg=(b, h, i))
+    np.testing.assert_array_equal(got[0, 1, 2], np.eye(5)[2])
+    np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-12)
+    assert np.all(np.triu(got, 1) == 0)  # causal attention stays causal
+    np.testing.assert_allclose(graphs.drop_sink_tokens(attn, 0), attn, rtol=1e-12)

@@ -322,6 +322,21 @@ def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
     assert np.argmax(np.asarray(metrics.sink_signal(cases[-1], 60))[0, :, 1]) > 5
 
 
+def test_minimax_fidelity_of_a_non_causal_operator_runs_every_step():
+    """The early stop holds for causal operators only. Here tokens read later tokens: the
+    sink's share leaves it (down to 0.085 and 0.041) and comes back round the cycle
+    0 <- 1 <- 2 -> sink at step 4 (0.362975), after a causal bound would have settled on
+    the sink's first share (0.1)."""
+    c = np.array([[0, 1, 0, 0], [0, 0, 1, 0], [0.5, 0, 0, 0.5], [0.7, 0.05, 0.15, 0.1]])
+    assert not metrics.is_causal(c)
+    want = brute_force(c, 20, "reference")[0].min()
+    np.testing.assert_allclose(want, 0.362975, rtol=1e-12)
+    np.testing.assert_allclose(metrics.minimax_fidelity(c, 20), want, rtol=1e-12)
+    for hint in ({}, {"causal": False}):
+        got = metrics.objective_unchecked(c, "fidelity", 20, 1, "reference", **hint)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
 def test_blocks_divide_each_devices_share_when_they_can():
     """Padding a batch copies it whole: a block that divides the share is taken instead,
     if one of over half the size exists."""
@@ -609,3 +624,48 @@ def test_fused_metrics_equal_single_kernels(fixture):
     np.testing.assert_array_equal(
         fused.tv_mixing_time, metrics.tv_mixing_time(c, walk="normalized")
     )
+
+
+def test_a_known_causality_skips_the_check_and_picks_the_path(monkeypatch, short_triangular):
+    """`causal` from a caller that checked it (mixes of checked causal heads): no second
+    pass over the entries, the triangular path for True and the dense one for False, and
+    the numbers of the call that checks."""
+    c = causal(2, (3,), 12).astype(np.float32)
+    run = lambda **hint: jax.tree.leaves(
+        metrics.metrics_by_walk(c, 20, 25, 0.3, WALKS, signal=True, **hint)
+    )
+    scores = lambda **hint: [
+        metrics.objective_unchecked(c, objective, 20, 25, "reference", **hint)
+        for objective in ("fidelity", "hitting_time")
+    ]
+    checked, checked_scores = run(), scores()
+    monkeypatch.setattr(metrics, "is_causal", lambda c: pytest.fail("causality checked again"))
+    paths = []
+    real = metrics._triangular_paths
+    monkeypatch.setattr(metrics, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    for hint in (True, False):
+        jax.clear_caches()
+        paths.clear()
+        hinted = run(causal=hint) + scores(causal=hint)
+        for want, got in zip(checked + checked_scores, hinted, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert bool(paths) == hint
+
+
+def test_an_unknown_causality_is_checked_and_picks_the_path(monkeypatch, short_triangular):
+    """Without `causal` the kernels check it themselves: causal operators take the
+    triangular path, the others the dense one."""
+    paths = []
+    real = metrics._triangular_paths
+    monkeypatch.setattr(metrics, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    calls = [
+        lambda c: metrics.metrics_by_walk(c, 20, 25, 0.3, WALKS, signal=True),
+        lambda c: metrics.operator_metrics(c, 20, 25, 0.3, "normalized"),
+        lambda c: metrics.objective_unchecked(c, "hitting_time", 20, 25, "reference"),
+    ]
+    for c, triangular in ((causal(2, (3,), 12), True), (bidirectional(2, 12)[None], False)):
+        for call in calls:
+            jax.clear_caches()
+            paths.clear()
+            call(c)
+            assert bool(paths) == triangular

@@ -153,3 +153,14 @@ def test_greedy_fidelity_order_takes_the_cheapest_head_first(reference):
             mixed = graphs.combine_heads(attn[:, layer], w)
             candidates.append(float(np.mean(metrics.minimax_fidelity(mixed, 50))))
         assert first == int(np.argmax(candidates))
+
+
+def test_greedy_sequences_check_causality_once(reference, monkeypatch):
+    """Every candidate is a mix of the checked heads: one pass over the attention tells
+    they are causal, not one per round of candidates."""
+    _, _, _, attn, weights = reference
+    seen = []
+    real = metrics.is_causal
+    monkeypatch.setattr(metrics, "is_causal", lambda c: seen.append(c.shape) or real(c))
+    pruning.greedy_sequences(attn, weights, horizon=20)
+    assert seen == [attn.shape]

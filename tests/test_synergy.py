@@ -269,3 +269,14 @@ def test_validate_false_skips_the_check_and_nothing_else():
         with pytest.raises(ValueError, match="rows must sum to 1"):
             fn(2 * a, True)
         fn(2 * a, False)  # unchecked: no error
+
+
+def test_head_diversity_takes_a_known_causality(monkeypatch):
+    """A caller that checked the attention passes its causality: no second pass, and the
+    causal row blocks give the full computation's value."""
+    attn = graphs.random_causal(5, (2, 3), 16)
+    want = np.asarray(synergy.head_diversity(attn))
+    monkeypatch.setattr(metrics, "is_causal", lambda c: pytest.fail("causality checked again"))
+    for hint in (True, False):
+        got = synergy.head_diversity(attn, validate=False, causal=hint)
+        np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -264,3 +264,65 @@ def test_a_single_fold_of_several_sets_is_in_sample():
     found = weighting.cross_fitted(attn, 1, horizon=10, local_rounds=0, random_starts=0)
     assert found["held_out"] is False and found["fold"].tolist() == [0, 0, 0]
     assert found["search_sets"] == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("objective", weighting.OBJECTIVES)
+def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, objective):
+    """4 layers (as many as the test's devices): each device mixes and scores its own
+    layers; the weights and values are those of each layer searched alone, and the
+    attention's causality is checked once per search, not per batch of mixes."""
+    attn = jnp.asarray(graphs.random_causal(11, (4, 5, 3), 9), jnp.float32)
+    settings = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
+    checks = []
+    real = metrics.is_causal
+    monkeypatch.setattr(metrics, "is_causal", lambda c: checks.append(c.shape) or real(c))
+    w, value = weighting.optimal_weights(attn, objective, **settings)
+    assert checks == [attn.shape]
+    for layer in range(4):
+        w1, v1 = weighting.optimal_weights(attn[layer], objective, **settings)
+        np.testing.assert_allclose(w[layer], w1, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(value[layer], v1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("objective", weighting.OBJECTIVES)
+def test_candidates_scored_in_chunks_keep_their_own_scores(monkeypatch, objective):
+    """Candidates are mixed and scored a chunk at a time (bounded memory): whatever the
+    chunk, each candidate's score is its own exact objective, every candidate scored."""
+    attn = jnp.asarray(graphs.random_causal(12, (3, 3), 8), jnp.float32)  # N x H x T x T
+    candidates = weighting.start_pool(3, None, (), jnp.float32, 4, 0)  # 11 mixes
+    want = exact(attn, np.asarray(candidates), objective, 12)
+    per_candidate = 3 * 8 * 8
+    for chunk in (1, 4, 64):
+        monkeypatch.setattr(weighting, "_CHUNK_ENTRIES", chunk * per_candidate)
+        got = weighting._exact_scores(
+            attn, candidates, objective=objective, walk="reference", horizon=12, max_steps=12
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"chunks of {chunk}")
+
+
+def test_without_a_pattern_search_the_result_is_the_best_start_of_the_pool():
+    """`local_rounds` = 0 with the search on every set: the result is the best of the
+    pool (here a mix, neither uniform nor a single head), scored exactly."""
+    attn = jnp.asarray(graphs.random_causal(13, (4, 3), 10), jnp.float32)
+    pool = np.asarray(weighting.start_pool(3, None, (), jnp.float32, 16, 0))
+    for objective in weighting.OBJECTIVES:
+        scores = exact(attn, pool, objective, 20)
+        best = np.argmax(scores) if objective == "fidelity" else np.argmin(scores)
+        assert best > 3, (objective, best)  # not an anchor: only the search's pick has it
+        w, value = synergy.optimal_weights(
+            attn, objective, horizon=20, max_steps=20, random_starts=16, local_rounds=0
+        )
+        np.testing.assert_allclose(float(value), scores[best], rtol=1e-6, err_msg=objective)
+        np.testing.assert_allclose(w, pool[best], atol=1e-7, err_msg=objective)
+
+
+def test_one_problem_with_as_many_sets_as_devices_searches_a_subsample_of_them():
+    """8 sets of one problem on the 4 test devices, searched on 3 of them: the sets stay
+    together (only independent problems are split over the devices), and the value is
+    the exact objective of the weights on all 8."""
+    attn = jnp.asarray(graphs.random_causal(14, (8, 3), 9), jnp.float32)
+    w, value = synergy.optimal_weights(
+        attn, horizon=12, max_steps=12, search_sequences=3, local_rounds=2, random_starts=4
+    )
+    got = exact(attn, np.asarray(w)[None], "fidelity", 12)[0]
+    np.testing.assert_allclose(float(value), got, rtol=1e-6)

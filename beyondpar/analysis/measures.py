@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -59,9 +60,11 @@ def operator_fields(ops_xTxT, spec: AnalysisSpec, validate: bool = True) -> dict
     return _operator_sweep(ops_xTxT, spec, validate)[0]
 
 
-def _operator_sweep(ops_xTxT, spec: AnalysisSpec, validate: bool = True, signal: bool = False):
+def _operator_sweep(
+    ops_xTxT, spec: AnalysisSpec, validate: bool = True, signal: bool = False, causal=None
+):
     """(`operator_fields`, sink signals ...x horizon x T or None): both walks and the
-    fidelity in one kernel pass."""
+    fidelity in one kernel pass. `causal`: as in `metrics.metrics_by_walk`."""
     by_walk, signals = metrics.metrics_by_walk(
         ops_xTxT,
         spec.horizon,
@@ -70,6 +73,7 @@ def _operator_sweep(ops_xTxT, spec: AnalysisSpec, validate: bool = True, signal:
         ("normalized", "reference"),
         validate=validate,
         signal=signal,
+        causal=causal,
     )
     norm, ref = by_walk["normalized"], by_walk["reference"]
     node = np.asarray(norm.node_fidelity)
@@ -108,14 +112,17 @@ def analyze_layer(
     graph, never the full graph's."""
     timer = timer or Timer()
     attn = metrics.check_operator(jnp.asarray(attn_BxHxTxT, jnp.float32), "attention")
-    out = _analyze_graph(attn, weights_H, spec, timer, extra or {})
+    # Checked once: the mixes and the graph without the sink tokens of causal attention
+    # are causal too, and every kernel below would otherwise check it again.
+    causal = metrics.is_causal(attn)
+    out = _analyze_graph(attn, weights_H, spec, timer, extra or {}, causal)
     out["sink_mass"] = np.asarray(graphs.sink_mass(attn, max(spec.sink_tokens, 1)))
     if spec.sink_tokens:
         spec.check_length(attn.shape[-1])
         dropped = graphs.drop_sink_tokens(attn, spec.sink_tokens)
         inner = dataclasses.replace(spec, sink_tokens=0)
         out["without_sink"] = _analyze_graph(
-            dropped, weights_H, inner, timer, extra_without_sink or {}
+            dropped, weights_H, inner, timer, extra_without_sink or {}, causal
         )
     return out
 
@@ -132,7 +139,14 @@ def _mixes(attn, weights_H, extra: dict):
     return list(named), jnp.stack(stacked, axis=1)
 
 
-def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dict) -> dict:
+@jax.jit
+def _mix(mixes_BxMxH, attn_BxHxTxT):
+    return jnp.einsum("bmh,bhij->bmij", mixes_BxMxH, attn_BxHxTxT)
+
+
+def _analyze_graph(
+    attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dict, causal: bool
+) -> dict:
     out = {}
     if spec.optimal_weights:
         with timer.part("optimal weights"):
@@ -140,23 +154,27 @@ def _analyze_graph(attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dic
         extra = {**extra, "optimal": optimum.pop("weights")}
         out["optimal"] = optimum
     names, mixes = _mixes(attn, weights_H, extra)
-    ops = jnp.concatenate([jnp.einsum("bmh,bhij->bmij", mixes, attn), attn], axis=1)
     with timer.part("per-head and mixed metrics"):
+        # Mixes and heads in two kernel calls: one batch of both would copy the layer.
         # The sink signals of the first mix and of every head give the cross-head share.
-        fields, signals = _operator_sweep(ops, spec, validate=False, signal=True)
-        fid = fields["fidelity"]
-    k = len(names)
+        mixed, mix_signals = _operator_sweep(
+            _mix(mixes, attn), spec, validate=False, signal=True, causal=causal
+        )
+        heads, signals = _operator_sweep(attn, spec, validate=False, signal=True, causal=causal)
+    best = heads["fidelity"].max(-1)
     out.update(
-        heads={name: v[:, k:] for name, v in fields.items()},
-        mixes={mix: {name: v[:, i] for name, v in fields.items()} for i, mix in enumerate(names)},
-        best_head=np.argmax(fid[:, k:], axis=-1),
-        best_head_fidelity=fid[:, k:].max(-1),
+        heads=heads,
+        mixes={mix: {name: v[:, i] for name, v in mixed.items()} for i, mix in enumerate(names)},
+        best_head=np.argmax(heads["fidelity"], axis=-1),
+        best_head_fidelity=best,
     )
-    for i, mix in enumerate(names):
-        out["mixes"][mix]["gain"] = fid[:, i] - fid[:, k:].max(-1)
+    for mix in names:
+        out["mixes"][mix]["gain"] = out["mixes"][mix]["fidelity"] - best
     with timer.part("synergy analyses"):
-        out["head_diversity"] = np.asarray(synergy.head_diversity(attn, validate=False))
-        share = synergy.cross_head_share_of_signals(signals[:, 0], signals[:, k:], mixes[:, 0])
+        out["head_diversity"] = np.asarray(
+            synergy.head_diversity(attn, validate=False, causal=causal)
+        )
+        share = synergy.cross_head_share_of_signals(mix_signals[:, 0], signals, mixes[:, 0])
         out["cross_head_share_mean"] = np.asarray(share).mean(-1)
     if spec.pairwise:
         with timer.part("pairwise synergy"):

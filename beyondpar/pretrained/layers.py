@@ -50,14 +50,18 @@ def causal_attention(
     """
     b, t, h, d = q_BxTxHxD.shape
     kv = k_BxTxKxD.shape[2]
-    q = q_BxTxHxD.reshape(b, t, kv, h // kv, d).astype(jnp.float32)
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k_BxTxKxD.astype(jnp.float32)) * scale
+    # Heads-major queries, keys and values (small transposes), so that the products come
+    # out as B x K x G x T x T and the T x T maps are never transposed (XLA would).
+    q = q_BxTxHxD.reshape(b, t, kv, h // kv, d).astype(jnp.float32).transpose(0, 2, 3, 1, 4)
+    k = jnp.swapaxes(k_BxTxKxD.astype(jnp.float32), 1, 2)
+    scores = jnp.einsum("bkgqd,bksd->bkgqs", q, k) * scale
     scores = softcap(scores.reshape(b, h, t, t), cap)
     allowed = attention_mask(t, window)
     probs = jax.nn.softmax(jnp.where(allowed, scores, jnp.finfo(jnp.float32).min), axis=-1)
     module.sow("intermediates", "attention", probs)
     grouped = probs.reshape(b, kv, h // kv, t, t).astype(v_BxTxKxD.dtype)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", grouped, v_BxTxKxD).reshape(b, t, h, -1)
+    out = jnp.einsum("bkgqs,bksd->bkgqd", grouped, jnp.swapaxes(v_BxTxKxD, 1, 2))
+    out = out.reshape(b, h, t, -1).transpose(0, 2, 1, 3)
     if head_mask is not None:
         out = out * jnp.broadcast_to(head_mask, (b, h)).astype(out.dtype)[:, None, :, None]
     return out.reshape(b, t, -1)

@@ -155,8 +155,11 @@ def _operator_metrics(operators, spec: EvalSpec, other: str):
     walks = (spec.walk, other)
     by_walk, _ = metrics.metrics_by_walk(learned, spec.horizon, spec.max_steps, spec.eps, walks)
     m = by_walk[spec.walk]
-    # The rest are the same heads mixed otherwise: checked with the learned mix.
-    fid = metrics.objective_unchecked(rest, "fidelity", spec.horizon, spec.max_steps, spec.walk)
+    # The rest are the same heads mixed otherwise: checked with the learned mix, and
+    # causal (the model masks every score above the diagonal).
+    fid = metrics.objective_unchecked(
+        rest, "fidelity", spec.horizon, spec.max_steps, spec.walk, causal=True
+    )
     hit = metrics.hitting_time(rest, spec.max_steps, spec.walk, validate=False)
     fid = jnp.concatenate([m.minimax_fidelity[..., None], fid], axis=-1)
     hit = jnp.concatenate([m.hitting_time[..., None], hit], axis=-1)

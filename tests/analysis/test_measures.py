@@ -9,6 +9,7 @@ import pytest
 from beyondpar import graphs, metrics, synergy
 from beyondpar.analysis import measures
 
+WALKS = metrics.WALKS
 SPEC = measures.AnalysisSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)
 
 
@@ -146,3 +147,77 @@ def test_gain_is_over_the_best_head_and_cross_head_share_is_the_learned_mix():
         np.testing.assert_allclose(mix["gain"], mix["fidelity"] - heads.max(-1), atol=1e-7)
     share = synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), 30)
     np.testing.assert_allclose(out["cross_head_share_mean"], np.mean(share, -1), rtol=1e-5)
+
+
+def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch):
+    """Heads and mixes go through the kernels in separate calls; each field must still be
+    the kernel's number on its own head, its own mix, and on the graph without the sink
+    token; the layer's causality is checked once for all of them."""
+    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
+    attn = graphs.random_causal(9, (2, 3), 12)
+    learned = np.asarray([0.5, 0.3, 0.2], np.float32)
+    spec = measures.AnalysisSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False, sink_tokens=1)
+    checks = []
+    real = metrics.is_causal
+    monkeypatch.setattr(metrics, "is_causal", lambda c: checks.append(1) or real(c))
+    out = measures.analyze_layer(attn, learned, spec)
+    assert len(checks) == 1
+    monkeypatch.setattr(metrics, "is_causal", real)
+    mixes = {"learned": learned, "uniform": np.full(3, 1 / 3, np.float32)}
+    assert_fields_are_the_kernels(out, attn, mixes, spec)
+
+
+def assert_fields_are_the_kernels(out, attn, mixes, spec):
+    """Every field of `analyze_layer`'s record, on the layer (and on the graph without its
+    first token, when measured), against the kernels run on each head and each mix alone
+    (all of them in one batch: B x (H + mixes) x T x T)."""
+    graphs_measured = [(out, attn)]
+    if "without_sink" in out:
+        graphs_measured.append((out["without_sink"], graphs.drop_sink_tokens(attn, 1)))
+    for graph, a in graphs_measured:
+        a = np.asarray(a)
+        h = a.shape[1]
+        mixed = [np.einsum("h,bhij->bij", w, a) for w in mixes.values()]
+        c = np.concatenate([a, np.stack(mixed, 1)], 1)
+        kernels = {
+            "fidelity": metrics.minimax_fidelity(c, spec.horizon),
+            "tv_mixing_time_normalized": metrics.tv_mixing_time(
+                c, spec.eps, spec.max_steps, "normalized"
+            ),
+            "spectral_mixing_time_normalized": metrics.spectral_mixing_time(
+                c, spec.eps, spec.max_steps, "normalized"
+            ),
+        } | {f"hitting_time_{w}": metrics.hitting_time(c, spec.max_steps, w) for w in WALKS}
+        for name, want in kernels.items():
+            want = np.asarray(want)
+            np.testing.assert_allclose(graph["heads"][name], want[:, :h], rtol=1e-5, err_msg=name)
+            for i, mix in enumerate(mixes):
+                np.testing.assert_allclose(
+                    graph["mixes"][mix][name], want[:, h + i], rtol=1e-5, err_msg=f"{mix} {name}"
+                )
+        np.testing.assert_allclose(graph["head_diversity"], synergy.head_diversity(a), rtol=1e-5)
+        np.testing.assert_array_equal(graph["best_head"], np.argmax(graph["heads"]["fidelity"], -1))
+
+
+def test_a_layer_with_a_head_that_reads_later_tokens_is_not_causal(monkeypatch):
+    """Causality is a property of the whole layer: one head that reads later tokens
+    (beside a causal first head) sends every head and mix down the general path, and
+    each field is that of its head or mix measured alone, without a hint."""
+    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
+    attn = graphs.random_causal(4, (2, 3), 12)
+    dense = np.random.default_rng(4).random((2, 12, 12)) ** 3
+    attn[:, 1] = dense / dense.sum(-1, keepdims=True)
+    assert metrics.is_causal(attn[:, 0]) and not metrics.is_causal(attn)
+    learned = np.asarray([0.2, 0.5, 0.3], np.float32)
+    spec = measures.AnalysisSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False)
+    out = measures.analyze_layer(attn, learned, spec)
+    weights = np.stack([learned, np.full(3, 1 / 3, np.float32)])
+    # With the sink signals, as the layer asks: the same programs, run without a hint.
+    fields = lambda c: measures._operator_sweep(jnp.asarray(c), spec, signal=True)[0]
+    mixed = fields(np.einsum("mh,bhij->bmij", weights, attn))
+    for name, want in fields(attn).items():
+        np.testing.assert_allclose(out["heads"][name], want, rtol=1e-5, err_msg=name)
+        for i, mix in enumerate(("learned", "uniform")):
+            got = out["mixes"][mix][name]
+            np.testing.assert_allclose(got, mixed[name][:, i], rtol=1e-5, err_msg=f"{mix} {name}")
+    np.testing.assert_allclose(out["head_diversity"], synergy.head_diversity(attn), rtol=1e-5)

@@ -110,3 +110,16 @@ def test_pruning_curves_cover_every_order(reference):
         layers = [layer for layer, _ in curve["order"]]
         assert len(set(map(tuple, curve["order"]))) == 12
         assert sorted(layers) == sorted(list(range(4)) * 3)
+
+
+def test_curve_takes_the_models_mixes_as_causal_without_a_check(reference, monkeypatch):
+    """The model masks every score above the diagonal: its mixes go to the minimax's early
+    stop (causal operators only) without a pass that checks it."""
+    module, params, examples, attn, weights = reference
+    mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
+    want = np.mean(metrics.minimax_fidelity(mixed, 30), 0)
+    monkeypatch.setattr(metrics, "is_causal", lambda c: pytest.fail("causality checked"))
+    got = pruning_curves.curve(
+        module, params, examples, weights, jnp.ones((1, 4, 4), jnp.float32), 30, 9, "reference"
+    )
+    np.testing.assert_allclose(got["fidelity"][0], want, rtol=1e-4)
