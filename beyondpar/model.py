@@ -108,7 +108,7 @@ class CausalSelfAttention(nn.Module):
         probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
         self.sow("intermediates", "attention", probs_BxHxTxT)
         probs_BxHxTxT = Dropout(cfg.dropout_rate)(probs_BxHxTxT, deterministic=deterministic)
-        out = jnp.einsum("bhqk,bhkd->bqhd", probs_BxHxTxT, v)
+        out = jnp.einsum("bhqk,bhkd->bhqd", probs_BxHxTxT, v).transpose(0, 2, 1, 3)
         if head_mask is not None:
             mask = jnp.broadcast_to(head_mask, (b, cfg.num_heads)).astype(out.dtype)
             out = out * mask[:, None, :, None]
@@ -178,8 +178,13 @@ def embed(module: Transformer, params, tokens_BxT) -> jax.Array:
 def apply_block(module: Transformer, params, layer: int, x_BxTxD, head_mask=None):
     """(the stream after `layer`, its attention B x H x T x T) in eval mode: one layer of
     `Transformer`, for work that shares the layers before a change (pruning curves)."""
+    return apply_layer(module, params[f"layers_{layer}"], x_BxTxD, head_mask)
+
+
+def apply_layer(module: Transformer, layer_params, x_BxTxD, head_mask=None):
+    """`apply_block` from one layer's parameters: one compiled program serves every layer."""
     out, state = Block(module.config).apply(
-        {"params": params[f"layers_{layer}"]},
+        {"params": layer_params},
         x_BxTxD,
         True,
         head_mask,
