@@ -74,6 +74,7 @@ class Dropout(nn.Module):
     """
 
     rate: float
+    rescale: bool = True  # False: the caller scales by 1 / keep_probability (elsewhere)
 
     @nn.compact
     def __call__(self, x, deterministic: bool):
@@ -82,9 +83,17 @@ class Dropout(nn.Module):
         seeds = jax.random.bits(self.make_rng("dropout"), x.shape[:-1], jnp.uint32)
         columns = jnp.arange(x.shape[-1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
         bits = _mix32(seeds[..., None] ^ columns)
-        threshold = min(round(self.rate * 2.0**32), 2**32 - 1)
-        keep = 1.0 - threshold / 2.0**32
-        return jnp.where(bits >= jnp.uint32(threshold), x / keep, jnp.zeros_like(x))
+        kept = x / keep_probability(self.rate) if self.rescale else x
+        return jnp.where(bits >= jnp.uint32(_threshold(self.rate)), kept, jnp.zeros_like(x))
+
+
+def _threshold(rate: float) -> int:
+    return min(round(rate * 2.0**32), 2**32 - 1)
+
+
+def keep_probability(rate: float) -> float:
+    """The exact share of elements `Dropout(rate)` keeps (a 32-bit threshold)."""
+    return 1.0 - _threshold(rate) / 2.0**32
 
 
 class CausalSelfAttention(nn.Module):
@@ -107,7 +116,11 @@ class CausalSelfAttention(nn.Module):
         scores_BxHxTxT = jnp.where(causal, scores_BxHxTxT, jnp.finfo(scores_BxHxTxT.dtype).min)
         probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
         self.sow("intermediates", "attention", probs_BxHxTxT)
-        probs_BxHxTxT = Dropout(cfg.dropout_rate)(probs_BxHxTxT, deterministic=deterministic)
+        # Dropout's 1 / keep scale goes on the values (B x T x D), not on the B x H x T x T
+        # probabilities: the backward pass then has no full-size tensor of that constant.
+        probs_BxHxTxT = Dropout(cfg.dropout_rate, rescale=False)(probs_BxHxTxT, deterministic)
+        if not deterministic and cfg.dropout_rate > 0:
+            v = v / keep_probability(cfg.dropout_rate)
         out = jnp.einsum("bhqk,bhkd->bhqd", probs_BxHxTxT, v).transpose(0, 2, 1, 3)
         if head_mask is not None:
             mask = jnp.broadcast_to(head_mask, (b, cfg.num_heads)).astype(out.dtype)
