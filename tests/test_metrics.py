@@ -347,6 +347,17 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     assert slow[1] > slow[0] + 20
 
 
+def test_hitting_time_runs_on_while_a_step_would_still_round_the_sum():
+    """Slow chains on the normalised walk, still under way when their survival mass is
+    near a unit in the last place of the sum: the loop must not stop while a later step
+    could still change the rounded sum, and gives the full sweep's value, bit for bit."""
+    for keep in (0.5, 0.7, 0.9):
+        c = chain(12, keep).astype(np.float32)
+        full = metrics.operator_metrics(c, 5, 300, walk="normalized", validate=False)
+        got = metrics.hitting_time(c, 300, "normalized", validate=False)
+        np.testing.assert_array_equal(got, full.hitting_time)
+
+
 def test_minimax_fidelity_of_a_non_causal_operator_runs_every_step():
     """The early stop holds for causal operators only. Here tokens read later tokens: the
     sink's share leaves it (down to 0.085 and 0.041) and comes back round the cycle

@@ -85,6 +85,17 @@ def test_dropout_keeps_the_right_fraction_and_scales():
     assert model.keep_probability(0.1) == pytest.approx(0.9, abs=2**-32)
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.3, 1 / 3, 0.5, 1e-12, 1.0])
+def test_keep_probability_is_a_whole_number_of_32_bit_values(rate):
+    """An element is kept when its 32 random bits reach a threshold, so the share kept is
+    a whole number of the 2^32 values over 2^32, the nearest to 1 - rate (at least one
+    value: rate 1 still keeps 2^-32, and a rate under half of 2^-32 drops nothing)."""
+    kept_values = model.keep_probability(rate) * 2.0**32
+    assert kept_values == round(kept_values)
+    assert 1 <= kept_values <= 2**32
+    assert abs(kept_values - max((1 - rate) * 2.0**32, 1)) <= 0.5
+
+
 def test_attention_dropout_is_unbiased():
     """Training-mode attention, averaged over dropout keys, is the eval-mode attention:
     the dropped probabilities are scaled by 1 / keep (here on the values) in expectation."""
