@@ -555,7 +555,8 @@ def _settled_hitting_time(c, *, max_steps: int, walk: str) -> jax.Array:
     The sum adds the survival mass of each step, which never grows (beyond rounding,
     `growth` per step): once the mass left is under half a unit in the last place of
     every sum, each later step would round away, and the loop stops with the value that
-    all `max_steps` steps give, from the same products.
+    all `max_steps` steps of it give. (The full sweep compiles its products and sums in
+    its own order: the two agree to float32 rounding, most often bit for bit.)
     """
     b, t = c.shape[0], c.shape[-1]
     off_sink = jnp.broadcast_to(1 - jax.nn.one_hot(t - 1, t, dtype=c.dtype), (b, t))
