@@ -534,6 +534,53 @@ def _settled_minimax(c, *, horizon: int) -> jax.Array:
     return jnp.min(best, axis=-1)
 
 
+def _hitting(c, max_steps: int, walk: str, causal: bool | None = None) -> jax.Array:
+    """Hitting time of row-stochastic operators `c` (...xTxT) on `walk`: long causal ones
+    (None: checked when long) on the triangular path, the rest in a loop that stops once
+    every later step would add nothing (`_settled_hitting_time`)."""
+    if c.shape[-1] >= TRIANGULAR_MIN_TOKENS and (is_causal(c) if causal is None else causal):
+        sweep = _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps, causal=True)
+        return sweep.hitting_time[..., 0]
+    return _threaded(functools.partial(_settled_hitting_jit, max_steps=max_steps, walk=walk), c)
+
+
+@functools.partial(jax.jit, static_argnames=("max_steps", "walk"))
+def _settled_hitting_jit(c, *, max_steps: int, walk: str) -> jax.Array:
+    return map_blocks(functools.partial(_settled_hitting_time, max_steps=max_steps, walk=walk), c)
+
+
+def _settled_hitting_time(c, *, max_steps: int, walk: str) -> jax.Array:
+    """The dense sweep's hitting time of operators `c` (b x T x T), early.
+
+    The sum adds the survival mass of each step, which never grows (beyond rounding,
+    `growth` per step): once the mass left is under half a unit in the last place of
+    every sum, each later step would round away, and the loop stops with the value that
+    all `max_steps` steps of it give. (The full sweep compiles its products and sums in
+    its own order: the two agree to float32 rounding, most often bit for bit.)
+    """
+    b, t = c.shape[0], c.shape[-1]
+    off_sink = jnp.broadcast_to(1 - jax.nn.one_hot(t - 1, t, dtype=c.dtype), (b, t))
+    if walk == "reference":
+        mat, scale = _walk_columns(c, "reference"), off_sink[:, None]
+    else:
+        mat, scale = c, (_normalized_scale(c) * off_sink)[:, None]
+    growth = jnp.maximum(jnp.max(jnp.sum(mat * scale, axis=-1)), 1)
+
+    def done(step, mass, hit):
+        left = mass * growth ** (max_steps - 1 - step) * (1 + _SETTLE_MARGIN)
+        return (step >= max_steps - 1) | jnp.all(left < (jnp.nextafter(hit, jnp.inf) - hit) / 2)
+
+    def body(carry):
+        step, v, hit, _ = carry
+        v = jnp.einsum("bri,bij->brj", v, mat, precision=_HIGHEST) * scale
+        mass = jnp.sum(v[:, 0], -1)
+        return step + 1, v, hit + mass, done(step + 1, mass, hit + mass)
+
+    hit0 = jnp.full((b,), t - 1, c.dtype)  # S_0 summed: T - 1 starts off the sink
+    start = (0, off_sink[:, None], hit0, done(0, hit0, hit0))
+    return lax.while_loop(lambda carry: ~carry[3], body, start)[2] / t
+
+
 @jax.jit
 def _lower_triangular(c):
     return jnp.all(jnp.triu(c, 1) == 0)
@@ -713,8 +760,7 @@ def objective_unchecked(
     c = _spread(c)
     if objective == "fidelity":
         return _minimax(c, horizon, causal)
-    sweep = _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps, causal=causal)
-    return sweep.hitting_time[..., 0]
+    return _hitting(c, max_steps, walk, causal)
 
 
 def hitting_time(
@@ -723,7 +769,7 @@ def hitting_time(
     """Mean over all T starts of E[min(steps to the sink, max_steps)] (the paper's mixing
     time). `validate` False: as in `operator_metrics`."""
     c, max_steps, walk = _walk_args(c, max_steps, walk, validate)
-    return _sweep(c, horizon=0, walks=(walk,), max_steps=max_steps).hitting_time[..., 0]
+    return _hitting(c, max_steps, walk)
 
 
 def tv_mixing_time(c, eps: float = 0.25, max_steps: int = 100, walk: str = "reference"):

@@ -74,6 +74,7 @@ class Dropout(nn.Module):
     """
 
     rate: float
+    rescale: bool = True  # False: the caller scales by 1 / keep_probability (elsewhere)
 
     @nn.compact
     def __call__(self, x, deterministic: bool):
@@ -82,9 +83,17 @@ class Dropout(nn.Module):
         seeds = jax.random.bits(self.make_rng("dropout"), x.shape[:-1], jnp.uint32)
         columns = jnp.arange(x.shape[-1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
         bits = _mix32(seeds[..., None] ^ columns)
-        threshold = min(round(self.rate * 2.0**32), 2**32 - 1)
-        keep = 1.0 - threshold / 2.0**32
-        return jnp.where(bits >= jnp.uint32(threshold), x / keep, jnp.zeros_like(x))
+        kept = x / keep_probability(self.rate) if self.rescale else x
+        return jnp.where(bits >= jnp.uint32(_threshold(self.rate)), kept, jnp.zeros_like(x))
+
+
+def _threshold(rate: float) -> int:
+    return min(round(rate * 2.0**32), 2**32 - 1)
+
+
+def keep_probability(rate: float) -> float:
+    """The exact share of elements `Dropout(rate)` keeps (a 32-bit threshold)."""
+    return 1.0 - _threshold(rate) / 2.0**32
 
 
 class CausalSelfAttention(nn.Module):
@@ -107,8 +116,12 @@ class CausalSelfAttention(nn.Module):
         scores_BxHxTxT = jnp.where(causal, scores_BxHxTxT, jnp.finfo(scores_BxHxTxT.dtype).min)
         probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
         self.sow("intermediates", "attention", probs_BxHxTxT)
-        probs_BxHxTxT = Dropout(cfg.dropout_rate)(probs_BxHxTxT, deterministic=deterministic)
-        out = jnp.einsum("bhqk,bhkd->bqhd", probs_BxHxTxT, v)
+        # Dropout's 1 / keep scale goes on the values (B x T x D), not on the B x H x T x T
+        # probabilities: the backward pass then has no full-size tensor of that constant.
+        probs_BxHxTxT = Dropout(cfg.dropout_rate, rescale=False)(probs_BxHxTxT, deterministic)
+        if not deterministic and cfg.dropout_rate > 0:
+            v = v / keep_probability(cfg.dropout_rate)
+        out = jnp.einsum("bhqk,bhkd->bhqd", probs_BxHxTxT, v).transpose(0, 2, 1, 3)
         if head_mask is not None:
             mask = jnp.broadcast_to(head_mask, (b, cfg.num_heads)).astype(out.dtype)
             out = out * mask[:, None, :, None]
@@ -178,8 +191,13 @@ def embed(module: Transformer, params, tokens_BxT) -> jax.Array:
 def apply_block(module: Transformer, params, layer: int, x_BxTxD, head_mask=None):
     """(the stream after `layer`, its attention B x H x T x T) in eval mode: one layer of
     `Transformer`, for work that shares the layers before a change (pruning curves)."""
+    return apply_layer(module, params[f"layers_{layer}"], x_BxTxD, head_mask)
+
+
+def apply_layer(module: Transformer, layer_params, x_BxTxD, head_mask=None):
+    """`apply_block` from one layer's parameters: one compiled program serves every layer."""
     out, state = Block(module.config).apply(
-        {"params": params[f"layers_{layer}"]},
+        {"params": layer_params},
         x_BxTxD,
         True,
         head_mask,

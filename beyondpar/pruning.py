@@ -27,6 +27,7 @@ import numpy as np
 import optax
 
 from beyondpar import graphs, metrics
+from beyondpar.base import parallel
 
 ORDERS = ("projection", "gradient", "fidelity", "random")
 
@@ -148,6 +149,7 @@ def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> lis
     attn = metrics.check_operator(attn_NxLxHxTxT, "attn_NxLxHxTxT")
     causal = metrics.is_causal(attn)  # and so is every mix: not checked again each round
     num_layers, num_heads = attn.shape[1], attn.shape[2]
+    attn = _layers_first(attn)
     imp = np.asarray(importances_LxH, np.float64)
     alive = np.ones((num_layers, num_heads), bool)
     current = _mixed_fidelity(attn, imp[:, None, :], horizon, causal)[:, 0]
@@ -170,13 +172,25 @@ def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> lis
     return per_layer
 
 
-def _mixed_fidelity(attn, weights_LxCxH, horizon, causal=None):
+def _layers_first(attn_NxLxHxTxT):
+    """The attention as L x H x N x T x T, the layers split over the devices when they
+    divide: every round's mixes are then one product per layer, made and scored on the
+    layer's device (no transposed copy of the mixes, nothing moved between devices)."""
+    attn = jnp.transpose(attn_NxLxHxTxT, (1, 2, 0, 3, 4))
+    mesh = parallel.local_mesh()
+    if mesh is not None and attn.shape[0] % mesh.size == 0:
+        attn = jax.device_put(attn, parallel.batch_sharded(mesh))
+    return attn
+
+
+def _mixed_fidelity(attn_LxHxNxTxT, weights_LxCxH, horizon, causal=None):
     """Mean over sequences of the minimax fidelity of each candidate mix: L x C.
     `causal`: whether the attention is lower triangular (None: checked)."""
-    w = graphs.normalize_weights(np.asarray(weights_LxCxH, attn.dtype), attn.shape[2])
-    mixed = jnp.einsum("lch,nlhij->nlcij", w, attn)
+    a = attn_LxHxNxTxT
+    w = graphs.normalize_weights(np.asarray(weights_LxCxH, a.dtype), a.shape[1])
+    mixed = jnp.einsum("lch,lhnij->lcnij", w, a)
     fidelity = metrics.objective_unchecked(mixed, "fidelity", horizon, 1, "reference", causal)
-    return np.asarray(jnp.mean(fidelity, axis=0))
+    return np.asarray(jnp.mean(fidelity, axis=-1))
 
 
 def merge_sequences(per_layer) -> list[tuple[int, int]]:

@@ -25,6 +25,9 @@ _CACHE_BYTES = 4 * 2**30
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILED
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1.0"
 os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(_CACHE_BYTES)
+from beyondpar.base import allocator  # noqa: E402
+
+allocator.keep_freed_memory()  # as every launcher does (`parallel.use_all_cpu_cores`)
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)

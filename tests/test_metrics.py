@@ -322,6 +322,42 @@ def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
     assert np.argmax(np.asarray(metrics.sink_signal(cases[-1], 60))[0, :, 1]) > 5
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("walk", WALKS)
+def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
+    """The hitting time stops summing once the survival mass left would round away; the
+    value must be that of the full sweep (which also gives the other metrics), bit for
+    bit: mixes of causal heads (their walks reach the sink within a few steps), rows that
+    sum to a little over 1, operators that read later tokens, and a slow chain whose
+    walks are still under way at the last step; from 1 step to 100."""
+    heads = causal(7, (6, 4), 30).astype(dtype)
+    rng = np.random.default_rng(1)
+    cases = [np.einsum("nh,nhij->nij", rng.dirichlet(np.full(4, 0.5), 6), heads)]
+    cases.append(cases[0] * (1 + 9e-5))
+    cases.append(np.stack([bidirectional(s, 20) for s in range(5)]))
+    cases.append(np.stack([chain(12, 0.95), chain(12, 0.5)]))
+    for c, k in zip(cases, (100, 7, 100, 100), strict=True):
+        c = np.asarray(c, dtype)
+        full = metrics.operator_metrics(c, 5, k, walk=walk, validate=False).hitting_time
+        np.testing.assert_array_equal(metrics.hitting_time(c, k, walk, validate=False), full)
+    got = metrics.objective_unchecked(cases[0].astype(dtype), "hitting_time", 5, 1, walk)
+    np.testing.assert_allclose(got, np.full(6, 29 / 30), rtol=1e-6)  # S_0 only: (T - 1) / T
+    # The slow chain's walks are not done by the last step: every step counts.
+    slow = [float(metrics.hitting_time(chain(12, 0.95), k, walk)) for k in (60, 100)]
+    assert slow[1] > slow[0] + 20
+
+
+def test_hitting_time_runs_on_while_a_step_would_still_round_the_sum():
+    """Slow chains on the normalised walk, still under way when their survival mass is
+    near a unit in the last place of the sum: the loop must not stop while a later step
+    could still change the rounded sum, and gives the full sweep's value, bit for bit."""
+    for keep in (0.5, 0.7, 0.9):
+        c = chain(12, keep).astype(np.float32)
+        full = metrics.operator_metrics(c, 5, 300, walk="normalized", validate=False)
+        got = metrics.hitting_time(c, 300, "normalized", validate=False)
+        np.testing.assert_array_equal(got, full.hitting_time)
+
+
 def test_minimax_fidelity_of_a_non_causal_operator_runs_every_step():
     """The early stop holds for causal operators only. Here tokens read later tokens: the
     sink's share leaves it (down to 0.085 and 0.041) and comes back round the cycle

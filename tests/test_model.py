@@ -76,6 +76,43 @@ def test_dropout_keeps_the_right_fraction_and_scales():
     assert abs(np.corrcoef(flat[:-1].ravel(), flat[1:].ravel())[0, 1]) < 0.01
     same = model.Dropout(0.1).apply({}, x, deterministic=True)
     np.testing.assert_array_equal(same, x)
+    # Without the rescale: the same mask (the same key), the kept values as they were.
+    plain = model.Dropout(0.1, rescale=False).apply(
+        {}, x, deterministic=False, rngs={"dropout": jax.random.PRNGKey(3)}
+    )
+    np.testing.assert_array_equal(np.asarray(plain) > 0, kept)
+    np.testing.assert_array_equal(np.asarray(plain)[kept], 1.0)
+    assert model.keep_probability(0.1) == pytest.approx(0.9, abs=2**-32)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3, 1 / 3, 0.5, 1e-12, 1.0])
+def test_keep_probability_is_a_whole_number_of_32_bit_values(rate):
+    """An element is kept when its 32 random bits reach a threshold, so the share kept is
+    a whole number of the 2^32 values over 2^32, the nearest to 1 - rate (at least one
+    value: rate 1 still keeps 2^-32, and a rate under half of 2^-32 drops nothing)."""
+    kept_values = model.keep_probability(rate) * 2.0**32
+    assert kept_values == round(kept_values)
+    assert 1 <= kept_values <= 2**32
+    assert abs(kept_values - max((1 - rate) * 2.0**32, 1)) <= 0.5
+
+
+def test_attention_dropout_is_unbiased():
+    """Training-mode attention, averaged over dropout keys, is the eval-mode attention:
+    the dropped probabilities are scaled by 1 / keep (here on the values) in expectation."""
+    cfg = model.ModelConfig(num_heads=2, dropout_rate=0.5, **SMALL)
+    attn = model.CausalSelfAttention(cfg)
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, 6, cfg.embed_dim))
+    params = attn.init(jax.random.PRNGKey(1), x, True)
+    out_no_bias = lambda y: y - params["params"]["out"]["bias"]
+    exact = out_no_bias(attn.apply(params, x, True))
+
+    def train_mode(key):
+        return out_no_bias(attn.apply(params, x, False, rngs={"dropout": key}))
+
+    mean = jax.vmap(train_mode)(jax.random.split(jax.random.PRNGKey(2), 4000)).mean(0)
+    scale = float(jnp.sum(mean * exact) / jnp.sum(exact * exact))  # 1 when unbiased
+    assert scale == pytest.approx(1.0, abs=0.05)
+    np.testing.assert_allclose(mean, exact, atol=0.1 * float(jnp.abs(exact).max()))
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,19 @@ def test_greedy_sequences_record_the_fidelity_each_removal_loses(reference):
         assert total == pytest.approx(whole - fidelity(layer, alive), abs=1e-5)
 
 
+def test_greedy_sequences_of_layers_split_over_devices_are_each_layer_alone(reference):
+    """Four layers on the tests' four devices (one each) give every layer the sequence
+    it has alone (one layer, on one device)."""
+    _, _, _, attn, weights = reference
+    together = pruning.greedy_sequences(attn, weights, horizon=30)
+    for layer in range(4):
+        alone = pruning.greedy_sequences(attn[:, [layer]], weights[[layer]], horizon=30)[0]
+        assert [head for _, _, head in alone] == [head for _, _, head in together[layer]]
+        lost_alone = [lost for lost, _, _ in alone]
+        lost_together = [lost for lost, _, _ in together[layer]]
+        np.testing.assert_allclose(lost_together, lost_alone, rtol=1e-5, atol=1e-7)
+
+
 def test_greedy_fidelity_order_takes_the_cheapest_head_first(reference):
     module, params, examples, attn, weights = reference
     order = pruning.fidelity_order(attn, weights, horizon=50)

@@ -1,4 +1,5 @@
-"""Helpers every layer uses: argument checks, files, devices, locks, settings, timing.
+"""Helpers every layer uses: argument checks, files, devices, memory, locks,
+settings, timing.
 
 Nothing here imports the rest of beyondpar.
 """

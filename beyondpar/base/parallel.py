@@ -17,6 +17,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from beyondpar.base import allocator
+
 DATA = "data"
 MODEL = "model"
 
@@ -29,8 +31,10 @@ def use_all_cpu_cores(batch_size: int | None = None) -> int:
 
     With `batch_size`, the most cores that divide it (a batch of 50 on 4 cores uses 2).
     Must run before JAX creates its backends (first array or device query); entry points
-    call it at start. Returns the number of CPU devices asked for.
+    call it at start. It also keeps freed memory for reuse (`allocator`): large temporaries
+    are then not mapped afresh by every call. Returns the number of CPU devices asked for.
     """
+    allocator.keep_freed_memory()
     count = cpu_device_count(os.cpu_count() or 1, batch_size)
     jax.config.update("jax_num_cpu_devices", count)
     return count

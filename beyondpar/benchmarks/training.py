@@ -24,7 +24,7 @@ from beyondpar import model as model_lib
 from beyondpar import tasks
 from beyondpar.base import parallel
 from beyondpar.base.timing import best_time
-from beyondpar.benchmarks import torch_baseline
+from beyondpar.benchmarks import step_profile, torch_baseline
 from beyondpar.benchmarks.machine import copy_bytes_per_s, matmul_flops_per_s
 from beyondpar.study import train
 
@@ -51,22 +51,36 @@ def roofline_ms(cfg, batch: int, t: int, flops_per_s: float, bytes_per_s: float)
 
 def jax_step_ms(cfg, mesh, examples: tasks.Examples, repeats: int) -> float:
     """Best milliseconds of the jitted data-parallel step of `study.train`."""
+    return 1e3 * best_time(_jax_step(cfg, mesh, examples)[0], repeats)
+
+
+def step_profile_ms(cfg, mesh, examples: tasks.Examples, steps: int = 5) -> dict:
+    """Milliseconds per step and device of the same step's operations by kind of work (a
+    trace): the operations of one device overlap, so they add up to more than the step."""
+    run, compiled_text = _jax_step(cfg, mesh, examples)
+    run()  # compiled and warm before the trace
+    return step_profile.profile(run, compiled_text, steps, mesh.size)
+
+
+def _jax_step(cfg, mesh, examples: tasks.Examples):
+    """(a call of one training step that carries its state on, the step's compiled HLO)."""
     module, tx = model_lib.Transformer(cfg), optax.adam(1e-3)
     state = train.create_state(module, jax.random.PRNGKey(0), tx, examples.inputs.shape[1])
     holder = [jax.device_put(state, parallel.replicated(mesh))]
-    step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(2))
+    update, key = train.jitted_update(module, tx, mesh), jax.random.PRNGKey(2)
     batch = tasks.Examples(*(parallel.shard_batch(np.asarray(a), mesh) for a in examples))
 
     def run():
-        holder[0], loss = step(holder[0], batch)
+        holder[0], loss = update(holder[0], batch, key)
         return loss
 
-    return 1e3 * best_time(run, repeats)
+    return run, update.lower(holder[0], batch, key).compile().as_text()
 
 
 def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int = 100):
     """Milliseconds per train step at the paper's size per head count: JAX, PyTorch with
-    as many threads as JAX has devices, and the roofline floor; a line per head count."""
+    as many threads as JAX has devices, and the roofline floor; a line per head count,
+    then where the smallest head count's step goes (`step_profile`)."""
     mesh = parallel.data_mesh()
     rate, bandwidth = matmul_flops_per_s(repeats), copy_bytes_per_s(repeats)
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), batch, t, 256)
@@ -92,8 +106,21 @@ def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int =
         rows[str(h)] = row
         _print_row(h, row, batch * t)
     result = _result(rows, mesh.size, rate, bandwidth, cfg, batch, t)
+    smallest = min(heads)
+    profile = step_profile_ms(model_lib.ModelConfig(num_heads=smallest, max_len=t), mesh, examples)
+    _print_profile(smallest, profile, rows[str(smallest)]["jax"])
+    result["step_profile_heads"], result["step_profile_ms"] = smallest, profile
     print(json.dumps(result))
     return result
+
+
+def _print_profile(h: int, profile: dict, step_ms: float) -> None:
+    """Where the smallest step goes. A device runs independent operations at once, so its
+    operations' times add up to more than the step: they are shown as shares."""
+    busy = sum(profile.values())
+    print(f"H={h} step ({step_ms:.1f} ms) by kind of work, share of the operations' time:")
+    for kind, ms in profile.items():
+        print(f"  {ms / busy:6.1%}  {kind}")
 
 
 def _torch_version() -> str:

@@ -127,12 +127,15 @@ def make_train_step(module, tx, mesh, dropout_key):
     """Jitted update: parameters replicated, the batch split over the `data` axis. Steps
     made for the same (module, tx, mesh) share one compiled program: every run of a grid
     with the same model, and every resume, compiles it once per process."""
-    update = _update(module, tx, mesh)
+    update = jitted_update(module, tx, mesh)
     return lambda state, batch: update(state, batch, dropout_key)
 
 
 @functools.lru_cache(maxsize=32)
-def _update(module, tx, mesh):
+def jitted_update(module, tx, mesh):
+    """The jitted (state, batch, dropout_key) -> (state, loss) of `make_train_step`, for
+    work that inspects its compiled program (a profile of the step)."""
+
     def step_fn(state, batch: tasks.Examples, dropout_key):
         key = jax.random.fold_in(dropout_key, state["step"])
 

@@ -1,6 +1,9 @@
 """Mesh helpers: the --mesh flag's grammar and errors, data x model meshes, placing a
 host array so that each device receives only its part."""
 
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -77,3 +80,34 @@ def test_a_local_mesh_needs_a_batch_of_at_least_one_item_per_device():
     assert parallel.local_mesh().size == count
     assert parallel.local_mesh(count).size == count
     assert parallel.local_mesh(count - 1) is None
+
+
+# Faults while filling a 64 MB malloc buffer for the second time, after the entry points'
+# setup (one per 4 KB page, 16,384, when its pages are new). A fresh interpreter: the
+# allocator setting is process-wide and JAX's devices are set before its first use.
+SECOND_FILL_AFTER_SETUP = """
+import ctypes, resource
+from beyondpar.base import parallel
+parallel.use_all_cpu_cores()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+def fill():
+    buffer = libc.malloc(64 * 2**20)
+    ctypes.memset(buffer, 1, 64 * 2**20)
+    libc.free(buffer)
+fill()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+fill()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
+def test_using_all_cores_also_keeps_freed_memory_for_reuse():
+    """After `use_all_cpu_cores`, a large buffer freed and allocated again reuses its pages
+    instead of faulting on each one afresh."""
+    out = subprocess.run(
+        [sys.executable, "-c", SECOND_FILL_AFTER_SETUP], capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout.split()[-1]) < 1_000

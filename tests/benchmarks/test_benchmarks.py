@@ -87,6 +87,13 @@ def test_suites_report_their_ratios(capsys):
         assert share[name] == pytest.approx(seconds / (8 * us[name] * 1e-6), rel=1e-6)
     t = training.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
     assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
+    # Where the smallest step goes: both passes' matmuls, and the gradients summed over
+    # the test's four devices.
+    assert t["step_profile_heads"] == 1
+    kinds = t["step_profile_ms"]
+    assert {"forward: matmuls", "backward: matmuls"} <= set(kinds)
+    assert any(kind.startswith("gradient all-reduce") for kind in kinds)
+    assert all(ms > 0 for ms in kinds.values())
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith('{"devices"')
 

@@ -53,10 +53,16 @@ def test_curve_measures_each_point_with_its_horizon_steps_and_walk(reference, wa
     assert np.all(np.asarray(got["hitting_time"][0]) < 7)  # capped at max_steps, not horizon
 
 
-def test_points_that_share_layers_are_each_the_masked_model():
+@pytest.mark.parametrize("group, mix_bytes", [(16, 2**28), (2, 2**28), (16, 1)])
+def test_points_that_share_layers_are_each_the_masked_model(group, mix_bytes, monkeypatch):
     """Every point of a curve is the whole masked model, whatever layer each removal is
-    in (the curve shares the layers before the points' masks differ). A small random
-    model: its accuracy moves with every removal, so points cannot be swapped unseen."""
+    in (the curve shares the layers before the points' masks differ, and the attention
+    of a layer among the masks that read the same stream, in groups of at most `group`
+    masks and `mix_bytes` of mixes).
+    A small random model: its accuracy moves with every removal, so points cannot be
+    swapped unseen."""
+    monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
+    monkeypatch.setattr(pruning_curves, "MIX_BYTES", mix_bytes)
     cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=40, mlp_dim=32, embed_dim=16)
     module = model_lib.Transformer(cfg)
     params = model_lib.init_params(module, jax.random.PRNGKey(5))
@@ -123,3 +129,102 @@ def test_curve_takes_the_models_mixes_as_causal_without_a_check(reference, monke
         module, params, examples, weights, jnp.ones((1, 4, 4), jnp.float32), 30, 9, "reference"
     )
     np.testing.assert_allclose(got["fidelity"][0], want, rtol=1e-4)
+
+
+def test_masks_that_read_one_stream_share_its_attention():
+    """A group's masks only scale the heads' outputs: the softmax runs once on B x H x T x
+    T for the whole group, not once per mask, and each mask's results are its own."""
+    cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=12, mlp_dim=8, embed_dim=8)
+    module = model_lib.Transformer(cfg)
+    params = model_lib.init_params(module, jax.random.PRNGKey(1))
+    stream = jax.random.normal(jax.random.PRNGKey(2), (3, 12, 8))
+    masks = jnp.asarray([[1, 1, 1, 1], [0, 1, 1, 0], [1, 0, 0, 0]], jnp.float32)
+    importance = jnp.asarray([0.1, 0.2, 0.3, 0.4])
+    args = (module, params["layers_1"], stream, masks, importance)
+    jaxpr = jax.make_jaxpr(pruning_curves._group_runs, static_argnums=0)(*args)
+    exp_shapes = [
+        eqn.outvars[0].aval.shape for eqn in _equations(jaxpr.jaxpr) if eqn.primitive.name == "exp"
+    ]
+    assert exp_shapes == [(3, 4, 12, 12)]  # one softmax, no mask axis
+    out, mixed = pruning_curves._group_runs(*args)
+    for g, mask in enumerate(masks):
+        own_out, attn = model_lib.apply_block(module, params, 1, stream, mask)
+        np.testing.assert_allclose(out[g], own_out, rtol=1e-5, atol=1e-6)
+        mix = graphs.combine_heads(attn, importance * mask)
+        np.testing.assert_allclose(mixed[g], mix, rtol=1e-5, atol=1e-7)
+
+
+def _equations(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (jit, custom rules) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                yield from _equations(inner)
+
+
+@pytest.fixture(scope="module")
+def small_layer():
+    """A small random model's layer 1, two input streams and five masks, read in an order
+    that is not the streams' (masks 0, 2, 4 read stream 1; masks 1, 3 read stream 0)."""
+    cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=12, mlp_dim=8, embed_dim=8)
+    module = model_lib.Transformer(cfg)
+    params = model_lib.init_params(module, jax.random.PRNGKey(3))
+    streams = jax.random.normal(jax.random.PRNGKey(4), (2, 3, 12, 8))
+    inputs = np.array([1, 0, 1, 0, 1])
+    masks = jnp.asarray(
+        [[1, 1, 1, 1], [0, 1, 1, 0], [1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 1]], jnp.float32
+    )
+    importance = jnp.asarray([0.4, 0.1, 0.3, 0.2])
+    return module, params["layers_1"], streams, inputs, masks, importance
+
+
+@pytest.mark.parametrize("group", [16, 2])
+def test_layer_gives_each_mask_its_own_stream_in_mask_order(small_layer, group, monkeypatch):
+    """Whatever order the masks' input streams come in, and however the masks that read
+    one stream are grouped, mask u's results are the layer on stream `inputs[u]` under
+    mask u, in the order of the masks."""
+    monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
+    module, layer_params, streams, inputs, masks, importance = small_layer
+    walk = "normalized"
+    out, fid, hit = pruning_curves._layer(
+        module, layer_params, streams, inputs, masks, importance, (10, 6, walk)
+    )
+    assert out.shape == (5, 3, 12, 8) and fid.shape == hit.shape == (5,)
+    for u, mask in enumerate(masks):
+        own, attn = model_lib.apply_layer(module, layer_params, streams[inputs[u]], mask)
+        np.testing.assert_allclose(out[u], own, rtol=1e-5, atol=1e-6)
+        mix = graphs.combine_heads(attn, importance * mask)
+        fidelity, hitting = metrics.minimax_fidelity(mix, 10), metrics.hitting_time(mix, 6, walk)
+        np.testing.assert_allclose(fid[u], np.mean(fidelity), rtol=1e-5)
+        np.testing.assert_allclose(hit[u], np.mean(hitting), rtol=1e-5)
+
+
+def test_layer_keeps_each_call_within_the_mix_budget(small_layer, monkeypatch):
+    """No call holds more masks' mixes (B x T x T float32 each) than `MIX_BYTES` allows,
+    even when `MASK_GROUP` would allow more."""
+    module, layer_params, streams, inputs, masks, importance = small_layer
+    monkeypatch.setattr(pruning_curves, "MASK_GROUP", 16)
+    monkeypatch.setattr(pruning_curves, "MIX_BYTES", 2 * 3 * 12 * 12 * 4)  # two mixes
+    sizes, run = [], pruning_curves._group_runs
+
+    def counted(module, layer_params, stream, masks_GxH, importance_H):
+        sizes.append(masks_GxH.shape[0])
+        return run(module, layer_params, stream, masks_GxH, importance_H)
+
+    monkeypatch.setattr(pruning_curves, "_group_runs", counted)
+    pruning_curves._layer(
+        module, layer_params, streams, inputs, masks, importance, (10, 6, "normalized")
+    )
+    assert sorted(sizes) == [1, 2, 2]  # stream 1: masks 0, 2 | mask 4; stream 0: masks 1, 3
+
+
+@pytest.mark.parametrize("size", range(1, 18))
+def test_groups_are_padded_to_the_next_power_of_two_with_their_last_member(size):
+    group = np.arange(size) + 7
+    padded = pruning_curves._padded(group)
+    n = len(padded)
+    assert n & (n - 1) == 0 and size <= n < 2 * size  # the smallest power of two >= size
+    np.testing.assert_array_equal(padded[:size], group)
+    assert np.all(padded[size:] == group[-1])

@@ -1,0 +1,46 @@
+"""Freed memory kept for reuse: a large buffer allocated again does not fault afresh."""
+
+import subprocess
+import sys
+
+import pytest
+
+# Faults while filling a 64 MB malloc buffer for the second time (one per 4 KB page: 16,384
+# when its pages are new). Run in a fresh interpreter: the setting is process-wide.
+SECOND_FILL_FAULTS = """
+import ctypes, resource, sys
+from beyondpar.base import allocator
+kept = allocator.keep_freed_memory() if sys.argv[1] == "keep" else None
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+size = 64 * 2**20
+def fill():
+    buffer = libc.malloc(size)
+    ctypes.memset(buffer, 1, size)
+    libc.free(buffer)
+fill()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+fill()
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _second_fill(mode: str) -> tuple[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", SECOND_FILL_FAULTS, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
+def test_kept_memory_is_reused_without_page_faults():
+    """By default glibc maps a 64 MB buffer afresh (a fault per page); once freed memory
+    is kept, the second buffer reuses the first one's pages."""
+    default, faults_default = _second_fill("default")
+    kept, faults_kept = _second_fill("keep")
+    assert default == "None" and faults_default >= 16_000
+    assert kept == "True" and faults_kept < 1_000
