@@ -449,14 +449,18 @@ def test_odd_batch_sizes_pad_and_shard(n):
     np.testing.assert_allclose(got, expected, rtol=1e-12)
 
 
-def test_second_call_does_not_retrace(monkeypatch):
-    counted = chex.assert_max_traces(metrics._sweep_block, n=1)
-    monkeypatch.setattr(metrics, "_sweep_block", counted)
+@pytest.mark.parametrize(
+    "block, kernel",
+    [("_sweep_block", metrics.node_fidelity), ("_settled_hitting_time", metrics.hitting_time)],
+)
+def test_second_call_does_not_retrace(block, kernel, monkeypatch):
+    counted = chex.assert_max_traces(getattr(metrics, block), n=1)
+    monkeypatch.setattr(metrics, block, counted)
     mats = graphs.random_causal(0, (2, 3), 13)
-    metrics.hitting_time(mats, 17)
-    metrics.hitting_time(mats + 0, 17)  # same shapes, new values: no new trace
+    kernel(mats, 17)
+    kernel(mats + 0, 17)  # same shapes, new values: no new trace
     with pytest.raises(AssertionError, match="traced > 1"):
-        metrics.hitting_time(mats, 18)  # a new static horizon must trace again
+        kernel(mats, 18)  # a new static horizon must trace again
     chex.clear_trace_counter()
 
 
