@@ -99,6 +99,16 @@ def test_independent_problems_split_over_devices_only_when_they_divide(leading):
         assert shapes == {(leading // count, 2, 3)}
 
 
+def test_one_device_has_nothing_to_split(monkeypatch):
+    """A process with a single device has no local mesh, and independent problems stay
+    where they are, whatever their count."""
+    device = jax.local_devices()[0]
+    monkeypatch.setattr(jax, "local_devices", lambda: [device])
+    assert parallel.local_mesh() is None and parallel.local_mesh(8) is None
+    one = jax.device_put(np.ones((4, 3), np.float32), device)
+    assert parallel.split_first_axis(one) is one
+
+
 # Faults while filling a 64 MB malloc buffer for the second time, after the entry points'
 # setup (one per 4 KB page, 16,384, when its pages are new). A fresh interpreter: the
 # allocator setting is process-wide and JAX's devices are set before its first use.
