@@ -176,11 +176,7 @@ def _layers_first(attn_NxLxHxTxT):
     """The attention as L x H x N x T x T, the layers split over the devices when they
     divide: every round's mixes are then one product per layer, made and scored on the
     layer's device (no transposed copy of the mixes, nothing moved between devices)."""
-    attn = jnp.transpose(attn_NxLxHxTxT, (1, 2, 0, 3, 4))
-    mesh = parallel.local_mesh()
-    if mesh is not None and attn.shape[0] % mesh.size == 0:
-        attn = jax.device_put(attn, parallel.batch_sharded(mesh))
-    return attn
+    return parallel.split_first_axis(jnp.transpose(attn_NxLxHxTxT, (1, 2, 0, 3, 4)))
 
 
 def _mixed_fidelity(attn_LxHxNxTxT, weights_LxCxH, horizon, causal=None):

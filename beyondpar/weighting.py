@@ -169,12 +169,8 @@ def _check_attn(attn):
     if a.ndim == 3:
         a = a[None]
     a = metrics.check_operator(a, "attn")
-    mesh = parallel.local_mesh()
-    if a.ndim > 4 and mesh is not None and a.shape[0] % mesh.size == 0:
-        # Independent problems (e.g. layers) split over the devices: each device mixes
-        # and scores its own, and the mixes never move between devices.
-        a = jax.device_put(a, parallel.batch_sharded(mesh))
-    return a
+    # Independent problems (e.g. layers) go to their own devices.
+    return parallel.split_first_axis(a) if a.ndim > 4 else a
 
 
 def _propose(sub, pool, sign, local_rounds, settings, *, steps, learning_rate, local_starts):

@@ -266,6 +266,20 @@ def test_a_single_fold_of_several_sets_is_in_sample():
     assert found["search_sets"] == [[0, 1, 2]]
 
 
+def test_cross_fitting_every_layer_folds_the_sets_not_the_layers():
+    """Layers x 5 sets: the folds split the 5 sets (axis -4) of every layer, and each
+    layer's fold weights are those its own cross-fitting finds."""
+    attn = jnp.asarray(graphs.random_causal(13, (2, 5, 3), 6), jnp.float32)  # L x N x H x T x T
+    settings = dict(horizon=10, local_rounds=0, random_starts=4)
+    found = weighting.cross_fitted(attn, 2, **settings)
+    assert found["fold"].tolist() == [0, 0, 1, 1, 1]
+    assert found["search_sets"] == [[2, 4], [0, 1]]
+    assert found["weights"].shape == (2, 5, 3) and found["fold_weights"].shape == (2, 2, 3)
+    alone = weighting.cross_fitted(attn[1], 2, **settings)
+    np.testing.assert_allclose(found["fold_weights"][1], alone["fold_weights"], atol=1e-6)
+    np.testing.assert_allclose(found["in_sample"][1], alone["in_sample"], rtol=1e-6)
+
+
 @pytest.mark.parametrize("objective", weighting.OBJECTIVES)
 def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, objective):
     """4 layers (as many as the test's devices): each device mixes and scores its own

@@ -97,6 +97,16 @@ def split_over_devices(batch):
     return jax.device_put(np.asarray(batch), batch_sharded(mesh))
 
 
+def split_first_axis(array):
+    """`array` split along its first axis over the local devices when there are several
+    and it divides evenly (independent problems, e.g. layers: each device then works on
+    its own and nothing moves between devices), else unchanged."""
+    mesh = local_mesh()
+    if mesh is None or array.shape[0] % mesh.size:
+        return array
+    return jax.device_put(array, batch_sharded(mesh))
+
+
 def replicated(mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

@@ -63,13 +63,20 @@ def _padded(group: np.ndarray) -> np.ndarray:
     return np.concatenate([group, np.repeat(group[-1:], size - len(group))])
 
 
+def group_limit(batch: int, tokens: int) -> int:
+    """The most masks per call: at most `MASK_GROUP`, and a power of two whose mixes
+    (batch x tokens x tokens float32 each) fit in `MIX_BYTES`, so that padding a group
+    to a power of two never takes it over the budget (one mask at the least)."""
+    fits = max(1, min(MASK_GROUP, MIX_BYTES // (batch * tokens * tokens * 4)))
+    return 1 << (fits.bit_length() - 1)
+
+
 def _layer(module, layer_params, streams, inputs_U, masks_UxH, importance_H, spec):
     """(streams after the layer (U, B, T, D), mean minimax fidelity (U,), mean hitting
     time (U,)) of each distinct mask, which reads stream `inputs_U[u]` of `streams`.
     Groups run from several threads: forward passes on one device leave cores idle."""
     horizon, max_steps, walk = spec
-    b, t = streams.shape[1], streams.shape[2]
-    limit = max(1, min(MASK_GROUP, MIX_BYTES // (b * t * t * 4)))
+    limit = group_limit(streams.shape[1], streams.shape[2])
 
     def run(group):
         pad = _padded(group)

@@ -82,6 +82,33 @@ def test_a_local_mesh_needs_a_batch_of_at_least_one_item_per_device():
     assert parallel.local_mesh(count - 1) is None
 
 
+@pytest.mark.parametrize("leading", [4, 8, 6, 3])
+def test_independent_problems_split_over_devices_only_when_they_divide(leading):
+    """Split along the first axis, one equal block per device, when the device count
+    divides it; otherwise the array is returned as it came (same buffer, same device)."""
+    count = len(jax.local_devices())
+    host = np.arange(leading * 6, dtype=np.float32).reshape(leading, 2, 3)
+    one = jax.device_put(host, jax.local_devices()[0])
+    split = parallel.split_first_axis(one)
+    np.testing.assert_array_equal(split, host)
+    if leading % count:
+        assert split is one
+    else:
+        assert split.sharding.spec == P("data") and len(split.sharding.device_set) == count
+        shapes = {s.data.shape for s in split.addressable_shards}
+        assert shapes == {(leading // count, 2, 3)}
+
+
+def test_one_device_has_nothing_to_split(monkeypatch):
+    """A process with a single device has no local mesh, and independent problems stay
+    where they are, whatever their count."""
+    device = jax.local_devices()[0]
+    monkeypatch.setattr(jax, "local_devices", lambda: [device])
+    assert parallel.local_mesh() is None and parallel.local_mesh(8) is None
+    one = jax.device_put(np.ones((4, 3), np.float32), device)
+    assert parallel.split_first_axis(one) is one
+
+
 # Faults while filling a 64 MB malloc buffer for the second time, after the entry points'
 # setup (one per 4 KB page, 16,384, when its pages are new). A fresh interpreter: the
 # allocator setting is process-wide and JAX's devices are set before its first use.

@@ -220,6 +220,22 @@ def test_layer_keeps_each_call_within_the_mix_budget(small_layer, monkeypatch):
     assert sorted(sizes) == [1, 2, 2]  # stream 1: masks 0, 2 | mask 4; stream 0: masks 1, 3
 
 
+@pytest.mark.parametrize("batch,tokens", [(1, 8), (3, 12), (5, 100), (50, 100), (7, 900)])
+@pytest.mark.parametrize("mix_bytes", [1, 3 * 2**20, 5 * 2**20, 256 * 2**20])
+def test_padded_groups_never_take_a_call_over_the_mix_budget(monkeypatch, batch, tokens, mix_bytes):
+    """The group limit is a power of two, at most `MASK_GROUP`, and the largest such
+    whose mixes fit in `MIX_BYTES` (one mask when not even one fits): padding a group
+    to a power of two cannot take it over the budget."""
+    monkeypatch.setattr(pruning_curves, "MIX_BYTES", mix_bytes)
+    limit = pruning_curves.group_limit(batch, tokens)
+    per_mask = batch * tokens * tokens * 4
+    fits = min(pruning_curves.MASK_GROUP, mix_bytes // per_mask)
+    assert limit & (limit - 1) == 0 and 1 <= limit <= max(1, fits) < 2 * limit
+    for size in range(1, limit + 1):
+        padded = len(pruning_curves._padded(np.arange(size)))
+        assert padded <= limit and (padded * per_mask <= mix_bytes or limit == 1)
+
+
 @pytest.mark.parametrize("size", range(1, 18))
 def test_groups_are_padded_to_the_next_power_of_two_with_their_last_member(size):
     group = np.arange(size) + 7

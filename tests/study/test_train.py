@@ -141,7 +141,7 @@ def free_port():
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
     port, workdir = free_port(), tmp_path / "two"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "XLA_FLAGS": ""}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}  # compiled as here
     procs = [
         subprocess.Popen(
             [
