@@ -844,6 +844,13 @@ def metrics_by_walk(
         signal=signal,
         causal=causal,
     )
+    return _by_walk(sweep, walks=walks, eps=eps, max_steps=max_steps), sweep.sink_signal
+
+
+@functools.partial(jax.jit, static_argnames=("walks", "eps", "max_steps"))
+def _by_walk(sweep: _Sweep, *, walks, eps, max_steps) -> dict[str, OperatorMetrics]:
+    """Each walk's metrics out of one sweep, in one call: op by op, these small arrays
+    would each pay a dispatch (about a hundred per analysed layer)."""
     minimax = jnp.min(sweep.node_fidelity, axis=-1)
     by_walk = {}
     for i, walk in enumerate(walks):
@@ -856,7 +863,7 @@ def metrics_by_walk(
             spectral_radius=rho,
             spectral_mixing_time=_mixing_from_radius(rho, eps, max_steps),
         )
-    return by_walk, sweep.sink_signal
+    return by_walk
 
 
 def _walk_args(c, max_steps, walk, validate: bool = True):

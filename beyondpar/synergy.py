@@ -15,6 +15,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from beyondpar import graphs, metrics
 from beyondpar.base import checks
@@ -54,13 +55,26 @@ def pairwise_synergy(attn_xHxTxT, horizon: int = 100):
     and the H (H - 1) / 2 distinct pairs go through the metric kernels as one batch.
     """
     attn = check_heads(attn_xHxTxT)
-    h = attn.shape[-3]
-    rows, cols = jnp.triu_indices(h, 1)
+    return _pair_gains(metrics.minimax_fidelity(_heads_and_pairs(attn), horizon), attn.shape[-3])
+
+
+# Built and read in one jitted call each: op by op, every gather and sum of a batch of
+# pairs (120 of them at 16 heads) is a pass of its own over memory.
+@jax.jit
+def _heads_and_pairs(attn):
+    """(..., H + H (H - 1) / 2, T, T): the heads, then each distinct pair's 50/50 mix."""
+    rows, cols = np.triu_indices(attn.shape[-3], 1)
     pairs = 0.5 * (attn[..., rows, :, :] + attn[..., cols, :, :])
-    fid = metrics.minimax_fidelity(jnp.concatenate([attn, pairs], axis=-3), horizon)
-    alone, mixed = fid[..., :h], fid[..., h:]
+    return jnp.concatenate([attn, pairs], axis=-3)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _pair_gains(fidelity, h: int):
+    """(..., H, H) symmetric: each pair's fidelity minus its better head's, 0 on the diagonal."""
+    rows, cols = np.triu_indices(h, 1)
+    alone, mixed = fidelity[..., :h], fidelity[..., h:]
     gain = mixed - jnp.maximum(alone[..., rows], alone[..., cols])
-    out = jnp.zeros((*fid.shape[:-1], h, h), fid.dtype)
+    out = jnp.zeros((*fidelity.shape[:-1], h, h), fidelity.dtype)
     return out.at[..., rows, cols].set(gain).at[..., cols, rows].set(gain)
 
 

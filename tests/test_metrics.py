@@ -426,6 +426,18 @@ def test_metrics_by_walk_is_each_walks_metrics_from_one_pass():
             metrics.metrics_by_walk(c, 20, 15, walks=walks)
 
 
+def test_metrics_by_walk_checks_rows_only_when_asked():
+    """`validate` False takes operators as already checked: same numbers on valid rows, and
+    rows the check would refuse go through unchecked."""
+    c = causal(6, (2,), 7)
+    checked, _ = metrics.metrics_by_walk(c, 10, 10)
+    unchecked, _ = metrics.metrics_by_walk(c, 10, 10, validate=False)
+    jax.tree.map(np.testing.assert_array_equal, unchecked, checked)
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        metrics.metrics_by_walk(2 * c, 10, 10)
+    metrics.metrics_by_walk(2 * c, 10, 10, validate=False)  # unchecked: no error
+
+
 # ---------------------------------------------------------------- batching and dtypes
 
 

@@ -280,3 +280,17 @@ def test_head_diversity_takes_a_known_causality(monkeypatch):
     for hint in (True, False):
         got = synergy.head_diversity(attn, validate=False, causal=hint)
         np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_pairwise_synergy_measures_fidelity_within_its_horizon():
+    """Within one step a token keeps only what the sink's row gives it: the pair's gain
+    is then min_j of the mean of two sink rows minus the better head's min_j."""
+    attn = graphs.random_causal(7, (2, 4), 6, dtype=np.float64)  # B x H x T x T
+    rows = np.asarray(attn)[..., -1, :]  # B x H x T: each head's sink row
+    alone = rows.min(-1)  # B x H
+    mixed = (0.5 * (rows[:, :, None] + rows[:, None, :])).min(-1)  # B x H x H
+    want = mixed - np.maximum(alone[:, :, None], alone[:, None, :])
+    want[:, np.arange(4), np.arange(4)] = 0
+    got = np.asarray(synergy.pairwise_synergy(attn, horizon=1))
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    assert not np.allclose(np.asarray(synergy.pairwise_synergy(attn)), want, atol=1e-6)

@@ -91,10 +91,7 @@ def local_mesh(batch_size: int | None = None) -> jax.sharding.Mesh | None:
 def split_over_devices(batch):
     """A host batch split along its first axis over the local devices when that divides
     evenly (so each device's work stays on it), else one array on the default device."""
-    mesh = data_mesh(jax.local_devices())
-    if np.shape(batch)[0] % mesh.size:
-        return jax.numpy.asarray(batch)
-    return jax.device_put(np.asarray(batch), batch_sharded(mesh))
+    return jax.numpy.asarray(split_first_axis(np.asarray(batch)))
 
 
 def split_first_axis(array):

@@ -99,6 +99,22 @@ def test_independent_problems_split_over_devices_only_when_they_divide(leading):
         assert shapes == {(leading // count, 2, 3)}
 
 
+@pytest.mark.parametrize("leading", [8, 5])
+def test_host_batches_become_device_arrays_split_when_they_divide(leading):
+    """A host batch is split like independent problems (one block per device) when the
+    device count divides it, else it is one array on the default device."""
+    count = len(jax.local_devices())
+    host = np.arange(leading * 3, dtype=np.int32).reshape(leading, 3)
+    placed = parallel.split_over_devices(host)
+    assert isinstance(placed, jax.Array)
+    np.testing.assert_array_equal(placed, host)
+    if leading % count:
+        assert placed.devices() == {jax.devices()[0]}
+    else:
+        assert placed.sharding.spec == P("data") and len(placed.sharding.device_set) == count
+        assert {s.data.shape for s in placed.addressable_shards} == {(leading // count, 3)}
+
+
 def test_one_device_has_nothing_to_split(monkeypatch):
     """A process with a single device has no local mesh, and independent problems stay
     where they are, whatever their count."""
@@ -107,6 +123,8 @@ def test_one_device_has_nothing_to_split(monkeypatch):
     assert parallel.local_mesh() is None and parallel.local_mesh(8) is None
     one = jax.device_put(np.ones((4, 3), np.float32), device)
     assert parallel.split_first_axis(one) is one
+    placed = parallel.split_over_devices(np.ones((4, 3), np.float32))
+    assert placed.devices() == {device}
 
 
 # Faults while filling a 64 MB malloc buffer for the second time, after the entry points'
