@@ -55,7 +55,13 @@ def pairwise_synergy(attn_xHxTxT, horizon: int = 100):
     and the H (H - 1) / 2 distinct pairs go through the metric kernels as one batch.
     """
     attn = check_heads(attn_xHxTxT)
-    return _pair_gains(metrics.minimax_fidelity(_heads_and_pairs(attn), horizon), attn.shape[-3])
+    horizon = checks.positive_int("horizon", horizon)
+    # The pairs mix checked heads: row-stochastic without a second check, and causal
+    # when the heads are (one pass over H operators, not over all H + H (H - 1) / 2).
+    fidelity = metrics.objective_unchecked(
+        _heads_and_pairs(attn), "fidelity", horizon, 1, "reference", metrics.is_causal(attn)
+    )
+    return _pair_gains(fidelity, attn.shape[-3])
 
 
 # Built and read in one jitted call each: op by op, every gather and sum of a batch of

@@ -294,3 +294,19 @@ def test_pairwise_synergy_measures_fidelity_within_its_horizon():
     got = np.asarray(synergy.pairwise_synergy(attn, horizon=1))
     np.testing.assert_allclose(got, want, atol=1e-12)
     assert not np.allclose(np.asarray(synergy.pairwise_synergy(attn)), want, atol=1e-6)
+
+
+def test_pairwise_synergy_of_heads_that_read_later_tokens():
+    """Heads that are not causal (rows over every token) are measured as they are: each
+    pair's gain is its own minimax fidelity minus its better head's. A bad horizon is
+    named."""
+    rows = np.random.default_rng(3).random((3, 6, 6)) ** 4 + 2 * np.triu(np.ones((6, 6)), 1)
+    attn = rows / rows.sum(-1, keepdims=True)  # H x T x T, most mass on later tokens
+    got = np.asarray(synergy.pairwise_synergy(attn, 40))
+    alone = np.asarray(metrics.minimax_fidelity(attn, 40))
+    for i, j in [(0, 1), (0, 2), (1, 2)]:
+        pair = metrics.minimax_fidelity(0.5 * (attn[i] + attn[j]), 40)
+        want = float(pair) - max(alone[i], alone[j])
+        assert got[i, j] == pytest.approx(want, abs=1e-12) and got[j, i] == got[i, j]
+    with pytest.raises(ValueError, match="horizon"):
+        synergy.pairwise_synergy(attn, 0)
