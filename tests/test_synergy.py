@@ -310,3 +310,26 @@ def test_pairwise_synergy_of_heads_that_read_later_tokens():
         assert got[i, j] == pytest.approx(want, abs=1e-12) and got[j, i] == got[i, j]
     with pytest.raises(ValueError, match="horizon"):
         synergy.pairwise_synergy(attn, 0)
+
+
+def test_pairwise_synergy_follows_mass_that_returns_to_later_tokens():
+    """Heads that are not causal can send mass back to later tokens after the running
+    minimum looks settled. With rows 0 -> 2, 1 -> 0 and the sink's row (0, p, 1 - p), token
+    2 first gets 1 - p and one step later holds (1 - p)^2, below the running minimum
+    1 - p, yet the step after that returns p to the sink through token 0: the fidelity is
+    p (for p >= 1/2), not 1 - p. Each pair (the same pattern) is measured in full too, and
+    every gain is the pair's own minimax fidelity minus its better head's."""
+    ps = np.array([0.8, 0.7, 0.9, 0.6])
+    attn = np.zeros((4, 3, 3))
+    attn[:, 0, 2] = attn[:, 1, 0] = 1
+    attn[:, 2, 1], attn[:, 2, 2] = ps, 1 - ps
+    alone = np.asarray(metrics.minimax_fidelity(attn, 20))
+    np.testing.assert_allclose(alone, ps, atol=1e-12)
+    got = np.asarray(synergy.pairwise_synergy(attn, 20))
+    for i in range(4):
+        assert got[i, i] == 0
+        for j in range(i + 1, 4):
+            pair = float(metrics.minimax_fidelity(0.5 * (attn[i] + attn[j]), 20))
+            assert pair == pytest.approx(0.5 * (ps[i] + ps[j]), abs=1e-12)
+            want = pair - max(alone[i], alone[j])
+            assert got[i, j] == pytest.approx(want, abs=1e-12) and got[j, i] == got[i, j]
