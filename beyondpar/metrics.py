@@ -60,10 +60,12 @@ class OperatorMetrics(NamedTuple):
 # ---------------------------------------------------------------- validation
 
 
-@jax.jit
-def _operator_stats(c):
+@functools.partial(jax.jit, static_argnames="causal")
+def _operator_stats(c, causal: bool = False):
+    """(all finite, smallest entry, largest row-sum error[, lower triangular]): one pass."""
     finite = jnp.all(jnp.isfinite(c))
-    return finite, jnp.min(c), jnp.max(jnp.abs(jnp.sum(c, axis=-1) - 1))
+    stats = (finite, jnp.min(c), jnp.max(jnp.abs(jnp.sum(c, axis=-1) - 1)))
+    return (*stats, jnp.all(jnp.triu(c, 1) == 0)) if causal else stats
 
 
 def _spread(c):
@@ -84,14 +86,27 @@ def _spread(c):
 
 def check_operator(c, name: str = "c") -> jax.Array:
     """`c` as a float array after checking it is a batch of row-stochastic T x T operators."""
+    return _checked(c, name, causal=False)[0]
+
+
+def check_causal_operator(c, name: str = "c") -> tuple[jax.Array, bool]:
+    """(`check_operator(c, name)`, `is_causal(c)`) from one pass over the entries: an
+    analysis checks a layer once, then chooses its kernels' path by causality."""
+    return _checked(c, name, causal=True)
+
+
+def _checked(c, name: str, causal: bool) -> tuple[jax.Array, bool | None]:
     c = checks.as_float_array(name, c)
     if c.ndim < 2 or c.shape[-1] != c.shape[-2]:
         raise ValueError(f"{name} must have shape (..., T, T) with square matrices, got {c.shape}")
     if c.shape[-1] < 2:
         raise ValueError(f"{name} must have at least T=2 tokens, got T={c.shape[-1]}")
+    lower = False if causal else None  # as `is_causal`: never for traced or empty arrays
     if c.size and checks.is_concrete(c):
-        stats = np.asarray(_in_threads(_operator_stats, c), np.float64)  # parts x 3
+        stats_fn = functools.partial(_operator_stats, causal=causal)
+        stats = np.asarray(_in_threads(stats_fn, c), np.float64)  # parts x 3 (4)
         finite, minimum, row_error = stats[:, 0].all(), stats[:, 1].min(), stats[:, 2].max()
+        lower = bool(stats[:, 3].all()) if causal else None
         if not finite:
             raise ValueError(f"{name} must be finite, got NaN or Inf entries")
         if minimum < 0:
@@ -101,7 +116,7 @@ def check_operator(c, name: str = "c") -> jax.Array:
                 f"{name} rows must sum to 1 (tolerance {ROW_SUM_TOLERANCE}), "
                 f"got a row off by {row_error:.3g}"
             )
-    return _spread(c)
+    return _spread(c), lower
 
 
 def _check_walk(walk: str) -> str:

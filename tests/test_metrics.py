@@ -721,3 +721,38 @@ def test_an_unknown_causality_is_checked_and_picks_the_path(monkeypatch, short_t
             paths.clear()
             call(c)
             assert bool(paths) == triangular
+
+
+def test_check_causal_operator_reads_causality_with_the_rows():
+    """One pass gives what `check_operator` and `is_causal` give: the batch split over
+    the four test devices, with a single entry above the diagonal in its last matrix,
+    and in its first."""
+    c = causal(4, (8, 3), 10).astype(np.float32)
+    checked, lower = metrics.check_causal_operator(c, "attention")
+    np.testing.assert_array_equal(checked, metrics.check_operator(c))
+    assert lower is True
+    for where in ((-1, -1, 2, 7), (0, 0, 0, 1)):
+        leaky = c.copy()
+        leaky[where] = 1e-7  # a row off by 1e-7: still within the row-sum tolerance
+        assert metrics.check_causal_operator(leaky)[1] is False
+        assert metrics.is_causal(leaky) is False
+    assert metrics.check_causal_operator(bidirectional(1, 6))[1] is False
+
+
+def test_check_causal_operator_refuses_what_check_operator_refuses():
+    c = causal(5, (2,), 6)
+    c[1, 3, 0] = np.nan
+    with pytest.raises(ValueError, match="attn must be finite"):
+        metrics.check_causal_operator(c, "attn")
+    c = causal(5, (2,), 6)
+    c[0, 4] *= 1.01
+    with pytest.raises(ValueError, match="c rows must sum to 1"):
+        metrics.check_causal_operator(c)
+
+
+def test_check_causal_operator_inside_jit_is_not_causal():
+    """As `is_causal`: a traced batch cannot be read, so the dense path stays safe."""
+    c = causal(6, (2,), 6)
+    seen = []
+    jax.jit(lambda x: seen.append(metrics.check_causal_operator(x)[1]) or x)(c)
+    assert seen == [False]
