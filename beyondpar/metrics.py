@@ -62,10 +62,27 @@ class OperatorMetrics(NamedTuple):
 
 @functools.partial(jax.jit, static_argnames="causal")
 def _operator_stats(c, causal: bool = False):
-    """(all finite, smallest entry, largest row-sum error[, lower triangular]): one pass."""
-    finite = jnp.all(jnp.isfinite(c))
-    stats = (finite, jnp.min(c), jnp.max(jnp.abs(jnp.sum(c, axis=-1) - 1)))
-    return (*stats, jnp.all(jnp.triu(c, 1) == 0)) if causal else stats
+    """(rows finite, smallest entry, largest row-sum error[, nothing above the diagonal]).
+
+    Every statistic is a reduction along the rows, so XLA reads the batch once for all of
+    them (whole-batch reductions of different shapes take a pass each). A row with a NaN or
+    an infinite entry has a sum or a minimum that is not finite; so does a row of finite
+    entries whose sum overflows, which `_checked` tells apart. Above the diagonal, the sum
+    of a row's entries is 0 only when they all are: entries are checked non-negative.
+    """
+    sums, smallest = jnp.sum(c, axis=-1), jnp.min(c, axis=-1)
+    finite = jnp.all(jnp.isfinite(sums)) & jnp.all(jnp.isfinite(smallest))
+    stats = (finite, jnp.min(smallest), jnp.max(jnp.abs(sums - 1)))
+    if not causal:
+        return stats
+    t = c.shape[-1]
+    above = jnp.arange(t)[None, :] > jnp.arange(t)[:, None]
+    return (*stats, jnp.max(jnp.abs(jnp.sum(jnp.where(above, c, 0), axis=-1))) == 0)
+
+
+@jax.jit
+def _all_finite(c):
+    return jnp.all(jnp.isfinite(c))
 
 
 def _spread(c):
@@ -107,7 +124,7 @@ def _checked(c, name: str, causal: bool) -> tuple[jax.Array, bool | None]:
         stats = np.asarray(_in_threads(stats_fn, c), np.float64)  # parts x 3 (4)
         finite, minimum, row_error = stats[:, 0].all(), stats[:, 1].min(), stats[:, 2].max()
         lower = bool(stats[:, 3].all()) if causal else None
-        if not finite:
+        if not finite and not _all_finite(c):  # else finite entries whose rows overflow
             raise ValueError(f"{name} must be finite, got NaN or Inf entries")
         if minimum < 0:
             raise ValueError(f"{name} must be non-negative, got minimum entry {minimum:.3g}")

@@ -756,3 +756,18 @@ def test_check_causal_operator_inside_jit_is_not_causal():
     seen = []
     jax.jit(lambda x: seen.append(metrics.check_causal_operator(x)[1]) or x)(c)
     assert seen == [False]
+
+
+def test_finite_rows_that_overflow_are_named_by_their_sum_not_as_infinite():
+    """The check reads rows: a row of finite entries whose sum overflows float32 is a
+    row-sum error, an infinite or NaN entry a non-finite one, in any matrix of the batch."""
+    c = causal(7, (3,), 5).astype(np.float32)
+    big = c.copy()
+    big[2, 4, :2] = 3e38  # finite, but 6e38 overflows float32
+    with pytest.raises(ValueError, match="rows must sum to 1 .* off by inf"):
+        metrics.check_operator(big)
+    for bad in (np.inf, -np.inf, np.nan):
+        broken = c.copy()
+        broken[1, 3, 0] = bad
+        with pytest.raises(ValueError, match="must be finite"):
+            metrics.check_causal_operator(broken)
