@@ -8,6 +8,7 @@ For the whole network: attention rollout and the sink's share of every token.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +57,7 @@ def analyze_tokens(
     spec.check_length(np.shape(tokens_BxT)[-1])
     # On the host: the parameters may live on a mesh, each layer's attention on part of it.
     importances = np.asarray(pretrained.head_importances(module, params))
-    out, product = {}, None
+    out, product, causal = {}, None, True
     run = pretrained.layer_by_layer(module, params, tokens_BxT)
     for layer in range(cfg.num_layers):
         with timer.part("forward"):
@@ -64,7 +65,10 @@ def analyze_tokens(
             attn.block_until_ready()
         weights = importances[layer]
         with timer.part("rollout"):
-            product = _rollout_step(product, graphs.combine_heads(attn, weights), spec.residual)
+            mixed = graphs.combine_heads(attn, weights)
+            # Products of causal layers stay lower triangular: their zeros are not multiplied.
+            causal = causal and metrics.is_causal(mixed)
+            product = _rollout_step(product, mixed, spec.residual, causal)
             product.block_until_ready()
         if layer in layers:
             fixed, fixed_inner = _at_layer(extra, layer), _at_layer(extra_without_sink, layer)
@@ -79,12 +83,14 @@ def _at_layer(extra: dict | None, layer: int) -> dict:
     return {name: jnp.asarray(w)[..., layer, :] for name, w in (extra or {}).items()}
 
 
-@jax.jit
-def _rollout_step(product, mixed_BxTxT, residual):
+@functools.partial(jax.jit, static_argnums=3)
+def _rollout_step(product, mixed_BxTxT, residual, causal: bool):
     eye = jnp.eye(mixed_BxTxT.shape[-1], dtype=mixed_BxTxT.dtype)
     op = residual * eye + (1.0 - residual) * mixed_BxTxT
     if product is None:
         return jnp.broadcast_to(op, mixed_BxTxT.shape)
+    if causal:
+        return graphs.lower_triangular_matmul(op, product)
     return jnp.matmul(op, product, precision=jax.lax.Precision.HIGHEST)
 
 
