@@ -143,9 +143,10 @@ def lower_triangular_matmul(a, b, blocks: int = 4) -> jax.Array:
     the tiles between its row and its column (20 of 64 tile products for 4 blocks), and
     the tiles above it are 0. The caller vouches that both are lower triangular."""
     a, b = checks.as_float_array("a", a), checks.as_float_array("b", b)
-    if a.ndim < 2 or a.shape[-1] != a.shape[-2] or b.shape[-2:] != a.shape[-2:]:
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2] or b.shape != a.shape:
         raise ValueError(
-            f"a and b must be square matrices of one size (..., T, T), got {a.shape} and {b.shape}"
+            f"a and b must be batches of square matrices of one shape (..., T, T), got "
+            f"{a.shape} and {b.shape}"
         )
     blocks = checks.positive_int("blocks", blocks)
     return _lower_triangular_matmul(a, b, min(blocks, a.shape[-1]))

@@ -60,24 +60,15 @@ class OperatorMetrics(NamedTuple):
 # ---------------------------------------------------------------- validation
 
 
-@functools.partial(jax.jit, static_argnames="causal")
-def _operator_stats(c, causal: bool = False):
-    """(rows finite, smallest entry, largest row-sum error[, nothing above the diagonal]).
-
-    Every statistic is a reduction along the rows, so XLA reads the batch once for all of
-    them (whole-batch reductions of different shapes take a pass each). A row with a NaN or
-    an infinite entry has a sum or a minimum that is not finite; so does a row of finite
-    entries whose sum overflows, which `_checked` tells apart. Above the diagonal, the sum
-    of a row's entries is 0 only when they all are: entries are checked non-negative.
-    """
-    sums, smallest = jnp.sum(c, axis=-1), jnp.min(c, axis=-1)
-    finite = jnp.all(jnp.isfinite(sums)) & jnp.all(jnp.isfinite(smallest))
-    stats = (finite, jnp.min(smallest), jnp.max(jnp.abs(sums - 1)))
-    if not causal:
-        return stats
-    t = c.shape[-1]
-    above = jnp.arange(t)[None, :] > jnp.arange(t)[:, None]
-    return (*stats, jnp.max(jnp.abs(jnp.sum(jnp.where(above, c, 0), axis=-1))) == 0)
+@jax.jit
+def _operator_stats(c):
+    """(rows finite, smallest entry, largest row-sum error) from reductions along the rows:
+    XLA runs them as a few passes over the batch, where whole-batch reductions of different
+    shapes took three times as long. A NaN or infinite entry makes its row's sum NaN or
+    infinite; so does a row of finite entries whose sum overflows, which `check_operator`
+    tells apart."""
+    sums = jnp.sum(c, axis=-1)
+    return jnp.all(jnp.isfinite(sums)), jnp.min(jnp.min(c, axis=-1)), jnp.max(jnp.abs(sums - 1))
 
 
 @jax.jit
@@ -103,27 +94,14 @@ def _spread(c):
 
 def check_operator(c, name: str = "c") -> jax.Array:
     """`c` as a float array after checking it is a batch of row-stochastic T x T operators."""
-    return _checked(c, name, causal=False)[0]
-
-
-def check_causal_operator(c, name: str = "c") -> tuple[jax.Array, bool]:
-    """(`check_operator(c, name)`, `is_causal(c)`) from one pass over the entries: an
-    analysis checks a layer once, then chooses its kernels' path by causality."""
-    return _checked(c, name, causal=True)
-
-
-def _checked(c, name: str, causal: bool) -> tuple[jax.Array, bool | None]:
     c = checks.as_float_array(name, c)
     if c.ndim < 2 or c.shape[-1] != c.shape[-2]:
         raise ValueError(f"{name} must have shape (..., T, T) with square matrices, got {c.shape}")
     if c.shape[-1] < 2:
         raise ValueError(f"{name} must have at least T=2 tokens, got T={c.shape[-1]}")
-    lower = False if causal else None  # as `is_causal`: never for traced or empty arrays
     if c.size and checks.is_concrete(c):
-        stats_fn = functools.partial(_operator_stats, causal=causal)
-        stats = np.asarray(_in_threads(stats_fn, c), np.float64)  # parts x 3 (4)
+        stats = np.asarray(_in_threads(_operator_stats, c), np.float64)  # parts x 3
         finite, minimum, row_error = stats[:, 0].all(), stats[:, 1].min(), stats[:, 2].max()
-        lower = bool(stats[:, 3].all()) if causal else None
         if not finite and not _all_finite(c):  # else finite entries whose rows overflow
             raise ValueError(f"{name} must be finite, got NaN or Inf entries")
         if minimum < 0:
@@ -133,7 +111,7 @@ def _checked(c, name: str, causal: bool) -> tuple[jax.Array, bool | None]:
                 f"{name} rows must sum to 1 (tolerance {ROW_SUM_TOLERANCE}), "
                 f"got a row off by {row_error:.3g}"
             )
-    return _spread(c), lower
+    return _spread(c)
 
 
 def _check_walk(walk: str) -> str:

@@ -145,9 +145,9 @@ def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
 
 def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> list[list]:
     """Per layer, [(fidelity lost, layer, head), ...] in greedy removal order."""
-    # Checked once, causality with it: every candidate below is a convex mix of these
-    # rows, and causal when they are.
-    attn, causal = metrics.check_causal_operator(attn_NxLxHxTxT, "attn_NxLxHxTxT")
+    # Checked once: every candidate below is a convex mix of these rows.
+    attn = metrics.check_operator(attn_NxLxHxTxT, "attn_NxLxHxTxT")
+    causal = metrics.is_causal(attn)  # and so is every mix: not checked again each round
     num_layers, num_heads = attn.shape[1], attn.shape[2]
     attn = _layers_first(attn)
     imp = np.asarray(importances_LxH, np.float64)

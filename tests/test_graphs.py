@@ -162,8 +162,8 @@ def test_lower_triangular_matmul_is_the_product(blocks):
 
 def test_lower_triangular_matmul_refuses_other_shapes():
     a = np.tril(np.ones((2, 5, 5)))
-    for other in (np.ones((2, 5, 4)), np.ones((2, 4, 4))):
-        with pytest.raises(ValueError, match=r"a and b must be square matrices of one size"):
+    for other in (np.ones((2, 5, 4)), np.ones((2, 4, 4)), np.ones((3, 2, 5, 5)), a[0]):
+        with pytest.raises(ValueError, match=r"a and b must be batches of square matrices"):
             graphs.lower_triangular_matmul(a, other)
     with pytest.raises(ValueError, match="blocks must be"):
         graphs.lower_triangular_matmul(a, a, 0)

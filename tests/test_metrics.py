@@ -723,41 +723,6 @@ def test_an_unknown_causality_is_checked_and_picks_the_path(monkeypatch, short_t
             assert bool(paths) == triangular
 
 
-def test_check_causal_operator_reads_causality_with_the_rows():
-    """One pass gives what `check_operator` and `is_causal` give: the batch split over
-    the four test devices, with a single entry above the diagonal in its last matrix,
-    and in its first."""
-    c = causal(4, (8, 3), 10).astype(np.float32)
-    checked, lower = metrics.check_causal_operator(c, "attention")
-    np.testing.assert_array_equal(checked, metrics.check_operator(c))
-    assert lower is True
-    for where in ((-1, -1, 2, 7), (0, 0, 0, 1)):
-        leaky = c.copy()
-        leaky[where] = 1e-7  # a row off by 1e-7: still within the row-sum tolerance
-        assert metrics.check_causal_operator(leaky)[1] is False
-        assert metrics.is_causal(leaky) is False
-    assert metrics.check_causal_operator(bidirectional(1, 6))[1] is False
-
-
-def test_check_causal_operator_refuses_what_check_operator_refuses():
-    c = causal(5, (2,), 6)
-    c[1, 3, 0] = np.nan
-    with pytest.raises(ValueError, match="attn must be finite"):
-        metrics.check_causal_operator(c, "attn")
-    c = causal(5, (2,), 6)
-    c[0, 4] *= 1.01
-    with pytest.raises(ValueError, match="c rows must sum to 1"):
-        metrics.check_causal_operator(c)
-
-
-def test_check_causal_operator_inside_jit_is_not_causal():
-    """As `is_causal`: a traced batch cannot be read, so the dense path stays safe."""
-    c = causal(6, (2,), 6)
-    seen = []
-    jax.jit(lambda x: seen.append(metrics.check_causal_operator(x)[1]) or x)(c)
-    assert seen == [False]
-
-
 def test_finite_rows_that_overflow_are_named_by_their_sum_not_as_infinite():
     """The check reads rows: a row of finite entries whose sum overflows float32 is a
     row-sum error, an infinite or NaN entry a non-finite one, in any matrix of the batch."""
@@ -770,4 +735,24 @@ def test_finite_rows_that_overflow_are_named_by_their_sum_not_as_infinite():
         broken = c.copy()
         broken[1, 3, 0] = bad
         with pytest.raises(ValueError, match="must be finite"):
-            metrics.check_causal_operator(broken)
+            metrics.check_operator(broken)
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_check_operator_reads_every_part_of_a_batch(parts, monkeypatch):
+    """In a plain session (one CPU device) the check runs in one part per thread: a
+    fault in the last matrix, in the first, or spread over parts is still found, and
+    valid batches pass with their values."""
+    monkeypatch.setattr(metrics, "_thread_parts", lambda c: parts)
+    c = causal(8, (7,), 6)
+    np.testing.assert_array_equal(metrics.check_operator(c), c)
+    faults = [
+        ((-1, 5, 0), np.nan, "c must be finite"),
+        ((0, 2, 1), -1e-3, "c must be non-negative, got minimum entry -0.001"),
+        ((3, 4, 4), c[3, 4, 4] + 2, r"c rows must sum to 1 .* off by 2"),
+    ]
+    for where, value, message in faults:
+        bad = c.copy()
+        bad[where] = value
+        with pytest.raises(ValueError, match=message):
+            metrics.check_operator(bad)

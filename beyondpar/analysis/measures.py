@@ -111,11 +111,10 @@ def analyze_layer(
     remaining keys), with the mixes of `extra_without_sink`: weights searched on that
     graph, never the full graph's."""
     timer = timer or Timer()
-    # Checked once, causality with it: the mixes and the graph without the sink tokens of
-    # causal attention are causal too, and every kernel below would otherwise check it again.
-    attn, causal = metrics.check_causal_operator(
-        jnp.asarray(attn_BxHxTxT, jnp.float32), "attention"
-    )
+    attn = metrics.check_operator(jnp.asarray(attn_BxHxTxT, jnp.float32), "attention")
+    # Checked once: the mixes and the graph without the sink tokens of causal attention
+    # are causal too, and every kernel below would otherwise check it again.
+    causal = metrics.is_causal(attn)
     out = _analyze_graph(attn, weights_H, spec, timer, extra or {}, causal)
     out["sink_mass"] = np.asarray(graphs.sink_mass(attn, max(spec.sink_tokens, 1)))
     if spec.sink_tokens:

@@ -41,6 +41,10 @@ def intervals(blocks: dict[Hashable, object], seed: int) -> dict[Hashable, dict]
     float: blocks without spread (every window alike) or with one window have low = high
     = mean; the others share bootstrap calls."""
     arrays = {key: np.asarray(v, np.float64) for key, v in blocks.items()}
+    windows = {len(x) for x in arrays.values()}
+    if len(windows) > 1:
+        counts = {key: len(x) for key, x in arrays.items()}
+        raise ValueError(f"blocks must have one value per window each, got windows {counts}")
     out = {}
     for key, x in arrays.items():
         if len(x) < 2 or np.all(x == x[:1]):  # no spread: nothing to resample
@@ -50,7 +54,7 @@ def intervals(blocks: dict[Hashable, object], seed: int) -> dict[Hashable, dict]
     # np.mean sums a resample's windows pairwise where they lie contiguous, as in a lone
     # column's own call, and one after another where the columns lie innermost, as in a
     # wider block's: each group is summed as its blocks were alone, float for float.
-    lone = {key: x for key, x in spread.items() if x.ndim == 1 or x.shape[1] == 1}
+    lone = {key: x for key, x in spread.items() if x[0].size == 1}
     wide = {key: x for key, x in spread.items() if key not in lone}
     for group, mean in ((lone, _contiguous_mean), (wide, np.mean)):
         if group:

@@ -66,8 +66,9 @@ def analyze_tokens(
         weights = importances[layer]
         with timer.part("rollout"):
             mixed = graphs.combine_heads(attn, weights)
-            # Products of causal layers stay lower triangular: their zeros are not multiplied.
-            causal = causal and metrics.is_causal(mixed)
+            # Products of causal layers stay lower triangular: long ones skip their zeros.
+            long = mixed.shape[-1] >= metrics.TRIANGULAR_MIN_TOKENS
+            causal = causal and long and metrics.is_causal(mixed)
             product = _rollout_step(product, mixed, spec.residual, causal)
             product.block_until_ready()
         if layer in layers:

@@ -252,3 +252,27 @@ def test_each_columns_interval_is_its_means_normal_interval():
         np.testing.assert_allclose(high - mean, half, rtol=0.15)
         widths[windows] = (high - low) / x.std(0)
     np.testing.assert_allclose(widths[25] / widths[400], 4.0, rtol=0.2)
+
+
+def test_intervals_of_any_block_shape_are_one_call_each_and_windows_must_agree():
+    """A block of one value per window in any shape (W, W x 1, W x 1 x 5 with five
+    columns) gets the interval of its own bootstrap call; blocks over different numbers
+    of windows are refused, naming each block's count."""
+    rng = np.random.default_rng(4)
+    blocks = {"a": rng.random(30), "b": rng.random((30, 1)), "c": rng.random((30, 1, 5))}
+    got = statistics.intervals(blocks, 2)
+    for key, x in blocks.items():
+        alone = stats.bootstrap(
+            (x.reshape(30, -1),),
+            np.mean,
+            axis=0,
+            n_resamples=statistics.N_RESAMPLES,
+            method="percentile",
+            rng=np.random.default_rng(2),
+        ).confidence_interval
+        assert np.ravel(got[key]["low"]).tolist() == np.ravel(alone.low).tolist()
+        assert np.ravel(got[key]["high"]).tolist() == np.ravel(alone.high).tolist()
+    with pytest.raises(
+        ValueError, match=r"one value per window each, got windows \{'a': 30, 'd': 29\}"
+    ):
+        statistics.intervals({"a": blocks["a"], "d": rng.random(29)}, 0)
