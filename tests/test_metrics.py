@@ -750,6 +750,41 @@ def test_check_causal_operator_refuses_what_check_operator_refuses():
         metrics.check_causal_operator(c)
 
 
+@pytest.mark.parametrize("where", [0, 2, 5])  # a matrix of the first, middle, last part
+def test_check_causal_operator_reads_every_part_of_a_threaded_batch(where, monkeypatch):
+    """A batch checked in parts, one per thread: one bad matrix in any part fails the whole
+    batch (finite, non-negative, rows, causality are each judged over all parts)."""
+    monkeypatch.setattr(metrics, "_thread_parts", lambda c: 3)  # parts of 2 matrices
+    c = causal(7, (6,), 6)
+    checked, lower = metrics.check_causal_operator(c)
+    np.testing.assert_array_equal(checked, c)
+    assert lower is True
+    defects = {
+        "finite, got NaN or Inf": lambda m: m.__setitem__((2, 0), np.nan),
+        "non-negative, got minimum entry -0.1": lambda m: m.__setitem__((3, 0), -0.1),
+        "rows must sum to 1 .tolerance 0.0001., got a row off by 0.01": lambda m: m.__setitem__(
+            4, m[4] * 1.01
+        ),
+    }
+    for message, spoil in defects.items():
+        bad = c.copy()
+        spoil(bad[where])
+        with pytest.raises(ValueError, match=message):
+            metrics.check_causal_operator(bad)
+    leaky = c.copy()
+    leaky[where, 1, 4] = 1e-7  # above the diagonal, within the row-sum tolerance
+    assert metrics.check_causal_operator(leaky)[1] is False
+
+
+def test_an_empty_batch_is_not_causal():
+    """Nothing to read, as for a traced batch: the check and `is_causal` both say not
+    causal, so an empty batch never takes the triangular path."""
+    empty = np.zeros((0, 5, 5))
+    assert metrics.is_causal(empty) is False
+    checked, lower = metrics.check_causal_operator(empty)
+    assert checked.shape == (0, 5, 5) and lower is False
+
+
 def test_check_causal_operator_inside_jit_is_not_causal():
     """As `is_causal`: a traced batch cannot be read, so the dense path stays safe."""
     c = causal(6, (2,), 6)
