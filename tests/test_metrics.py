@@ -756,3 +756,32 @@ def test_check_operator_reads_every_part_of_a_batch(parts, monkeypatch):
         bad[where] = value
         with pytest.raises(ValueError, match=message):
             metrics.check_operator(bad)
+
+
+@pytest.mark.parametrize("where", [0, 2, 5])  # a matrix of the first, middle, last part
+def test_check_operator_reads_every_part_of_a_threaded_batch(where, monkeypatch):
+    """A batch checked in parts, one per thread: one bad matrix in any part fails the whole
+    batch (finite, non-negative, rows are each judged over all parts)."""
+    monkeypatch.setattr(metrics, "_thread_parts", lambda c: 3)  # parts of 2 matrices
+    c = causal(7, (6,), 6)
+    np.testing.assert_array_equal(metrics.check_operator(c), c)
+    defects = {
+        "finite, got NaN or Inf": lambda m: m.__setitem__((2, 0), np.nan),
+        "non-negative, got minimum entry -0.1": lambda m: m.__setitem__((3, 0), -0.1),
+        "rows must sum to 1 .tolerance 0.0001., got a row off by 0.01": lambda m: m.__setitem__(
+            4, m[4] * 1.01
+        ),
+    }
+    for message, spoil in defects.items():
+        bad = c.copy()
+        spoil(bad[where])
+        with pytest.raises(ValueError, match=message):
+            metrics.check_operator(bad)
+
+
+def test_an_empty_batch_is_not_causal():
+    """Nothing to read, as for a traced batch: `is_causal` says not causal, so an empty
+    batch never takes the triangular path, and the check passes it as it is."""
+    empty = np.zeros((0, 5, 5))
+    assert metrics.is_causal(empty) is False
+    assert metrics.check_operator(empty).shape == (0, 5, 5)
