@@ -137,45 +137,6 @@ def _rollout(ops_LxTxT):
     return jax.lax.scan(step, eye, ops)[0]
 
 
-def lower_triangular_matmul(a, b, blocks: int = 4) -> jax.Array:
-    """a @ b for lower-triangular matrices `...xTxT` (e.g. products of causal attention),
-    by `blocks` x `blocks` tiles: a tile of the product on or below the diagonal sums only
-    the tiles between its row and its column (20 of 64 tile products for 4 blocks), and
-    the tiles above it are 0. The caller vouches that both are lower triangular."""
-    a, b = checks.as_float_array("a", a), checks.as_float_array("b", b)
-    if a.ndim < 2 or a.shape[-1] != a.shape[-2] or b.shape != a.shape:
-        raise ValueError(
-            f"a and b must be batches of square matrices of one shape (..., T, T), got "
-            f"{a.shape} and {b.shape}"
-        )
-    blocks = checks.positive_int("blocks", blocks)
-    return _lower_triangular_matmul(a, b, min(blocks, a.shape[-1]))
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _lower_triangular_matmul(a, b, blocks: int):
-    t = a.shape[-1]
-    edges = [q * t // blocks for q in range(blocks + 1)]
-    hp = jax.lax.Precision.HIGHEST
-    rows = []
-    for i in range(blocks):
-        tiles = []
-        for j in range(blocks):
-            cols = slice(edges[j], edges[j + 1])
-            if j > i:
-                shape = (*a.shape[:-2], edges[i + 1] - edges[i], edges[j + 1] - edges[j])
-                tiles.append(jnp.zeros(shape, a.dtype))
-                continue
-            inner = slice(edges[j], edges[i + 1])  # only these tiles of a's row meet b's column
-            tiles.append(
-                jnp.matmul(
-                    a[..., edges[i] : edges[i + 1], inner], b[..., inner, cols], precision=hp
-                )
-            )
-        rows.append(jnp.concatenate(tiles, axis=-1))
-    return jnp.concatenate(rows, axis=-2)
-
-
 def rollout_sink(attn, weights=None, residual: float = 0.5) -> jax.Array:
     """The sink's row e_tau^T R of the rollout, as L vector-matrix products (O(L T^2)):
     each token's share in what the last position holds after the whole network."""

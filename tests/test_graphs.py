@@ -147,23 +147,3 @@ def test_drop_sink_tokens_renormalises_each_row_over_the_keys_left():
     np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-12)
     assert np.all(np.triu(got, 1) == 0)  # causal attention stays causal
     np.testing.assert_allclose(graphs.drop_sink_tokens(attn, 0), attn, rtol=1e-12)
-
-
-@pytest.mark.parametrize("blocks", [1, 3, 4, 13, 40])
-def test_lower_triangular_matmul_is_the_product(blocks):
-    """Tiles of unequal sizes (13 tokens), one tile, one token per tile and more tiles
-    than tokens all give the dense product, with exact zeros above the diagonal."""
-    rng = np.random.default_rng(blocks)
-    a, b = (np.tril(rng.random((2, 3, 13, 13))) for _ in range(2))
-    got = np.asarray(graphs.lower_triangular_matmul(a, b, blocks))
-    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-15)
-    assert not np.triu(got, 1).any() and np.all(np.diagonal(got, 0, -2, -1) > 0)
-
-
-def test_lower_triangular_matmul_refuses_other_shapes():
-    a = np.tril(np.ones((2, 5, 5)))
-    for other in (np.ones((2, 5, 4)), np.ones((2, 4, 4)), np.ones((3, 2, 5, 5)), a[0]):
-        with pytest.raises(ValueError, match=r"a and b must be batches of square matrices"):
-            graphs.lower_triangular_matmul(a, other)
-    with pytest.raises(ValueError, match="blocks must be"):
-        graphs.lower_triangular_matmul(a, a, 0)

@@ -8,7 +8,6 @@ For the whole network: attention rollout and the sink's share of every token.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +56,7 @@ def analyze_tokens(
     spec.check_length(np.shape(tokens_BxT)[-1])
     # On the host: the parameters may live on a mesh, each layer's attention on part of it.
     importances = np.asarray(pretrained.head_importances(module, params))
-    out, product, causal = {}, None, True
+    out, product = {}, None
     run = pretrained.layer_by_layer(module, params, tokens_BxT)
     for layer in range(cfg.num_layers):
         with timer.part("forward"):
@@ -65,11 +64,7 @@ def analyze_tokens(
             attn.block_until_ready()
         weights = importances[layer]
         with timer.part("rollout"):
-            mixed = graphs.combine_heads(attn, weights)
-            # Products of causal layers stay lower triangular: long ones skip their zeros.
-            long = mixed.shape[-1] >= metrics.TRIANGULAR_MIN_TOKENS
-            causal = causal and long and metrics.is_causal(mixed)
-            product = _rollout_step(product, mixed, spec.residual, causal)
+            product = _rollout_step(product, graphs.combine_heads(attn, weights), spec.residual)
             product.block_until_ready()
         if layer in layers:
             fixed, fixed_inner = _at_layer(extra, layer), _at_layer(extra_without_sink, layer)
@@ -84,14 +79,12 @@ def _at_layer(extra: dict | None, layer: int) -> dict:
     return {name: jnp.asarray(w)[..., layer, :] for name, w in (extra or {}).items()}
 
 
-@functools.partial(jax.jit, static_argnums=3)
-def _rollout_step(product, mixed_BxTxT, residual, causal: bool):
+@jax.jit
+def _rollout_step(product, mixed_BxTxT, residual):
     eye = jnp.eye(mixed_BxTxT.shape[-1], dtype=mixed_BxTxT.dtype)
     op = residual * eye + (1.0 - residual) * mixed_BxTxT
     if product is None:
         return jnp.broadcast_to(op, mixed_BxTxT.shape)
-    if causal:
-        return graphs.lower_triangular_matmul(op, product)
     return jnp.matmul(op, product, precision=jax.lax.Precision.HIGHEST)
 
 

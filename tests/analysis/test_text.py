@@ -329,35 +329,3 @@ def test_largest_shares_name_the_tokens_in_order():
     assert [t["position"] for t in top] == np.argsort(-share)[:10].tolist()
     assert top[0]["token"] == record["token_labels"][top[0]["position"]]
     assert top[0]["share"] == pytest.approx(share.max())
-
-
-@pytest.mark.parametrize("dense_layer", [None, 0])
-def test_rollout_skips_zeros_of_causal_layers_only(dense_layer, monkeypatch):
-    """Long causal layers' rollout multiplies lower-triangular tiles only; once a layer's
-    mix reads later tokens (here its rows are half spread over every token), the product
-    is dense and every later layer takes the dense product. Either way the sink's row is
-    that of the product of the layers' operators."""
-    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 4)
-    module, params, tokenizer = pretrained.load(HF / "gpt2-tiny")
-    ids = np.asarray([tokenizer.encode(SHORT).ids])
-    real_combine, real_product = graphs.combine_heads, graphs.lower_triangular_matmul
-    ops, tiled = [], []
-
-    def combine(attn, weights=None):
-        mixed = np.asarray(real_combine(attn, weights), np.float32)
-        if len(ops) == dense_layer:
-            mixed = 0.5 * mixed + 0.5 / mixed.shape[-1]
-        ops.append(mixed.astype(np.float64))
-        return mixed
-
-    monkeypatch.setattr(graphs, "combine_heads", combine)
-    monkeypatch.setattr(
-        graphs, "lower_triangular_matmul", lambda a, b: tiled.append(1) or real_product(a, b)
-    )
-    spec = dataclasses.replace(SPEC, layers=(), residual=0.3)
-    record = text_lib.analyze_tokens(module, params, ids, spec)
-    product = np.eye(ids.shape[1])
-    for op in ops:
-        product = (0.3 * np.eye(len(product)) + 0.7 * op[0]) @ product
-    np.testing.assert_allclose(record["rollout"]["sink_share"][0], product[-1], rtol=1e-5)
-    assert len(tiled) == (1 if dense_layer is None else 0)
