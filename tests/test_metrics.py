@@ -721,3 +721,67 @@ def test_an_unknown_causality_is_checked_and_picks_the_path(monkeypatch, short_t
             paths.clear()
             call(c)
             assert bool(paths) == triangular
+
+
+def test_finite_rows_that_overflow_are_named_by_their_sum_not_as_infinite():
+    """The check reads rows: a row of finite entries whose sum overflows float32 is a
+    row-sum error, an infinite or NaN entry a non-finite one, in any matrix of the batch."""
+    c = causal(7, (3,), 5).astype(np.float32)
+    big = c.copy()
+    big[2, 4, :2] = 3e38  # finite, but 6e38 overflows float32
+    with pytest.raises(ValueError, match="rows must sum to 1 .* off by inf"):
+        metrics.check_operator(big)
+    for bad in (np.inf, -np.inf, np.nan):
+        broken = c.copy()
+        broken[1, 3, 0] = bad
+        with pytest.raises(ValueError, match="must be finite"):
+            metrics.check_operator(broken)
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_check_operator_reads_every_part_of_a_batch(parts, monkeypatch):
+    """In a plain session (one CPU device) the check runs in one part per thread: a
+    fault in the last matrix, in the first, or spread over parts is still found, and
+    valid batches pass with their values."""
+    monkeypatch.setattr(metrics, "_thread_parts", lambda c: parts)
+    c = causal(8, (7,), 6)
+    np.testing.assert_array_equal(metrics.check_operator(c), c)
+    faults = [
+        ((-1, 5, 0), np.nan, "c must be finite"),
+        ((0, 2, 1), -1e-3, "c must be non-negative, got minimum entry -0.001"),
+        ((3, 4, 4), c[3, 4, 4] + 2, r"c rows must sum to 1 .* off by 2"),
+    ]
+    for where, value, message in faults:
+        bad = c.copy()
+        bad[where] = value
+        with pytest.raises(ValueError, match=message):
+            metrics.check_operator(bad)
+
+
+@pytest.mark.parametrize("where", [0, 2, 5])  # a matrix of the first, middle, last part
+def test_check_operator_reads_every_part_of_a_threaded_batch(where, monkeypatch):
+    """A batch checked in parts, one per thread: one bad matrix in any part fails the whole
+    batch (finite, non-negative, rows are each judged over all parts)."""
+    monkeypatch.setattr(metrics, "_thread_parts", lambda c: 3)  # parts of 2 matrices
+    c = causal(7, (6,), 6)
+    np.testing.assert_array_equal(metrics.check_operator(c), c)
+    defects = {
+        "finite, got NaN or Inf": lambda m: m.__setitem__((2, 0), np.nan),
+        "non-negative, got minimum entry -0.1": lambda m: m.__setitem__((3, 0), -0.1),
+        "rows must sum to 1 .tolerance 0.0001., got a row off by 0.01": lambda m: m.__setitem__(
+            4, m[4] * 1.01
+        ),
+    }
+    for message, spoil in defects.items():
+        bad = c.copy()
+        spoil(bad[where])
+        with pytest.raises(ValueError, match=message):
+            metrics.check_operator(bad)
+
+
+def test_an_empty_batch_is_not_causal():
+    """Nothing to read, as for a traced batch: `is_causal` says not causal, so an empty
+    batch never takes the triangular path, and the check passes it as it is."""
+    empty = np.zeros((0, 5, 5))
+    assert metrics.is_causal(empty) is False
+    assert metrics.check_operator(empty).shape == (0, 5, 5)

@@ -139,6 +139,29 @@ def test_greedy_sequences_record_the_fidelity_each_removal_loses(reference):
         assert total == pytest.approx(whole - fidelity(layer, alive), abs=1e-5)
 
 
+def test_heads_left_without_importance_are_mixed_uniformly(reference):
+    """Once the only head with importance is removed, the heads left have no learned
+    weight: each later mix weighs the heads still alive equally, never a removed one."""
+    _, _, _, attn, weights = reference
+    attn, weights = attn[:, :1], weights[:1]  # one layer
+    alone = [float(np.mean(metrics.minimax_fidelity(attn[:, 0, h], 40))) for h in range(4)]
+    weak = int(np.argmin(alone))
+    importances = np.where(np.arange(4) == weak, weights, 0.0)
+    (sequence,) = pruning.greedy_sequences(attn, importances, horizon=40)
+    assert weak in [head for _, _, head in sequence]  # the uniform mixes are reached
+
+    def fidelity(alive):
+        w = importances[0] * alive
+        mixed = graphs.combine_heads(attn[:, 0], w if w.sum() > 0 else alive)
+        return float(np.mean(metrics.minimax_fidelity(mixed, 40)))
+
+    alive = np.ones(4)
+    for lost, _, head in sequence:
+        before = fidelity(alive)
+        alive[head] = 0.0
+        assert lost == pytest.approx(before - fidelity(alive), abs=1e-5)
+
+
 def test_greedy_sequences_of_layers_split_over_devices_are_each_layer_alone(reference):
     """Four layers on the tests' four devices (one each) give every layer the sequence
     it has alone (one layer, on one device)."""

@@ -78,6 +78,20 @@ def test_without_sink_mixes_use_their_own_weights():
     )
 
 
+@pytest.mark.parametrize("sink_tokens", [0, 1, 2])
+def test_sink_mass_is_the_attention_on_the_dropped_tokens(sink_tokens):
+    """Uniform causal attention puts min(k, i + 1) / (i + 1) of query i on the first k keys:
+    the sink mass is its mean over queries, k the tokens dropped (the first token when
+    none are)."""
+    t = 8
+    attn = np.broadcast_to(graphs.uniform_causal(t), (1, 2, t, t))
+    spec = measures.AnalysisSpec(horizon=10, max_steps=10, pairwise=False, sink_tokens=sink_tokens)
+    out = measures.analyze_layer(attn, None, spec)
+    k = max(sink_tokens, 1)
+    want = np.mean([min(k, i + 1) / (i + 1) for i in range(t)])
+    np.testing.assert_allclose(out["sink_mass"], np.full((1, 2), want), rtol=1e-6)
+
+
 def test_per_sequence_mixes_weigh_each_sequence_with_its_own_weights():
     attn = graphs.random_causal(4, (3, 2), 10)
     w = np.asarray([[1, 0], [0, 1], [0.5, 0.5]], np.float32)  # B x H
