@@ -1,0 +1,96 @@
+"""A training step's temporaries stay mapped between steps: XLA packs them into blocks
+that the device threads' heaps keep (`allocator.bounded_temporaries`)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from beyondpar import model as model_lib
+from beyondpar.base import allocator
+from beyondpar.study import train
+
+
+@pytest.mark.parametrize(
+    "fields, batch, largest",
+    [
+        # attention probabilities B x H x T x T
+        (dict(num_heads=16, max_len=100), 25, 4 * 25 * 16 * 100 * 100),
+        # logits B x T x V
+        (dict(num_heads=2, max_len=10, vocab_size=300), 3, 4 * 3 * 10 * 300),
+        # MLP activations B x T x F
+        (dict(num_heads=1, max_len=8, vocab_size=5, mlp_dim=40, embed_dim=16), 7, 4 * 7 * 8 * 40),
+        # the residual stream B x T x D
+        (dict(num_heads=1, max_len=4, vocab_size=5, mlp_dim=6, embed_dim=32), 2, 4 * 2 * 4 * 32),
+    ],
+)
+def test_largest_tensor_of_a_step(fields, batch, largest):
+    assert train.largest_tensor_bytes(model_lib.ModelConfig(**fields), batch) == largest
+
+
+def test_blocks_hold_the_largest_tensor():
+    key = "xla_multiheap_size_constraint_per_heap"
+    default = allocator.TEMPORARY_BLOCK_BYTES
+    assert allocator.bounded_temporaries() == {key: default}
+    assert allocator.bounded_temporaries(default - 1) == {key: default}
+    assert allocator.bounded_temporaries(default + 12) == {key: default + 12}
+
+
+# Page faults per step of a paper-sized training step (heads and batch size from argv) on
+# two CPU devices, after warm-up. At 4 heads its temporaries (about 80 MB per device) are
+# more than a device thread's 64 MB heap: packed as one block, each step mapped it afresh
+# (39,000 faults per step). Blocks that the heaps hold leave a few thousand.
+STEP_FAULTS = """
+import resource, sys
+import jax, numpy as np, optax
+from beyondpar import model as model_lib, tasks
+from beyondpar.base import allocator, parallel
+from beyondpar.study import train
+heads, batch_size, steps = map(int, sys.argv[1:])
+allocator.keep_freed_memory()
+jax.config.update("jax_num_cpu_devices", 2)
+mesh = parallel.data_mesh()
+module, tx = model_lib.Transformer(model_lib.ModelConfig(num_heads=heads)), optax.adam(1e-3)
+state = jax.device_put(
+    train.create_state(module, jax.random.PRNGKey(0), tx, 100), parallel.replicated(mesh)
+)
+examples = tasks.make_examples("copy", jax.random.PRNGKey(1), batch_size, 100, 256)
+batch = tasks.Examples(*(parallel.shard_batch(np.asarray(a), mesh) for a in examples))
+update, key = train.jitted_update(module, tx, mesh, batch_size), jax.random.PRNGKey(2)
+update.lower(state, batch, key).compile()
+for _ in range(3 if steps else 0):
+    state, loss = update(state, batch, key)
+    jax.block_until_ready(loss)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(steps):
+    state, loss = update(state, batch, key)
+    jax.block_until_ready(loss)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / max(steps, 1))
+"""
+
+
+def _run_steps(heads: int, batch_size: int, steps: int) -> tuple[float, str]:
+    """(page faults per step, stderr) of `steps` steps after warm-up, in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, "-c", STEP_FAULTS, str(heads), str(batch_size), str(steps)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.split()[-1]), out.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heaps: Linux")
+def test_training_steps_reuse_their_temporaries():
+    faults, _ = _run_steps(heads=4, batch_size=50, steps=4)
+    assert faults < 15_000
+
+
+def test_a_tensor_larger_than_a_block_gets_a_block_without_warnings():
+    """8 heads, 30 sequences per device: attention tensors of 9.6 MB, over the 8 MiB
+    default. XLA would warn at compile time about each one that does not fit a block."""
+    assert train.largest_tensor_bytes(model_lib.ModelConfig(num_heads=8), 30) > (
+        allocator.TEMPORARY_BLOCK_BYTES
+    )
+    _, stderr = _run_steps(heads=8, batch_size=60, steps=0)
+    assert "per-heap size limit" not in stderr
