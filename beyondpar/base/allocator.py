@@ -8,12 +8,12 @@ such buffers come from, and go back to, the heap: the next call finds them mappe
 The cost is that the process keeps its peak heap instead of returning it to the system.
 
 That covers the main thread. XLA runs each CPU device's program on a worker thread, and
-glibc serves those threads from arenas made of heaps of at most 64 MB: a larger block
-is mapped afresh and unmapped on free whatever the thresholds say. XLA packs a program's
-temporaries into one block by default (about 80 MB per device for a 4-head training step
-of the paper's size), so each step faulted on every page of it (39,000 faults at 4 heads,
-90,000 at 16). `bounded_temporaries` makes XLA pack them into blocks of at most
-`TEMPORARY_BLOCK_BYTES`, which the workers' heaps hold and reuse.
+glibc serves those threads from arenas made of heaps of at most 64 MB: a larger block is
+mapped afresh and unmapped on free whatever the thresholds say, and a heap left empty is
+unmapped. XLA packs a program's temporaries into one block by default (about 80 MB per
+device for a 4-head training step of the paper's size), so each step faulted on every page
+of it (39,000 faults at 4 heads, 90,000 at 16). `bounded_temporaries` makes XLA pack them
+into blocks that fit a heap, and a top pad of a whole heap keeps emptied heaps mapped.
 """
 
 from __future__ import annotations
@@ -22,10 +22,15 @@ import ctypes
 import sys
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
+_M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 _LARGEST = 2**31 - 1  # mallopt takes an int
-# An eighth of a worker heap, so that several blocks share one. On a 4-head paper-sized step
-# (2 devices), blocks of 8, 16 and 32 MB left 0, 4,000 and 11,000 page faults per step.
+# glibc unmaps an emptied worker heap, or shrinks one, only when that frees more than the
+# top pad: a pad of a whole heap (64 MB on 64-bit systems) keeps them mapped. The main heap
+# then also grows by this much more address space at a time, which costs no memory until
+# it is touched.
+_HEAP_BYTES = 64 * 2**20
+# An eighth of a worker heap, so that several blocks share one.
 TEMPORARY_BLOCK_BYTES = 8 * 2**20
 
 
@@ -38,7 +43,12 @@ def keep_freed_memory() -> bool:
     if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return all(mallopt(param, _LARGEST) == 1 for param in (_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD))
+    settings = (
+        (_M_TRIM_THRESHOLD, _LARGEST),
+        (_M_MMAP_THRESHOLD, _LARGEST),
+        (_M_TOP_PAD, _HEAP_BYTES),
+    )
+    return all(mallopt(param, value) == 1 for param, value in settings)
 
 
 def bounded_temporaries(largest_tensor_bytes: int = 0) -> dict[str, int]:
