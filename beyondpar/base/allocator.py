@@ -51,10 +51,13 @@ def keep_freed_memory() -> bool:
     return all(mallopt(param, value) == 1 for param, value in settings)
 
 
-def bounded_temporaries(largest_tensor_bytes: int = 0) -> dict[str, int]:
+def bounded_temporaries(largest_tensor_bytes: int = 0, platform: str = "cpu") -> dict[str, int]:
     """`jax.jit` compiler options that pack a program's temporaries into blocks of at most
     `TEMPORARY_BLOCK_BYTES`, or of its largest tensor when that is larger (XLA warns at
-    compile time about a tensor that does not fit a block). For programs called again and
-    again (a training step) whose temporaries add up to more than a worker thread's heap."""
+    compile time about a tensor that does not fit a block). For CPU programs called again
+    and again (a training step) whose temporaries add up to more than a worker thread's
+    heap; none elsewhere (accelerators have their own allocators)."""
+    if platform != "cpu":
+        return {}
     block = max(TEMPORARY_BLOCK_BYTES, int(largest_tensor_bytes))
     return {"xla_multiheap_size_constraint_per_heap": block}

@@ -156,7 +156,7 @@ def jitted_update(module, tx, mesh, batch_size: int):
     shardings = dict(in_shardings=(repl, data, repl), out_shardings=(repl, repl))
     # Temporaries in blocks that the device threads' heaps keep mapped between steps.
     largest = largest_tensor_bytes(module.config, -(-batch_size // mesh.size))
-    options = allocator.bounded_temporaries(largest)
+    options = allocator.bounded_temporaries(largest, mesh.devices.flat[0].platform)
     return jax.jit(step_fn, donate_argnums=0, compiler_options=options, **shardings)
 
 

@@ -34,6 +34,7 @@ def test_blocks_hold_the_largest_tensor():
     assert allocator.bounded_temporaries() == {key: default}
     assert allocator.bounded_temporaries(default - 1) == {key: default}
     assert allocator.bounded_temporaries(default + 12) == {key: default + 12}
+    assert allocator.bounded_temporaries(default + 12, "gpu") == {}
 
 
 # Page faults per step of a paper-sized training step (heads and batch size from argv) on
