@@ -24,11 +24,12 @@ import sys
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
-_LARGEST = 2**31 - 1  # mallopt takes an int
-# glibc unmaps an emptied worker heap, or shrinks one, only when that frees more than the
-# top pad: a pad of a whole heap (64 MB on 64-bit systems) keeps them mapped. The main heap
-# then also grows by this much more address space at a time, which costs no memory until
-# it is touched.
+_LARGEST = 2**31 - 1  # mallopt takes an int, and XLA's block option an int32
+# A worker heap is at most 64 MB on 64-bit systems. The trim threshold already keeps glibc
+# from shrinking one; a top pad of a whole heap also keeps it from unmapping an emptied one
+# (it does so only when the heap before would keep that much room free). New worker heaps
+# are then made writable whole at once: address space the kernel commits (it matters only
+# with overcommit off), not memory until it is touched.
 _HEAP_BYTES = 64 * 2**20
 # An eighth of a worker heap, so that several blocks share one.
 TEMPORARY_BLOCK_BYTES = 8 * 2**20
@@ -48,16 +49,17 @@ def keep_freed_memory() -> bool:
         (_M_MMAP_THRESHOLD, _LARGEST),
         (_M_TOP_PAD, _HEAP_BYTES),
     )
-    return all(mallopt(param, value) == 1 for param, value in settings)
+    accepted = [mallopt(param, value) == 1 for param, value in settings]  # each one tried
+    return all(accepted)
 
 
-def bounded_temporaries(largest_tensor_bytes: int = 0, platform: str = "cpu") -> dict[str, int]:
+def bounded_temporaries(largest_tensor_bytes: int, platform: str) -> dict[str, int]:
     """`jax.jit` compiler options that pack a program's temporaries into blocks of at most
     `TEMPORARY_BLOCK_BYTES`, or of its largest tensor when that is larger (XLA warns at
     compile time about a tensor that does not fit a block). For CPU programs called again
     and again (a training step) whose temporaries add up to more than a worker thread's
-    heap; none elsewhere (accelerators have their own allocators)."""
+    heap; none on other platforms (`jax.Device.platform`), which have their own allocators."""
     if platform != "cpu":
         return {}
-    block = max(TEMPORARY_BLOCK_BYTES, int(largest_tensor_bytes))
+    block = min(max(TEMPORARY_BLOCK_BYTES, int(largest_tensor_bytes)), _LARGEST)
     return {"xla_multiheap_size_constraint_per_heap": block}

@@ -1,5 +1,6 @@
 """Freed memory kept for reuse: a large buffer allocated again does not fault afresh."""
 
+import platform
 import subprocess
 import sys
 
@@ -36,7 +37,7 @@ def _second_fill(mode: str) -> tuple[str, int]:
     return out[0], int(out[1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_kept_memory_is_reused_without_page_faults():
     """By default glibc maps a 64 MB buffer afresh (a fault per page); once freed memory
     is kept, the second buffer reuses the first one's pages."""
@@ -76,7 +77,7 @@ print(kept, faults[0])
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_a_worker_threads_emptied_heaps_stay_mapped():
     """A worker thread's two 40 MB buffers, freed and allocated again, fault afresh on a
     whole buffer by default and reuse their pages once freed memory is kept."""
