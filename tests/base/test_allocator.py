@@ -90,3 +90,32 @@ def test_a_worker_threads_emptied_heaps_stay_mapped():
     default, kept = run("default"), run("keep")
     assert default[0] == "None" and int(default[1]) >= 10_000
     assert kept[0] == "True" and int(kept[1]) < 1_000
+
+
+# Address space (VmSize, KiB) that a 200 MiB heap allocation adds once freed memory is kept:
+# the heap grows by the allocation and the top pad, which is one worker heap (64 MiB).
+ADDRESS_SPACE_OF_ONE_ALLOCATION = """
+import ctypes
+from beyondpar.base import allocator
+def vm_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+assert allocator.keep_freed_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+before = vm_kib()
+buffer = libc.malloc(200 * 2**20)
+print(vm_kib() - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_the_top_pad_is_one_heap_of_address_space():
+    out = subprocess.run(
+        [sys.executable, "-c", ADDRESS_SPACE_OF_ONE_ALLOCATION],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    grown_mib = int(out.stdout.split()[-1]) / 1024
+    assert 200 <= grown_mib < 300

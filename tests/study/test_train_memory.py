@@ -6,11 +6,16 @@ import platform
 import subprocess
 import sys
 
+import jax
+import optax
 import pytest
 
 from beyondpar import model as model_lib
-from beyondpar.base import allocator
+from beyondpar import tasks
+from beyondpar.base import allocator, parallel
+from beyondpar.benchmarks import training
 from beyondpar.study import train
+from configs import smoke
 
 
 @pytest.mark.parametrize(
@@ -117,3 +122,55 @@ def test_training_steps_reuse_their_temporaries_without_warnings():
     faults, stderr = _run_steps(heads=16, batch_size=50, steps=4)
     assert faults < 10_000
     assert "per-heap size limit" not in stderr
+
+
+def _block_asked_for(monkeypatch, module, mesh, batch_shape) -> int:
+    """The largest tensor `jitted_update` sizes its blocks by (nothing compiled)."""
+    seen = []
+    monkeypatch.setattr(allocator, "bounded_temporaries", lambda b, p: seen.append(b) or {})
+    train.jitted_update.__wrapped__(module, optax.sgd(0.1), mesh, batch_shape)
+    return seen[0]
+
+
+def test_blocks_are_sized_by_each_devices_share_of_the_batch(monkeypatch):
+    """A step of 48 sequences of 20 tokens: 12 per device on 4 devices, 48 on one."""
+    cfg = model_lib.ModelConfig(num_heads=16, max_len=30)
+    module = model_lib.Transformer(cfg)
+    four, one = parallel.data_mesh(jax.devices()[:4]), parallel.data_mesh(jax.devices()[:1])
+    assert _block_asked_for(monkeypatch, module, four, (48, 20)) == (
+        train.largest_tensor_bytes(cfg, 12, 20)
+    )
+    assert _block_asked_for(monkeypatch, module, one, (48, 20)) == (
+        train.largest_tensor_bytes(cfg, 48, 20)
+    )
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_training_compiles_its_step_for_the_configured_batch(tmp_path, monkeypatch):
+    """The batch shape comes from the config's batch size and sequence length (not the
+    dataset's size, nor the model's longest sequence)."""
+    seen = []
+
+    def spy(*args):
+        seen.append(args[4])
+        raise _Stop
+
+    monkeypatch.setattr(train, "make_train_step", spy)
+    config = smoke.get_config()
+    config.optim.batch_size, config.task.seq_len = 12, 10
+    with pytest.raises(_Stop):
+        train.train_and_evaluate(config, str(tmp_path))
+    assert seen == [(12, 10)]
+
+
+def test_benchmark_step_is_compiled_for_its_batch(monkeypatch):
+    seen = []
+    real = train.jitted_update
+    monkeypatch.setattr(train, "jitted_update", lambda *a: seen.append(a[3]) or real(*a))
+    cfg = model_lib.ModelConfig(num_heads=2, max_len=16, vocab_size=32, embed_dim=16)
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 8, 16, 32)
+    training._jax_step(cfg, parallel.data_mesh(jax.devices()[:2]), examples)
+    assert seen == [(8, 16)]
