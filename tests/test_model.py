@@ -246,3 +246,29 @@ def test_attention_gradients_keep_each_inputs_dtype():
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
     grads = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
     assert [g.dtype for g in grads(q, k, v)] == [jnp.float64, jnp.float32, jnp.float32]
+
+
+def _seed_hashing_to(value: int) -> int:
+    """The row seed whose column-0 hash is `value` (MurmurHash3's finaliser inverted)."""
+    mask = 2**32 - 1
+    x = value ^ (value >> 16)
+    x = (x * pow(0xC2B2AE35, -1, 2**32)) & mask
+    x ^= (x >> 13) ^ (x >> 26)
+    x = (x * pow(0x85EBCA6B, -1, 2**32)) & mask
+    return x ^ (x >> 16)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
+def test_an_element_is_kept_exactly_when_its_hash_reaches_the_threshold(rate):
+    """`keep_probability` counts the 32-bit values at or above the threshold, so the
+    element whose hash is the threshold is kept and the one just below is dropped."""
+    threshold = 2**32 - round(model.keep_probability(rate) * 2**32)
+    seeds = jnp.asarray([_seed_hashing_to(threshold), _seed_hashing_to(threshold - 1)], jnp.uint32)
+    assert model._mix32(seeds).tolist() == [threshold, threshold - 1]
+    assert model.kept_elements(seeds, 1, rate)[:, 0].tolist() == [True, False]
+
+
+def test_rate_zero_keeps_every_element():
+    """Even the element whose hash is 0 (seed 0, column 0)."""
+    seeds = jnp.asarray([0, 1, 2**31], jnp.uint32)
+    assert bool(model.kept_elements(seeds, 5, 0.0).all())
