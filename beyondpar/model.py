@@ -10,6 +10,7 @@ into the `intermediates` collection, which costs nothing unless it is asked for.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -80,11 +81,19 @@ class Dropout(nn.Module):
     def __call__(self, x, deterministic: bool):
         if deterministic or self.rate == 0.0:
             return x
-        seeds = jax.random.bits(self.make_rng("dropout"), x.shape[:-1], jnp.uint32)
-        columns = jnp.arange(x.shape[-1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
-        bits = _mix32(seeds[..., None] ^ columns)
+        seeds = self.row_seeds(x.shape)
         kept = x / keep_probability(self.rate) if self.rescale else x
-        return jnp.where(bits >= jnp.uint32(_threshold(self.rate)), kept, jnp.zeros_like(x))
+        return jnp.where(kept_elements(seeds, x.shape[-1], self.rate), kept, jnp.zeros_like(x))
+
+    def row_seeds(self, shape) -> jax.Array:
+        """One seed per row of an array of `shape`, from the `dropout` stream."""
+        return jax.random.bits(self.make_rng("dropout"), shape[:-1], jnp.uint32)
+
+
+def kept_elements(seeds, columns: int, rate: float) -> jax.Array:
+    """The elements `Dropout(rate)` keeps, from each row's seed and the column index."""
+    index = jnp.arange(columns, dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
+    return _mix32(seeds[..., None] ^ index) >= jnp.uint32(_threshold(rate))
 
 
 def _threshold(rate: float) -> int:
@@ -94,6 +103,51 @@ def _threshold(rate: float) -> int:
 def keep_probability(rate: float) -> float:
     """The exact share of elements `Dropout(rate)` keeps (a 32-bit threshold)."""
     return 1.0 - _threshold(rate) / 2.0**32
+
+
+def causal_softmax(q, k) -> jax.Array:
+    """Attention probabilities B x H x T x T of (pre-scaled) queries and keys."""
+    t = q.shape[-2]
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    return jax.nn.softmax(jnp.where(causal, scores, jnp.finfo(scores.dtype).min), axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def attend_with_dropout(q, k, v, seeds, rate: float) -> jax.Array:
+    """Heads' outputs B x H x T x Dh: causal attention probabilities with `Dropout(rate)`'s
+    elements (from the rows' `seeds`) dropped, times `v`, unscaled.
+
+    Its gradient is written out because it can skip a pass over the B x H x T x T tensors:
+    the softmax's backward needs each row's sum of probability x gradient, which here is
+    the row of the output times its gradient (T x Dh, not T x T)."""
+    return _attend_forward(q, k, v, seeds, rate)[0]
+
+
+def _attend_forward(q, k, v, seeds, rate):
+    probs = causal_softmax(q, k)
+    kept = kept_elements(seeds, probs.shape[-1], rate)
+    out = jnp.einsum("bhqk,bhkd->bhqd", jnp.where(kept, probs, 0), v)
+    return out, (q, k, v, seeds, probs, out)
+
+
+def _attend_backward(rate, residuals, d_out):
+    q, k, v, seeds, probs, out = residuals
+    kept = kept_elements(seeds, probs.shape[-1], rate)
+    d_v = jnp.einsum("bhqk,bhqd->bhkd", jnp.where(kept, probs, 0), d_out)
+    d_kept = jnp.einsum("bhqd,bhkd->bhqk", d_out, v)
+    # Softmax backward: probs * (d_probs - rowsum(probs * d_probs)), and that row sum is
+    # rowsum(kept probs * (d_out . v)) = d_out . out. Masked entries have probability 0,
+    # so the causal mask needs no gradient of its own.
+    row = jnp.sum(d_out * out, axis=-1, keepdims=True)
+    d_scores = probs * (jnp.where(kept, d_kept, 0) - row)
+    d_q = jnp.einsum("bhqk,bhkd->bhqd", d_scores, k)
+    d_k = jnp.einsum("bhqk,bhqd->bhkd", d_scores, q)
+    # Each input's own dtype: queries may be wider than keys and values (x64 scaling).
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+attend_with_dropout.defvjp(_attend_forward, _attend_backward)
 
 
 class CausalSelfAttention(nn.Module):
@@ -111,17 +165,17 @@ class CausalSelfAttention(nn.Module):
         q = split(nn.Dense(d, name="query")(x_BxTxD) / np.sqrt(cfg.head_dim))
         k = split(nn.Dense(d, name="key")(x_BxTxD))
         v = split(nn.Dense(d, name="value")(x_BxTxD))
-        scores_BxHxTxT = jnp.einsum("bhqd,bhkd->bhqk", q, k)
-        causal = jnp.tril(jnp.ones((t, t), bool))
-        scores_BxHxTxT = jnp.where(causal, scores_BxHxTxT, jnp.finfo(scores_BxHxTxT.dtype).min)
-        probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
-        self.sow("intermediates", "attention", probs_BxHxTxT)
-        # Dropout's 1 / keep scale goes on the values (B x T x D), not on the B x H x T x T
-        # probabilities: the backward pass then has no full-size tensor of that constant.
-        probs_BxHxTxT = Dropout(cfg.dropout_rate, rescale=False)(probs_BxHxTxT, deterministic)
-        if not deterministic and cfg.dropout_rate > 0:
+        if deterministic or cfg.dropout_rate == 0:
+            probs_BxHxTxT = causal_softmax(q, k)
+            self.sow("intermediates", "attention", probs_BxHxTxT)
+            out = jnp.einsum("bhqk,bhkd->bhqd", probs_BxHxTxT, v)
+        else:
+            seeds = Dropout(cfg.dropout_rate).row_seeds((b, cfg.num_heads, t, t))
+            # Dropout's 1 / keep scale goes on the values (B x T x D), not on the B x H x T x T
+            # probabilities: the backward pass then has no full-size tensor of that constant.
             v = v / keep_probability(cfg.dropout_rate)
-        out = jnp.einsum("bhqk,bhkd->bhqd", probs_BxHxTxT, v).transpose(0, 2, 1, 3)
+            out = attend_with_dropout(q, k, v, seeds, cfg.dropout_rate)
+        out = out.transpose(0, 2, 1, 3)
         if head_mask is not None:
             mask = jnp.broadcast_to(head_mask, (b, cfg.num_heads)).astype(out.dtype)
             out = out * mask[:, None, :, None]

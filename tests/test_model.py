@@ -178,3 +178,97 @@ def test_unembed_is_the_models_output_layer_with_its_bias():
         x, _ = model.apply_block(module, params, layer, x)
     logits = module.apply({"params": params}, tokens)
     np.testing.assert_allclose(model.unembed(module, params, x), logits, rtol=1e-5, atol=1e-6)
+
+
+def _attention_inputs(b=3, h=2, t=7, d=4, seed=0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q, k, v = (jax.random.normal(key, (b, h, t, d), jnp.float64) for key in keys[:3])
+    return q, k, v, jax.random.bits(keys[3], (b, h, t), jnp.uint32)
+
+
+def _attention_by_autodiff(q, k, v, seeds, rate):
+    """The same attention written with plain operations, differentiated by JAX."""
+    kept = model.kept_elements(seeds, q.shape[-2], rate)
+    return jnp.einsum("bhqk,bhkd->bhqd", jnp.where(kept, model.causal_softmax(q, k), 0), v)
+
+
+@pytest.mark.parametrize(
+    "rate, shape", [(0.3, (3, 2, 7, 4)), (0.6, (2, 3, 5, 3)), (0.0, (1, 1, 6, 2))]
+)
+def test_attention_gradient_written_out_matches_autodiff(rate, shape):
+    """The hand-written backward (the row sums from the output, no causal-mask gradient)
+    against JAX's own differentiation of the same attention, in float64."""
+    q, k, v, seeds = _attention_inputs(*shape)
+    weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float64)
+
+    def loss(attend):
+        return lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, seeds, rate)) * weights)
+
+    fused = model.attend_with_dropout(q, k, v, seeds, rate)
+    np.testing.assert_array_equal(fused, _attention_by_autodiff(q, k, v, seeds, rate))
+    want = jax.grad(loss(_attention_by_autodiff), (0, 1, 2))(q, k, v)
+    got = jax.grad(loss(model.attend_with_dropout), (0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
+
+
+def test_training_attention_drops_probabilities_and_scales_the_values(monkeypatch):
+    """Training-mode attention is the eval-mode probabilities with the elements of its
+    seeds' mask dropped, times the values scaled by 1 / keep, through the output
+    projection; the seeds come from the `dropout` stream, one per row."""
+    cfg = model.ModelConfig(num_heads=2, dropout_rate=0.4, **SMALL)
+    attn = model.CausalSelfAttention(cfg)
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, cfg.embed_dim))
+    params = attn.init(jax.random.PRNGKey(1), x, True)
+    seen = []
+    real = model.attend_with_dropout
+    monkeypatch.setattr(model, "attend_with_dropout", lambda *a: seen.append(a[3]) or real(*a))
+    got = attn.apply(params, x, False, rngs={"dropout": jax.random.PRNGKey(7)})
+    other = attn.apply(params, x, False, rngs={"dropout": jax.random.PRNGKey(8)})
+    seeds = seen[0]
+    assert seeds.shape == (2, 2, 6) and not np.array_equal(seeds, seen[1])
+    _, state = attn.apply(params, x, True, mutable=["intermediates"])
+    probs = state["intermediates"]["attention"][0]
+    kept = model.kept_elements(seeds, 6, 0.4)
+    p = params["params"]
+    split = lambda y: y.reshape(2, 6, 2, 8).transpose(0, 2, 1, 3)
+    v = split(x @ p["value"]["kernel"] + p["value"]["bias"]) / model.keep_probability(0.4)
+    heads = jnp.einsum("bhqk,bhkd->bhqd", jnp.where(kept, probs, 0), v)
+    want = heads.transpose(0, 2, 1, 3).reshape(2, 6, 16) @ p["out"]["kernel"] + p["out"]["bias"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(got, other)
+
+
+def test_attention_gradients_keep_each_inputs_dtype():
+    """Queries wider than keys and values (a float64 scale under x64) get float64
+    gradients, keys and values float32 ones, as JAX's own differentiation gives."""
+    q, k, v, seeds = _attention_inputs()
+    k, v = k.astype(jnp.float32), v.astype(jnp.float32)
+    grads = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
+    assert [g.dtype for g in grads(q, k, v)] == [jnp.float64, jnp.float32, jnp.float32]
+
+
+def _seed_hashing_to(value: int) -> int:
+    """The row seed whose column-0 hash is `value` (MurmurHash3's finaliser inverted)."""
+    mask = 2**32 - 1
+    x = value ^ (value >> 16)
+    x = (x * pow(0xC2B2AE35, -1, 2**32)) & mask
+    x ^= (x >> 13) ^ (x >> 26)
+    x = (x * pow(0x85EBCA6B, -1, 2**32)) & mask
+    return x ^ (x >> 16)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
+def test_an_element_is_kept_exactly_when_its_hash_reaches_the_threshold(rate):
+    """`keep_probability` counts the 32-bit values at or above the threshold, so the
+    element whose hash is the threshold is kept and the one just below is dropped."""
+    threshold = 2**32 - round(model.keep_probability(rate) * 2**32)
+    seeds = jnp.asarray([_seed_hashing_to(threshold), _seed_hashing_to(threshold - 1)], jnp.uint32)
+    assert model._mix32(seeds).tolist() == [threshold, threshold - 1]
+    assert model.kept_elements(seeds, 1, rate)[:, 0].tolist() == [True, False]
+
+
+def test_rate_zero_keeps_every_element():
+    """Even the element whose hash is 0 (seed 0, column 0)."""
+    seeds = jnp.asarray([0, 1, 2**31], jnp.uint32)
+    assert bool(model.kept_elements(seeds, 5, 0.0).all())

@@ -67,7 +67,8 @@ def _jax_step(cfg, mesh, examples: tasks.Examples):
     module, tx = model_lib.Transformer(cfg), optax.adam(1e-3)
     state = train.create_state(module, jax.random.PRNGKey(0), tx, examples.inputs.shape[1])
     holder = [jax.device_put(state, parallel.replicated(mesh))]
-    update, key = train.jitted_update(module, tx, mesh), jax.random.PRNGKey(2)
+    update = train.jitted_update(module, tx, mesh, examples.inputs.shape)
+    key = jax.random.PRNGKey(2)
     batch = tasks.Examples(*(parallel.shard_batch(np.asarray(a), mesh) for a in examples))
 
     def run():

@@ -25,7 +25,7 @@ import tqdm
 
 from beyondpar import checkpoints, tasks
 from beyondpar import model as model_lib
-from beyondpar.base import files, locks, parallel
+from beyondpar.base import allocator, files, locks, parallel
 from beyondpar.study import config_lib
 from beyondpar.study import workdir as workdir_lib
 from beyondpar.study.workdir import CHECKPOINT_DIR, METRICS_FILE
@@ -123,18 +123,21 @@ def _adam(learning_rate: float) -> optax.GradientTransformation:
     return optax.adam(learning_rate)
 
 
-def make_train_step(module, tx, mesh, dropout_key):
-    """Jitted update: parameters replicated, the batch split over the `data` axis. Steps
-    made for the same (module, tx, mesh) share one compiled program: every run of a grid
-    with the same model, and every resume, compiles it once per process."""
-    update = jitted_update(module, tx, mesh)
+def make_train_step(module, tx, mesh, dropout_key, batch_shape: tuple[int, int]):
+    """Jitted update: parameters replicated, the batch of `batch_shape` (sequences, tokens)
+    split over the `data` axis. Steps made for the same (module, tx, mesh, batch_shape)
+    share one compiled program: every run of a grid with the same model, and every resume,
+    compiles it once per process."""
+    update = jitted_update(module, tx, mesh, tuple(batch_shape))
     return lambda state, batch: update(state, batch, dropout_key)
 
 
 @functools.lru_cache(maxsize=32)
-def jitted_update(module, tx, mesh):
+def jitted_update(module, tx, mesh, batch_shape: tuple[int, int]):
     """The jitted (state, batch, dropout_key) -> (state, loss) of `make_train_step`, for
-    work that inspects its compiled program (a profile of the step)."""
+    work that inspects its compiled program (a profile of the step). `batch_shape`
+    (sequences, tokens) sizes the blocks its temporaries are packed into
+    (`allocator.bounded_temporaries`)."""
 
     def step_fn(state, batch: tasks.Examples, dropout_key):
         key = jax.random.fold_in(dropout_key, state["step"])
@@ -153,7 +156,22 @@ def jitted_update(module, tx, mesh):
 
     repl, data = parallel.replicated(mesh), parallel.batch_sharded(mesh)
     shardings = dict(in_shardings=(repl, data, repl), out_shardings=(repl, repl))
-    return jax.jit(step_fn, donate_argnums=0, **shardings)
+    # Temporaries in blocks that the device threads' heaps keep mapped between steps.
+    sequences, tokens = batch_shape
+    largest = largest_tensor_bytes(module.config, -(-sequences // mesh.size), tokens)
+    options = allocator.bounded_temporaries(largest, mesh.devices.flat[0].platform)
+    return jax.jit(step_fn, donate_argnums=0, compiler_options=options, **shardings)
+
+
+def largest_tensor_bytes(cfg: model_lib.ModelConfig, batch_size: int, seq_len: int) -> int:
+    """Bytes of the largest float32 tensor a training step of `batch_size` sequences of
+    `seq_len` tokens holds: activations (attention probabilities B x H x T x T, logits
+    B x T x V, MLP B x T x F) or a parameter's gradient and optimiser moments (the V x D
+    embedding and head, the F x D MLP weights, the positions' max_len x D)."""
+    d, t = cfg.embed_dim, seq_len
+    activation = batch_size * t * max(cfg.num_heads * t, cfg.vocab_size, cfg.mlp_dim, d)
+    parameter = d * max(cfg.vocab_size, cfg.mlp_dim, cfg.max_len, d)
+    return 4 * max(activation, parameter)
 
 
 @functools.lru_cache(maxsize=32)
@@ -306,7 +324,8 @@ class _Loop:
         self.config, self.mesh, self.writer, self.mgr = config, mesh, writer, mgr
         self.last_step = last_step
         self.train_set, self.eval_set = make_datasets(config)
-        self.train_step = make_train_step(module, tx, mesh, dropout_key)
+        shape = (config.optim.batch_size, config.task.seq_len)
+        self.train_step = make_train_step(module, tx, mesh, dropout_key, shape)
         self.eval_step = make_eval_step(module, mesh)
 
     def run(self, state, start: int, main: bool):

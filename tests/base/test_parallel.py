@@ -1,6 +1,7 @@
 """Mesh helpers: the --mesh flag's grammar and errors, data x model meshes, placing a
 host array so that each device receives only its part."""
 
+import platform
 import subprocess
 import sys
 
@@ -148,7 +149,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_using_all_cores_also_keeps_freed_memory_for_reuse():
     """After `use_all_cpu_cores`, a large buffer freed and allocated again reuses its pages
     instead of faulting on each one afresh."""

@@ -30,7 +30,10 @@ FAMILIES = (
 
 # Six layers of peaked attention: transformers' own float32 forward is 1.6e-5 away from
 # this fixture's float64 attention (its float64 forward 7.5e-6), so float32 gets 2e-5.
-ATTENTION_ATOL = {"gemma3-tiny": 2e-5}
+# Phi-3's long rope factors rotate by large angles, where float32 sine and cosine differ
+# between CPUs: 2 of 147,456 probabilities 1.4e-5 away on one (AMD EPYC), under 1e-5 on
+# another.
+ATTENTION_ATOL = {"gemma3-tiny": 2e-5, "phi3-longrope": 2e-5}
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -34,7 +34,9 @@ def one_step(devices):
     state = jax.device_put(state, parallel.replicated(mesh))
     train_set, _ = train.make_datasets(config)
     batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
-    step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(1))
+    step = train.make_train_step(
+        module, tx, mesh, jax.random.PRNGKey(1), (config.optim.batch_size, config.task.seq_len)
+    )
     state, loss = step(state, batch)
     state, loss = step(state, batch)
     return jax.device_get(state), float(loss)
@@ -288,7 +290,9 @@ def test_dropout_masks_change_with_the_step():
     state = train.create_state(module, jax.random.PRNGKey(0), tx, 16)
     train_set, _ = train.make_datasets(config)
     batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
-    step = train.make_train_step(module, tx, mesh, jax.random.PRNGKey(1))
+    step = train.make_train_step(
+        module, tx, mesh, jax.random.PRNGKey(1), (config.optim.batch_size, config.task.seq_len)
+    )
     losses = []
     for _ in range(3):
         state, loss = step(state, batch)
