@@ -14,6 +14,7 @@ import functools
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -130,6 +131,17 @@ def make_train_step(module, tx, mesh, dropout_key, batch_shape: tuple[int, int])
     compiles it once per process."""
     update = jitted_update(module, tx, mesh, tuple(batch_shape))
     return lambda state, batch: update(state, batch, dropout_key)
+
+
+# A step compiled with several temporary blocks cannot be written to JAX's persistent
+# compilation cache (XLA serialises one block only): with the cache on, JAX would warn at
+# every compilation of the step. It is compiled once per process, for thousands of calls.
+warnings.filterwarnings(
+    "ignore",
+    message=r"Error writing persistent compilation cache entry for 'jit_step_fn'.*"
+    r"Multiple temp buffer allocations",
+    category=UserWarning,
+)
 
 
 @functools.lru_cache(maxsize=32)

@@ -122,6 +122,8 @@ def test_training_steps_reuse_their_temporaries_without_warnings():
     faults, stderr = _run_steps(heads=16, batch_size=50, steps=4)
     assert faults < 10_000
     assert "per-heap size limit" not in stderr
+    # The tests' persistent compilation cache cannot hold such a step: no warning about it.
+    assert "Multiple temp buffer allocations" not in stderr
 
 
 def _block_asked_for(monkeypatch, module, mesh, batch_shape) -> int:
