@@ -3,8 +3,10 @@
 Token + learned position embeddings; pre-norm blocks x += attn(rms(x)); x += mlp(rms(x));
 separate q/k/v/output projections with bias; ReLU MLP; an output projection without a
 final norm. Changing `num_heads` only re-partitions the same features, so every head count
-has the same parameters (172,800 at the paper's size). Attention probabilities are sown
-into the `intermediates` collection, which costs nothing unless it is asked for.
+has the same parameters (172,800 at the paper's size). In eval mode attention
+probabilities are sown into the `intermediates` collection, which costs nothing unless it
+is asked for; training mode runs attention with its gradient written out
+(`attend_with_dropout`).
 """
 
 from __future__ import annotations

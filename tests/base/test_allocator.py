@@ -6,15 +6,22 @@ import sys
 
 import pytest
 
-# Faults while filling a 64 MB malloc buffer for the second time (one per 4 KB page: 16,384
-# when its pages are new). Run in a fresh interpreter: the setting is process-wide.
-SECOND_FILL_FAULTS = """
+# libc's malloc and free from Python, freed memory kept when argv[1] is "keep". Each script
+# runs in a fresh interpreter: the setting is process-wide.
+MALLOC = """
 import ctypes, resource, sys
 from beyondpar.base import allocator
 kept = allocator.keep_freed_memory() if sys.argv[1] == "keep" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
+"""
+
+# Faults while filling a 64 MB malloc buffer for the second time (one per 4 KB page: 16,384
+# when its pages are new).
+SECOND_FILL_FAULTS = (
+    MALLOC
+    + """
 size = 64 * 2**20
 def fill():
     buffer = libc.malloc(size)
@@ -25,6 +32,7 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 fill()
 print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
+)
 
 
 def _second_fill(mode: str) -> tuple[str, int]:
@@ -50,13 +58,10 @@ def test_kept_memory_is_reused_without_page_faults():
 # Faults while a worker thread fills two 40 MB malloc buffers for the second time. A
 # thread's heaps hold at most 64 MB, so the second buffer gets a heap of its own, which
 # glibc unmaps once it is empty unless freed memory is kept (a fault per 4 KB page afresh).
-THREAD_SECOND_FILL_FAULTS = """
-import ctypes, resource, sys, threading
-from beyondpar.base import allocator
-kept = allocator.keep_freed_memory() if sys.argv[1] == "keep" else None
-libc = ctypes.CDLL(None)
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
-libc.free.argtypes = (ctypes.c_void_p,)
+THREAD_SECOND_FILL_FAULTS = (
+    MALLOC
+    + """
+import threading
 size = 40 * 2**20
 def fill():
     buffers = [libc.malloc(size) for _ in range(2)]
@@ -75,6 +80,7 @@ worker.start()
 worker.join()
 print(kept, faults[0])
 """
+)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
