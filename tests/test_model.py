@@ -212,6 +212,52 @@ def test_attention_gradient_written_out_matches_autodiff(rate, shape):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
 
 
+def test_causal_softmax_is_each_prefix_softmax():
+    """Row i is the softmax of its scores over keys 0..i and exactly 0 after, also when
+    the future scores are the row's largest and the scores are far from 0."""
+    q, k, _, _ = _attention_inputs(b=2, h=3, t=9, d=5, seed=4)
+    q = q * 20.0 + 3.0  # scores of several hundred: the row maximum has to come off first
+    k = k.at[:, :, -1].multiply(50.0)  # the last key, future to every other row, scores most
+    got = np.asarray(model.causal_softmax(q, k))
+    scores = np.einsum("bhqd,bhkd->bhqk", np.asarray(q), np.asarray(k))
+    for i in range(9):
+        prefix = scores[..., i, : i + 1]
+        e = np.exp(prefix - prefix.max(-1, keepdims=True))
+        want = e / e.sum(-1, keepdims=True)
+        np.testing.assert_allclose(got[..., i, : i + 1], want, rtol=1e-12, atol=1e-300)
+        assert np.all(got[..., i, i + 1 :] == 0)
+
+
+def test_gradient_products_keep_the_wide_operand_on_the_right():
+    """The value and key gradients sum a T x T tensor over its rows. As the left operand of
+    such a product it runs several times slower on CPU, so the backward pass puts it on the
+    right and keeps XLA from swapping it back with a barrier on each product."""
+    q, k, v, seeds = _attention_inputs(t=7, d=4)
+    grad = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
+    eqns = jax.make_jaxpr(grad)(q, k, v).jaxpr.eqns
+    over_rows = []
+    for e in eqns:
+        if e.primitive.name != "dot_general":
+            continue
+        (contract_l, contract_r), _ = e.params["dimension_numbers"]
+        shapes = [x.aval.shape[-2:] for x in e.invars]
+        assert not (shapes[0] == (7, 7) and contract_l == (2,)), "wide operand on the left"
+        if shapes[1] == (7, 7) and contract_r == (2,):
+            over_rows.append(e.outvars[0])
+    barriers = [e for e in eqns if e.primitive.name == "optimization_barrier"]
+    assert len(over_rows) == 2 and len(barriers) == 2
+    assert {b.invars[0] for b in barriers} == set(over_rows)
+
+
+def test_contract_rows_is_the_plain_product():
+    square = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 6, 6), jnp.float64)
+    narrow = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 6, 4), jnp.float64)
+    got = model._contract_rows(square, narrow)
+    assert got.shape == (2, 3, 6, 4)
+    want = np.einsum("bhqk,bhqd->bhkd", np.asarray(square), np.asarray(narrow))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_training_attention_drops_probabilities_and_scales_the_values(monkeypatch):
     """Training-mode attention is the eval-mode probabilities with the elements of its
     seeds' mask dropped, times the values scaled by 1 / keep, through the output

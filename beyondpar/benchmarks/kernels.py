@@ -7,7 +7,9 @@ operator's matrix for 2 flops per row advanced. The fused kernel advances the si
 on `c` and the reference walk on its own matrix, so it reads 2 T^2 floats per step for
 4 T^2 flops (0.5 flop per byte). A matmul reuses each entry T times; a recursion cannot
 (step t needs step t - 1), so at best it runs at the speed the matrices stream from
-cache: `bandwidth_bound_*` below, measured in the same run."""
+cache: `bandwidth_bound_*` below, measured in the same run. `product_bound_*` is the
+bound XLA's own batched vector-matrix product sets: a bare recursion, one product per
+matrix per step and nothing else, timed on the same operators in the same blocks."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from beyondpar import graphs, metrics
 from beyondpar.base import parallel
@@ -42,6 +45,28 @@ def bandwidth_bound(flop: float, nbytes: float, bytes_per_s: float, flops_per_s:
     return {"seconds": seconds, "fraction_of_matmul": flop / seconds / flops_per_s}
 
 
+def product_bound(flop: float, product_s: float, matrices_per_step: int, flops_per_s: float):
+    """The fastest a kernel of `flop` reading `matrices_per_step` matrices per step can be
+    when each read costs one bare product recursion (`product_s`), as seconds and as a
+    fraction of the matmul rate."""
+    seconds = matrices_per_step * product_s
+    return {"seconds": seconds, "fraction_of_matmul": flop / seconds / flops_per_s}
+
+
+def vector_products_s(host: np.ndarray, repeats: int) -> float:
+    """Best seconds of K steps of v <- v c for every operator of `host` (one row vector
+    each), in the metric kernels' cache blocks over the local devices."""
+    batch = parallel.split_over_devices(host)
+
+    def block(c):
+        v = jnp.ones((c.shape[0], 1, c.shape[-1]), c.dtype)
+        step = lambda _, v: jnp.einsum("bri,bij->brj", v, c, precision=lax.Precision.HIGHEST)
+        return lax.fori_loop(0, K, step, v)
+
+    run = jax.jit(lambda c: metrics.map_blocks(block, c))
+    return best_time(lambda: run(batch), repeats)
+
+
 def metrics_suite(
     repeats: int = 5,
     sequences: int = 50,
@@ -59,6 +84,7 @@ def metrics_suite(
     host = graphs.random_causal(0, (sequences, layers, operators), T)
     n = host.size // (T * T)
     timings = _kernel_times(host, repeats)
+    product_s = vector_products_s(host, repeats)
     paper_s, numpy_s = _baseline_times(host, repeats)
     rate, cache = matmul_flops_per_s(repeats), cache_bytes_per_s(repeats)
     kernel_s = timings["fused"]
@@ -67,7 +93,11 @@ def metrics_suite(
         name: bandwidth_bound(flop, n * recursion_bytes(T, K, reads), cache, rate)
         for name, reads in MATRICES_READ.items()
     }
+    products = {
+        name: product_bound(flop, product_s, reads, rate) for name, reads in MATRICES_READ.items()
+    }
     us = {name: 1e6 * v / n for name, v in timings.items()}
+    us["vector_products"] = 1e6 * product_s / n
     us.update(paper_method=1e6 * paper_s, numpy_exact=1e6 * numpy_s)
     result = {
         "matrices": n,
@@ -85,6 +115,12 @@ def metrics_suite(
         },
         "fraction_of_bandwidth_bound": {
             name: b["seconds"] / timings[name] for name, b in bounds.items()
+        },
+        "product_bound_fraction_of_matmul": {
+            name: b["fraction_of_matmul"] for name, b in products.items()
+        },
+        "fraction_of_product_bound": {
+            name: b["seconds"] / timings[name] for name, b in products.items()
         },
     }
     if plain_session:
@@ -146,6 +182,12 @@ def _print_metrics(r: dict) -> None:
     for name in MATRICES_READ:
         print(
             f"  {name}: bandwidth bound {bound[name]:6.1%} of matmul; "
+            f"kernel at {share[name]:6.1%} of that bound"
+        )
+    bound, share = r["product_bound_fraction_of_matmul"], r["fraction_of_product_bound"]
+    for name in MATRICES_READ:
+        print(
+            f"  {name}: XLA product bound {bound[name]:6.1%} of matmul; "
             f"kernel at {share[name]:6.1%} of that bound"
         )
     if "plain_session_vs_launcher" in r:
