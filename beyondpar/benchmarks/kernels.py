@@ -53,17 +53,18 @@ def product_bound(flop: float, product_s: float, matrices_per_step: int, flops_p
     return {"seconds": seconds, "fraction_of_matmul": flop / seconds / flops_per_s}
 
 
-def vector_products_s(host: np.ndarray, repeats: int) -> float:
-    """Best seconds of K steps of v <- v c for every operator of `host` (one row vector
-    each), in the metric kernels' cache blocks over the local devices."""
-    batch = parallel.split_over_devices(host)
+def product_recursion(c, steps: int = K) -> jax.Array:
+    """v c^steps from v = 1 for each operator of a block (b x T x T, as b x 1 x T): the
+    bare recursion, one vector-matrix product per matrix per step and nothing else."""
+    v = jnp.ones((c.shape[0], 1, c.shape[-1]), c.dtype)
+    step = lambda _, v: jnp.einsum("bri,bij->brj", v, c, precision=lax.Precision.HIGHEST)
+    return lax.fori_loop(0, steps, step, v)
 
-    def block(c):
-        v = jnp.ones((c.shape[0], 1, c.shape[-1]), c.dtype)
-        step = lambda _, v: jnp.einsum("bri,bij->brj", v, c, precision=lax.Precision.HIGHEST)
-        return lax.fori_loop(0, K, step, v)
 
-    run = jax.jit(lambda c: metrics.map_blocks(block, c))
+def vector_products_s(batch: jax.Array, repeats: int) -> float:
+    """Best seconds of `product_recursion` over the operators `batch` (N x T x T, as the
+    kernels get it), in the metric kernels' cache blocks over the local devices."""
+    run = jax.jit(lambda c: metrics.map_blocks(product_recursion, c))
     return best_time(lambda: run(batch), repeats)
 
 
@@ -83,8 +84,9 @@ def metrics_suite(
     """
     host = graphs.random_causal(0, (sequences, layers, operators), T)
     n = host.size // (T * T)
-    timings = _kernel_times(host, repeats)
-    product_s = vector_products_s(host, repeats)
+    batch = parallel.split_over_devices(host)
+    timings = _kernel_times(host, batch, repeats)
+    product_s = vector_products_s(batch, repeats)
     paper_s, numpy_s = _baseline_times(host, repeats)
     rate, cache = matmul_flops_per_s(repeats), cache_bytes_per_s(repeats)
     kernel_s = timings["fused"]
@@ -131,10 +133,10 @@ def metrics_suite(
     return result
 
 
-def _kernel_times(host: np.ndarray, repeats: int) -> dict:
-    """Best seconds of each kernel on the batch split over the local devices."""
+def _kernel_times(host: np.ndarray, batch: jax.Array, repeats: int) -> dict:
+    """Best seconds of each kernel on `batch` (`host` split over the local devices) and,
+    for `fused_from_one_device`, on `host` on one device."""
     one_device = jnp.asarray(host)
-    batch = parallel.split_over_devices(host)
 
     def fused(c, walk="reference"):
         return lambda: metrics.operator_metrics(c, horizon=K, max_steps=K, walk=walk)

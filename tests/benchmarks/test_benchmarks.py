@@ -73,6 +73,16 @@ def test_product_bound_of_the_metric_recursions():
     assert bound["fraction_of_matmul"] == pytest.approx(0.25, rel=1e-12)  # 1e11 / 4e11
 
 
+def test_product_recursion_is_ones_times_each_matrix_power():
+    """Ones times each matrix `steps` times, and K times by default (float64 here)."""
+    c = np.random.default_rng(0).random((3, 5, 5))
+    want = np.ones(5) @ np.linalg.matrix_power(c, 4)
+    np.testing.assert_allclose(kernels.product_recursion(c, steps=4)[:, 0], want, rtol=1e-12)
+    stochastic = c / c.sum(-1, keepdims=True)
+    want = np.ones(5) @ np.linalg.matrix_power(stochastic, kernels.K)
+    np.testing.assert_allclose(kernels.product_recursion(stochastic)[:, 0], want, rtol=1e-9)
+
+
 @pytest.mark.slow
 def test_suites_report_their_ratios(capsys):
     r = kernels.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
