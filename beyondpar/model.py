@@ -113,7 +113,8 @@ def causal_softmax(q, k) -> jax.Array:
     t = q.shape[-2]
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)
     # -inf added above the diagonal rather than selected in: on CPU the addition joins the
-    # product's fused pass instead of making a pass over B x H x T x T of its own.
+    # product's fused pass instead of making a pass over B x H x T x T of its own. (A
+    # non-finite future score now makes its row NaN; a select would have hidden it.)
     future = jnp.where(jnp.tril(jnp.ones((t, t), bool)), 0, -jnp.inf).astype(scores.dtype)
     return jax.nn.softmax(scores + future, axis=-1)
 
@@ -159,7 +160,7 @@ def _contract_rows(square, narrow) -> jax.Array:
     XLA's CPU dot runs this form, the wide operand contracted over its rows, several times
     slower than the same sums with the narrow operand first (3x at 16 heads of 4 dims).
     The barrier keeps its simplifier from folding the small transpose after the product
-    back into the slow form."""
+    back into the slow form; on accelerators it costs one transpose of B x H x T x Dh."""
     product = jnp.einsum("bhqd,bhqk->bhdk", narrow, square)
     return lax.optimization_barrier(product).swapaxes(-1, -2)
 

@@ -106,7 +106,7 @@ def test_suites_report_their_ratios(capsys):
     products, on_products = r["product_bound_fraction_of_matmul"], r["fraction_of_product_bound"]
     assert products["fused_normalized_walk"] == pytest.approx(2 * products["fused"], rel=1e-9)
     for name in ("fused", "fused_normalized_walk"):
-        reads = kernels.MATRICES_READ[name] * us["vector_products"]
+        reads = kernels.MATRICES_READ[name] * us["product_recursion"]
         assert on_products[name] == pytest.approx(reads / us[name], rel=1e-6)
         assert products[name] == pytest.approx(
             4 * 100**3 / (reads * 1e-6) / (r["matmul_gflops"] * 1e9), rel=1e-6
