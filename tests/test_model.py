@@ -212,6 +212,78 @@ def test_attention_gradient_written_out_matches_autodiff(rate, shape):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
 
 
+def test_causal_softmax_is_each_prefix_softmax():
+    """Row i is the softmax of its scores over keys 0..i and exactly 0 after, also when
+    the last key, future to every other row, scores highest in every row and the scores
+    are far from 0 (the row maximum has to come off first)."""
+    q, k, _, _ = _attention_inputs(b=2, h=3, t=9, d=5, seed=4)
+    q = jnp.abs(q) * 20.0 + 3.0
+    k = k.at[:, :, -1].set(50.0)  # q . k_last > 250 > every other score of the row
+    got = np.asarray(model.causal_softmax(q, k))
+    scores = np.einsum("bhqd,bhkd->bhqk", np.asarray(q), np.asarray(k))
+    assert np.all(scores.argmax(-1) == 8)
+    for i in range(9):
+        prefix = scores[..., i, : i + 1]
+        e = np.exp(prefix - prefix.max(-1, keepdims=True))
+        want = e / e.sum(-1, keepdims=True)
+        # atol: XLA flushes subnormals (below 2.2e-308) to zero, NumPy keeps them.
+        np.testing.assert_allclose(got[..., i, : i + 1], want, rtol=1e-12, atol=1e-300)
+        assert np.all(got[..., i, i + 1 :] == 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_causal_softmax_in_low_precision_masks_large_future_scores(dtype):
+    """Finite future scores near the type's largest value leave every row finite, summing
+    to 1 over its past, with exact zeros after the diagonal."""
+    q = jnp.ones((1, 1, 6, 1), dtype)
+    k = jnp.array([0.0, 1.0, 2.0, 3.0, 4.0, 200.0], dtype).reshape(1, 1, 6, 1) * 300
+    got = np.asarray(model.causal_softmax(q, k), np.float32)[0, 0]
+    assert np.all(np.isfinite(got)) and np.all(np.triu(got, 1) == 0)
+    np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-2)
+    assert got[4, 4] > 0.99 and got[5, 5] == 1.0
+
+
+def _dot_generals(jaxpr):
+    """Every dot_general and optimization_barrier equation of `jaxpr`, nested ones too."""
+    for e in jaxpr.eqns:
+        if e.primitive.name in ("dot_general", "optimization_barrier"):
+            yield e
+        for value in e.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                yield from _dot_generals(inner)
+
+
+def test_gradient_products_keep_the_wide_operand_on_the_right():
+    """The value and key gradients sum a T x T tensor over its rows. As the left operand of
+    such a product it runs several times slower on CPU, so the backward pass puts it on the
+    right and keeps XLA from swapping it back with a barrier on each product."""
+    q, k, v, seeds = _attention_inputs(t=7, d=4)
+    grad = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
+    eqns = list(_dot_generals(jax.make_jaxpr(grad)(q, k, v).jaxpr))
+    over_rows = []
+    for e in eqns:
+        if e.primitive.name != "dot_general":
+            continue
+        (contract_l, contract_r), _ = e.params["dimension_numbers"]
+        shapes = [x.aval.shape[-2:] for x in e.invars]
+        assert not (shapes[0] == (7, 7) and contract_l == (2,)), "wide operand on the left"
+        if shapes[1] == (7, 7) and contract_r == (2,):
+            over_rows.append(e.outvars[0])
+    barriers = [e for e in eqns if e.primitive.name == "optimization_barrier"]
+    assert len(over_rows) == 2 and len(barriers) == 2
+    assert {b.invars[0] for b in barriers} == set(over_rows)
+
+
+def test_contract_rows_is_the_plain_product():
+    square = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 6, 6), jnp.float64)
+    narrow = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 6, 4), jnp.float64)
+    got = model._contract_rows(square, narrow)
+    assert got.shape == (2, 3, 6, 4)
+    want = np.einsum("bhqk,bhqd->bhkd", np.asarray(square), np.asarray(narrow))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_training_attention_drops_probabilities_and_scales_the_values(monkeypatch):
     """Training-mode attention is the eval-mode probabilities with the elements of its
     seeds' mask dropped, times the values scaled by 1 / keep, through the output

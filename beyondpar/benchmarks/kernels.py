@@ -7,7 +7,10 @@ operator's matrix for 2 flops per row advanced. The fused kernel advances the si
 on `c` and the reference walk on its own matrix, so it reads 2 T^2 floats per step for
 4 T^2 flops (0.5 flop per byte). A matmul reuses each entry T times; a recursion cannot
 (step t needs step t - 1), so at best it runs at the speed the matrices stream from
-cache: `bandwidth_bound_*` below, measured in the same run."""
+cache: `bandwidth_bound_*` below, measured in the same run. `product_bound_*` is the
+reference for any kernel built on XLA's batched vector-matrix product: a bare recursion,
+one product per matrix per step and nothing else, timed on the same operators in the
+same blocks (a kernel built otherwise could beat it)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from beyondpar import graphs, metrics
 from beyondpar.base import parallel
@@ -42,6 +46,29 @@ def bandwidth_bound(flop: float, nbytes: float, bytes_per_s: float, flops_per_s:
     return {"seconds": seconds, "fraction_of_matmul": flop / seconds / flops_per_s}
 
 
+def product_bound(flop: float, product_s: float, matrices_per_step: int, flops_per_s: float):
+    """The fastest a kernel of `flop` reading `matrices_per_step` matrices per step can be
+    when each read costs one bare product recursion (`product_s`), as seconds and as a
+    fraction of the matmul rate."""
+    seconds = matrices_per_step * product_s
+    return {"seconds": seconds, "fraction_of_matmul": flop / seconds / flops_per_s}
+
+
+def product_recursion(c, steps: int = K) -> jax.Array:
+    """v c^steps from v = 1 for each operator of a block (b x T x T, as b x 1 x T): the
+    bare recursion, one vector-matrix product per matrix per step and nothing else."""
+    v = jnp.ones((c.shape[0], 1, c.shape[-1]), c.dtype)
+    step = lambda _, v: jnp.einsum("bri,bij->brj", v, c, precision=lax.Precision.HIGHEST)
+    return lax.fori_loop(0, steps, step, v)
+
+
+def product_recursion_s(batch: jax.Array, repeats: int) -> float:
+    """Best seconds of `product_recursion` over the operators `batch` (N x T x T, as the
+    kernels get it), in the metric kernels' cache blocks over the local devices."""
+    run = jax.jit(lambda c: metrics.map_blocks(product_recursion, c))
+    return best_time(lambda: run(batch), repeats)
+
+
 def metrics_suite(
     repeats: int = 5,
     sequences: int = 50,
@@ -58,34 +85,23 @@ def metrics_suite(
     """
     host = graphs.random_causal(0, (sequences, layers, operators), T)
     n = host.size // (T * T)
-    timings = _kernel_times(host, repeats)
+    batch = parallel.split_over_devices(host)
+    timings = _kernel_times(host, batch, repeats)
+    product_s = product_recursion_s(batch, repeats)
     paper_s, numpy_s = _baseline_times(host, repeats)
     rate, cache = matmul_flops_per_s(repeats), cache_bytes_per_s(repeats)
-    kernel_s = timings["fused"]
-    flop = 2 * 2 * K * T * T * n  # two metrics, 2 K T^2 each
-    bounds = {
-        name: bandwidth_bound(flop, n * recursion_bytes(T, K, reads), cache, rate)
-        for name, reads in MATRICES_READ.items()
-    }
     us = {name: 1e6 * v / n for name, v in timings.items()}
+    us["product_recursion"] = 1e6 * product_s / n
     us.update(paper_method=1e6 * paper_s, numpy_exact=1e6 * numpy_s)
     result = {
         "matrices": n,
         "devices": len(jax.local_devices()),
         "matmul_gflops": rate / 1e9,
         "us_per_matrix": us,
-        "speedup_vs_paper": paper_s / (kernel_s / n),
-        "speedup_vs_numpy_exact": numpy_s / (kernel_s / n),
-        "effective_gflops": flop / kernel_s / 1e9,
-        "fraction_of_matmul": flop / kernel_s / rate,
-        "fraction_of_matmul_normalized_walk": flop / timings["fused_normalized_walk"] / rate,
+        "speedup_vs_paper": paper_s / (timings["fused"] / n),
+        "speedup_vs_numpy_exact": numpy_s / (timings["fused"] / n),
         "cache_gb_per_s": cache / 1e9,
-        "bandwidth_bound_fraction_of_matmul": {
-            name: b["fraction_of_matmul"] for name, b in bounds.items()
-        },
-        "fraction_of_bandwidth_bound": {
-            name: b["seconds"] / timings[name] for name, b in bounds.items()
-        },
+        **_rates_and_bounds(timings, product_s, n, rate, cache),
     }
     if plain_session:
         plain = plain_session_fidelity_us(sequences, layers, operators)
@@ -95,10 +111,40 @@ def metrics_suite(
     return result
 
 
-def _kernel_times(host: np.ndarray, repeats: int) -> dict:
-    """Best seconds of each kernel on the batch split over the local devices."""
+def _rates_and_bounds(timings: dict, product_s: float, n: int, rate: float, cache: float):
+    """The kernels' flop rates over `n` operators against the matmul `rate`, and their
+    shares of the cache-bandwidth and XLA-product bounds."""
+    flop = 2 * 2 * K * T * T * n  # two metrics, 2 K T^2 each
+    bounds = {
+        name: bandwidth_bound(flop, n * recursion_bytes(T, K, reads), cache, rate)
+        for name, reads in MATRICES_READ.items()
+    }
+    products = {
+        name: product_bound(flop, product_s, reads, rate) for name, reads in MATRICES_READ.items()
+    }
+    return {
+        "effective_gflops": flop / timings["fused"] / 1e9,
+        "fraction_of_matmul": flop / timings["fused"] / rate,
+        "fraction_of_matmul_normalized_walk": flop / timings["fused_normalized_walk"] / rate,
+        "bandwidth_bound_fraction_of_matmul": {
+            name: b["fraction_of_matmul"] for name, b in bounds.items()
+        },
+        "fraction_of_bandwidth_bound": {
+            name: b["seconds"] / timings[name] for name, b in bounds.items()
+        },
+        "product_bound_fraction_of_matmul": {
+            name: b["fraction_of_matmul"] for name, b in products.items()
+        },
+        "fraction_of_product_bound": {
+            name: b["seconds"] / timings[name] for name, b in products.items()
+        },
+    }
+
+
+def _kernel_times(host: np.ndarray, batch: jax.Array, repeats: int) -> dict:
+    """Best seconds of each kernel on `batch` (`host` split over the local devices) and,
+    for `fused_from_one_device`, on `host` on one device."""
     one_device = jnp.asarray(host)
-    batch = parallel.split_over_devices(host)
 
     def fused(c, walk="reference"):
         return lambda: metrics.operator_metrics(c, horizon=K, max_steps=K, walk=walk)
@@ -146,6 +192,12 @@ def _print_metrics(r: dict) -> None:
     for name in MATRICES_READ:
         print(
             f"  {name}: bandwidth bound {bound[name]:6.1%} of matmul; "
+            f"kernel at {share[name]:6.1%} of that bound"
+        )
+    bound, share = r["product_bound_fraction_of_matmul"], r["fraction_of_product_bound"]
+    for name in MATRICES_READ:
+        print(
+            f"  {name}: XLA product bound {bound[name]:6.1%} of matmul; "
             f"kernel at {share[name]:6.1%} of that bound"
         )
     if "plain_session_vs_launcher" in r:

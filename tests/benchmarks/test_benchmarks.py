@@ -65,6 +65,24 @@ def test_bandwidth_bound_of_the_metric_recursions():
     assert kernels.MATRICES_READ == {"fused": 2, "fused_normalized_walk": 1}
 
 
+def test_product_bound_of_the_metric_recursions():
+    """Each matrix read per step costs one bare product recursion: two reads, twice its
+    seconds, and the kernel's flops over those seconds against the matmul rate."""
+    bound = kernels.product_bound(flop=4e6, product_s=2e-5, matrices_per_step=2, flops_per_s=4e11)
+    assert bound["seconds"] == pytest.approx(4e-5, rel=1e-12)
+    assert bound["fraction_of_matmul"] == pytest.approx(0.25, rel=1e-12)  # 1e11 / 4e11
+
+
+def test_product_recursion_is_ones_times_each_matrix_power():
+    """Ones times each matrix `steps` times, and K times by default (float64 here)."""
+    c = np.random.default_rng(0).random((3, 5, 5))
+    want = np.ones(5) @ np.linalg.matrix_power(c, 4)
+    np.testing.assert_allclose(kernels.product_recursion(c, steps=4)[:, 0], want, rtol=1e-12)
+    stochastic = c / c.sum(-1, keepdims=True)
+    want = np.ones(5) @ np.linalg.matrix_power(stochastic, kernels.K)
+    np.testing.assert_allclose(kernels.product_recursion(stochastic)[:, 0], want, rtol=1e-9)
+
+
 @pytest.mark.slow
 def test_suites_report_their_ratios(capsys):
     r = kernels.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
@@ -85,6 +103,14 @@ def test_suites_report_their_ratios(capsys):
         seconds = 8 * kernels.recursion_bytes(100, 100, kernels.MATRICES_READ[name])
         seconds /= r["cache_gb_per_s"] * 1e9
         assert share[name] == pytest.approx(seconds / (8 * us[name] * 1e-6), rel=1e-6)
+    products, on_products = r["product_bound_fraction_of_matmul"], r["fraction_of_product_bound"]
+    assert products["fused_normalized_walk"] == pytest.approx(2 * products["fused"], rel=1e-9)
+    for name in ("fused", "fused_normalized_walk"):
+        reads = kernels.MATRICES_READ[name] * us["product_recursion"]
+        assert on_products[name] == pytest.approx(reads / us[name], rel=1e-6)
+        assert products[name] == pytest.approx(
+            4 * 100**3 / (reads * 1e-6) / (r["matmul_gflops"] * 1e9), rel=1e-6
+        )
     t = training.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
     assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
     # Where the smallest step goes: both passes' matmuls, and the gradients summed over
