@@ -85,8 +85,8 @@ class Dropout(nn.Module):
         if deterministic or self.rate == 0.0:
             return x
         seeds = self.row_seeds(x.shape)
-        kept = x / keep_probability(self.rate) if self.rescale else x
-        return jnp.where(kept_elements(seeds, x.shape[-1], self.rate), kept, jnp.zeros_like(x))
+        scaled = x / keep_probability(self.rate) if self.rescale else x
+        return jnp.where(kept_elements(seeds, x.shape[-1], self.rate), scaled, jnp.zeros_like(x))
 
     def row_seeds(self, shape) -> jax.Array:
         """One seed per row of an array of `shape`, from the `dropout` stream."""

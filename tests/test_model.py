@@ -243,7 +243,7 @@ def test_causal_softmax_in_low_precision_masks_large_future_scores(dtype):
     assert got[4, 4] > 0.99 and got[5, 5] == 1.0
 
 
-def _dot_generals(jaxpr):
+def _products_and_barriers(jaxpr):
     """Every dot_general and optimization_barrier equation of `jaxpr`, nested ones too."""
     for e in jaxpr.eqns:
         if e.primitive.name in ("dot_general", "optimization_barrier"):
@@ -251,7 +251,7 @@ def _dot_generals(jaxpr):
         for value in e.params.values():
             inner = getattr(value, "jaxpr", value)
             if hasattr(inner, "eqns"):
-                yield from _dot_generals(inner)
+                yield from _products_and_barriers(inner)
 
 
 def test_gradient_products_keep_the_wide_operand_on_the_right():
@@ -260,7 +260,7 @@ def test_gradient_products_keep_the_wide_operand_on_the_right():
     right and keeps XLA from swapping it back with a barrier on each product."""
     q, k, v, seeds = _attention_inputs(t=7, d=4)
     grad = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
-    eqns = list(_dot_generals(jax.make_jaxpr(grad)(q, k, v).jaxpr))
+    eqns = list(_products_and_barriers(jax.make_jaxpr(grad)(q, k, v).jaxpr))
     over_rows = []
     for e in eqns:
         if e.primitive.name != "dot_general":
