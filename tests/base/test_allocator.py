@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from beyondpar.base import allocator
+
 # libc's malloc and free from Python, freed memory kept when argv[1] is "keep". Each script
 # runs in a fresh interpreter: the setting is process-wide.
 MALLOC = """
@@ -125,3 +127,27 @@ def test_the_top_pad_is_one_heap_of_address_space():
     )
     grown_mib = int(out.stdout.split()[-1]) / 1024
     assert 200 <= grown_mib < 300
+
+
+class _FakeLibc:
+    """A C library whose `mallopt` records each call and refuses the parameters given."""
+
+    def __init__(self, refused=()):
+        self.calls, self.refused = [], set(refused)
+
+        def mallopt(param, value):
+            self.calls.append((param, value))
+            return 0 if param in self.refused else 1
+
+        self.mallopt = mallopt
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is asked on Linux")
+@pytest.mark.parametrize("refused, agreed", [((), True), ((-2,), False), ((-1,), False)])
+def test_every_setting_is_tried_and_one_refusal_is_reported(monkeypatch, refused, agreed):
+    """Trim threshold, mmap threshold and top pad are each asked for, even after a refusal,
+    and the answer is True only when the library agreed to all three."""
+    libc = _FakeLibc(refused)
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: libc)
+    assert allocator.keep_freed_memory() is agreed
+    assert libc.calls == [(-1, 2**31 - 1), (-3, 2**31 - 1), (-2, 64 * 2**20)]
