@@ -1,0 +1,77 @@
+"""The suite compiles with quicker code-generation settings (`conftest.QUICK_COMPILE`);
+the paper's checkpoints must give the same numbers with XLA's defaults, as users run."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from beyondpar import checkpoints, model, tasks
+from beyondpar.study import evaluate
+
+TESTS = Path(__file__).resolve().parent
+FIXTURE = "4_heads_copy"
+
+
+def released_numbers() -> dict:
+    """Logits, attention, the loss gradient and the paper's fields of a released
+    checkpoint on its own sequences (softmax, exp, log and every metric kernel), in
+    float32 as the launchers run."""
+    with jax.enable_x64(False):
+        return _numbers()
+
+
+def _numbers() -> dict:
+    expected = np.load(TESTS / "data" / f"{FIXTURE}.expected.npz")
+    module, params = checkpoints.import_reference(TESTS / "data" / f"{FIXTURE}.npz", 4)
+    tokens = jnp.asarray(expected["tokens"])
+    logits, attention = model.apply_with_attention(module, params, tokens)
+
+    def loss(p):
+        out = module.apply({"params": p}, tokens[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(out), tokens[:, 1:, None], -1))
+
+    gradient = jax.grad(loss)(params)
+    examples = tasks.label("copy", expected["tokens"], module.config.vocab_size)
+    spec = evaluate.EvalSpec(optimal_weights=False, pruning=False)
+    fields = evaluate.per_sequence(module, params, examples, spec)
+    numbers = {"logits": logits, "attention": attention}
+    leaves = jax.tree_util.tree_leaves_with_path(gradient)
+    numbers |= {f"grad{jax.tree_util.keystr(path)}": leaf for path, leaf in leaves}
+    numbers |= {f"field/{k}": v for k, v in fields.items() if np.ndim(v) > 0}
+    return {k: np.asarray(v) for k, v in numbers.items()}
+
+
+def numbers_compiled_with(xla_flags: str, tmp_path) -> dict:
+    """`released_numbers()` in a fresh interpreter whose XLA_FLAGS are `xla_flags`, with
+    no compilation cache (each run compiles its own programs)."""
+    out = tmp_path / f"numbers{len(list(tmp_path.iterdir()))}.npz"
+    code = (
+        f"import sys; sys.path[:0] = [{str(TESTS)!r}]; import jax, numpy as np; "
+        "jax.config.update('jax_num_cpu_devices', 4); "
+        "from test_code_generation import released_numbers; "
+        f"np.savez({str(out)!r}, **released_numbers())"
+    )
+    env = dict(os.environ, XLA_FLAGS=xla_flags, JAX_ENABLE_COMPILATION_CACHE="false")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=TESTS.parent)
+    return dict(np.load(out))
+
+
+@pytest.mark.slow
+def test_suite_settings_give_the_numbers_of_xlas_defaults(tmp_path):
+    from conftest import QUICK_COMPILE
+
+    assert QUICK_COMPILE in os.environ["XLA_FLAGS"]
+    quick = numbers_compiled_with(QUICK_COMPILE, tmp_path)
+    default = numbers_compiled_with("", tmp_path)
+    assert quick["logits"].dtype == np.float32
+    assert set(quick) == set(default) and len(quick) > 10
+    # The settings move the float32 results by 2.2e-7 at most (summation order); an
+    # approximating setting such as fast-math with inexact functions moves them by 1.6e-5.
+    for name, value in quick.items():
+        np.testing.assert_allclose(value, default[name], rtol=1e-6, atol=1e-10, err_msg=name)
