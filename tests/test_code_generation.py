@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from beyondpar import checkpoints, model, tasks
-from beyondpar.study import evaluate
+from beyondpar.study import evaluate, train
 
+# Its own paths, not conftest's: importing conftest would give the default run the
+# suite's settings.
 TESTS = Path(__file__).resolve().parent
 FIXTURE = "4_heads_copy"
 
@@ -30,15 +31,14 @@ def released_numbers() -> dict:
 def _numbers() -> dict:
     expected = np.load(TESTS / "data" / f"{FIXTURE}.expected.npz")
     module, params = checkpoints.import_reference(TESTS / "data" / f"{FIXTURE}.npz", 4)
-    tokens = jnp.asarray(expected["tokens"])
-    logits, attention = model.apply_with_attention(module, params, tokens)
+    logits, attention = model.apply_with_attention(module, params, expected["tokens"])
+    examples = tasks.label("copy", expected["tokens"], module.config.vocab_size)
 
     def loss(p):
-        out = module.apply({"params": p}, tokens[:, :-1])
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(out), tokens[:, 1:, None], -1))
+        logits = module.apply({"params": p}, examples.inputs)
+        return train.loss_and_accuracy(logits, examples)["loss_sum"]
 
     gradient = jax.grad(loss)(params)
-    examples = tasks.label("copy", expected["tokens"], module.config.vocab_size)
     spec = evaluate.EvalSpec(optimal_weights=False, pruning=False)
     fields = evaluate.per_sequence(module, params, examples, spec)
     numbers = {"logits": logits, "attention": attention}
