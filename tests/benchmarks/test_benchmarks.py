@@ -99,6 +99,10 @@ def test_suites_report_their_ratios(capsys):
     kernel_s = 8 * r["us_per_matrix"]["fused"] * 1e-6
     assert r["effective_gflops"] == pytest.approx(flop / kernel_s / 1e9, rel=1e-6)
     us = r["us_per_matrix"]
+    for key, name in [("", "fused"), ("_normalized_walk", "fused_normalized_walk")]:
+        rate_of_kernel = flop / (8 * us[name] * 1e-6)
+        want = rate_of_kernel / (r["matmul_gflops"] * 1e9)
+        assert r[f"fraction_of_matmul{key}"] == pytest.approx(want, rel=1e-6)
     for name in ("fused", "fused_normalized_walk"):
         seconds = 8 * kernels.recursion_bytes(100, 100, kernels.MATRICES_READ[name])
         seconds /= r["cache_gb_per_s"] * 1e9
