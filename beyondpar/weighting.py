@@ -218,7 +218,7 @@ def start_pool(num_heads: int, init, lead: tuple, dtype, random_starts: int, see
     pool = jnp.broadcast_to(jnp.asarray(np.vstack(rows), dtype), (*lead, sum(map(len, rows)), h))
     if init is None:
         return pool
-    learned = graphs.normalize_weights(init, h).astype(dtype)
+    learned = graphs.normalize_weights(init, h, "init").astype(dtype)
     learned = jnp.broadcast_to(learned, (*lead, h))[..., None, :]
     return jnp.concatenate([pool[..., :1, :], learned, pool[..., 1:, :]], axis=-2)
 
