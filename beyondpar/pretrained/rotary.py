@@ -32,25 +32,35 @@ class Rope:
     attention_factor: float = 1.0
 
     @classmethod
-    def from_hf(cls, c: dict, kinds=("default", "llama3")) -> Rope:
+    def from_hf(cls, c: dict, kinds=("default", "llama3"), default_partial: bool = True) -> Rope:
         """`rope_scaling` (older configs) or `rope_parameters` (transformers 5) with the
-        top-level `rope_theta` and `partial_rotary_factor` as fallbacks."""
-        return cls.from_params(c.get("rope_scaling") or c.get("rope_parameters") or {}, c, kinds)
+        top-level `rope_theta` and `partial_rotary_factor` as fallbacks. `default_partial`
+        False: the family's default rope turns every feature whatever the factor says
+        (Llama, Mistral, Qwen: only the scaled rope types read it)."""
+        params = c.get("rope_scaling") or c.get("rope_parameters") or {}
+        return cls.from_params(params, c, kinds, default_partial=default_partial)
 
     @classmethod
-    def from_params(cls, params: dict, c: dict, kinds, theta: float | None = None) -> Rope:
+    def from_params(
+        cls, params: dict, c: dict, kinds, theta: float | None = None, default_partial=True
+    ) -> Rope:
         """The rope one parameter dict describes; `c` is the whole config (for fields
         transformers reads beside it) and `theta` the base when neither names one."""
         base = params.get("rope_theta", c.get("rope_theta", 10000.0 if theta is None else theta))
         kind = one_of("rope_type", params.get("rope_type", params.get("type", "default")), kinds)
+        partial = partial_rotary_factor(params, c, "partial_rotary_factor")
         common = dict(
             theta=float(base),
-            partial_factor=partial_rotary_factor(params, c, "partial_rotary_factor"),
+            partial_factor=partial if default_partial or kind != "default" else 1.0,
             kind=kind,
         )
+        factors = c.get("rope_freq_factors")  # llama.cpp's divisors, beside any scaling
+        if factors is not None and kind in ("default", "linear"):
+            common["freq_factors"] = tuple(factors)
         if kind == "default":
-            factors = c.get("rope_freq_factors")
-            return cls(**common, freq_factors=None if factors is None else tuple(factors))
+            return cls(**common)
+        if kind == "dynamic":  # NTK scaling starts past the context, which texts never pass
+            return cls(**{**common, "kind": "default"})
         if kind == "linear":
             return cls(**common, factor=field(params, "factor", float))
         if kind == "longrope":
@@ -60,7 +70,7 @@ class Rope:
             factor=field(params, "factor", float),
             low_freq_factor=field(params, "low_freq_factor", float),
             high_freq_factor=field(params, "high_freq_factor", float),
-            original_max_len=field(params, "original_max_position_embeddings"),
+            original_max_len=_original_max_len(params, c),
         )
 
     def inverse_frequencies(self, head_dim: int, seq_len: int = 1) -> np.ndarray:
@@ -71,26 +81,31 @@ class Rope:
             factors = self.long_factors if long else self.short_factors
             _check_count(factors, dim // 2, f"rope_parameters {_FACTOR[long]!r}")
             return layers.inverse_frequencies(self.theta, dim, factors)
-        inv = layers.inverse_frequencies(self.theta, dim).astype(np.float64)
+        inv = layers.inverse_frequencies(self.theta, dim)
         if self.freq_factors is not None:
             _check_count(self.freq_factors, len(inv), "rope frequency factors")
-            inv = inv / np.asarray(self.freq_factors)
+            inv = (inv / np.asarray(self.freq_factors)).astype(np.float32)
         if self.kind == "linear":
-            inv = inv / self.factor
+            inv = inv / np.float32(self.factor)  # in float32, as transformers divides
         elif self.kind == "llama3":
             inv = self._llama3(inv)
         return inv.astype(np.float32)
 
     def _llama3(self, inv: np.ndarray) -> np.ndarray:
-        wavelen = 2 * math.pi / inv
-        low_wavelen = self.original_max_len / self.low_freq_factor
-        high_wavelen = self.original_max_len / self.high_freq_factor
-        scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
-        smooth = (self.original_max_len / wavelen - self.low_freq_factor) / (
+        """Long wavelengths slowed by `factor`, the medium band blended, in float32 in
+        transformers' order of operations (a blend rounded once from float64 differs in
+        the last bit, which peaked attention shows)."""
+        inv = inv.astype(np.float32)
+        factor, original = np.float32(self.factor), self.original_max_len
+        wavelen = np.float32(2 * math.pi) / inv
+        low_wavelen = np.float32(original / self.low_freq_factor)
+        high_wavelen = np.float32(original / self.high_freq_factor)
+        scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (np.float32(original) / wavelen - np.float32(self.low_freq_factor)) / np.float32(
             self.high_freq_factor - self.low_freq_factor
         )
-        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        smoothed = (np.float32(1) - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return np.where(medium, smoothed, scaled)
 
 
@@ -100,6 +115,17 @@ _FACTOR = {False: "short_factor", True: "long_factor"}
 def _check_count(factors, size: int, name: str) -> None:
     if len(factors) != size:
         raise ValueError(f"{name} must number {size} (rotary dim / 2), got {len(factors)}")
+
+
+def _original_max_len(params: dict, c: dict) -> int:
+    """The pretraining context of a scaled rope, as transformers standardises it: the
+    top-level `original_max_position_embeddings` wins over the rope dict's, and
+    `max_position_embeddings` stands in when neither gives one."""
+    if c.get("original_max_position_embeddings") is not None:
+        return field(c, "original_max_position_embeddings")
+    if params.get("original_max_position_embeddings") is not None:
+        return field(params, "original_max_position_embeddings")
+    return field(c, "max_position_embeddings")
 
 
 def _longrope(params: dict, c: dict) -> dict:
