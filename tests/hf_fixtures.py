@@ -19,8 +19,10 @@ HF = DATA / "hf"
 # no window); Qwen2 with `use_sliding_window` and no `max_window_layers` (28: no layer of
 # two slides), and Qwen2 itself (q/k/v biases, windows from layer 1); llama3 rope with a
 # top-level `original_max_position_embeddings` (it wins over the rope dict's), and with
-# frequencies in its blended band (blended in float32).
+# frequencies in its blended band (blended in float32); Llama with `head_dim` 12, whose
+# rotation rates NumPy's float32 power puts a bit off transformers' in two of six.
 CONFIG_VARIANTS = (
+    "rope-rates-hd12",
     "gpt2-untied",
     "neox-rotary-default",
     "llama-partial-rotary",

@@ -135,11 +135,13 @@ class UnitOffsetRMSNorm(nn.Module):
 
 
 def inverse_frequencies(theta: float, rotary_dim: int, factors=None) -> np.ndarray:
-    """(rotary_dim / 2,) rotation rates 1 / (factors * theta^(2i / rotary_dim)), computed
-    in float32 as transformers computes them: a float64 rate rounded once can differ in
-    its last bit, which peaked attention between distant positions shows."""
+    """(rotary_dim / 2,) rotation rates 1 / (factors * theta^(2i / rotary_dim)) in float32
+    as transformers forms them: float32 exponents, each power rounded once to float32 (as
+    torch's float32 power gives it; NumPy's own float32 power is a bit or two off in one
+    rate of six), then float32 products and quotients. Peaked attention between distant
+    positions shows a last-bit difference in a rate."""
     exponents = np.arange(0, rotary_dim, 2).astype(np.float32) / np.float32(rotary_dim)
-    powers = np.float32(theta) ** exponents
+    powers = (np.float64(np.float32(theta)) ** exponents.astype(np.float64)).astype(np.float32)
     if factors is not None:
         powers = np.asarray(factors, np.float32) * powers
     return np.float32(1.0) / powers
