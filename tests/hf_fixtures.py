@@ -20,9 +20,12 @@ HF = DATA / "hf"
 # two slides), and Qwen2 itself (q/k/v biases, windows from layer 1); llama3 rope with a
 # top-level `original_max_position_embeddings` (it wins over the rope dict's), and with
 # frequencies in its blended band (blended in float32); Llama with `head_dim` 12, whose
-# rotation rates NumPy's float32 power puts a bit off transformers' in two of six.
+# rotation rates NumPy's float32 power puts a bit off transformers' in two of six; Qwen2
+# with `yarn` rope (factor 4 from 32 tokens, `beta_fast` 16: a rate on the ramp, and the
+# attention factor 0.1 ln 4 + 1 on cos and sin).
 CONFIG_VARIANTS = (
     "rope-rates-hd12",
+    "qwen2-yarn",
     "gpt2-untied",
     "neox-rotary-default",
     "llama-partial-rotary",

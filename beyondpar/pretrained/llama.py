@@ -19,7 +19,7 @@ from beyondpar.pretrained import layers, rotary
 from beyondpar.pretrained.config_fields import field, one_of
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 # transformers' defaults where a config leaves a field out (not where it writes null).
 DEFAULT_WINDOW = 4096  # Mistral's, Qwen2's and Qwen3's `sliding_window`
 DEFAULT_MAX_WINDOW_LAYERS = 28  # Qwen2's and Qwen3's
@@ -137,8 +137,9 @@ class LlamaBlock(nn.Module):
         if cfg.qk_norm:
             q = layers.RMSNorm(cfg.eps, name="q_norm")(q)
             k = layers.RMSNorm(cfg.eps, name="k_norm")(k)
-        inv_freq = cfg.rope.inverse_frequencies(cfg.head_dim)
-        q, k = layers.rotate_half_split(q, inv_freq), layers.rotate_half_split(k, inv_freq)
+        inv_freq, scale = cfg.rope.inverse_frequencies(cfg.head_dim), cfg.rope.attention_factor
+        q = layers.rotate_half_split(q, inv_freq, scale)
+        k = layers.rotate_half_split(k, inv_freq, scale)
         v = heads(cfg.num_kv_heads, "v_proj")
         window = cfg.window(self.layer_index)
         scale = 1 / math.sqrt(cfg.head_dim)

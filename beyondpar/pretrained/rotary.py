@@ -2,8 +2,9 @@
 
 One `Rope` per attention layer type: its base, the share of each head that rotates, and
 its scaling: `linear` (rates divided by a factor), `llama3` (long wavelengths slowed
-smoothly) or `longrope` (Phi-3: per-frequency short or long factors, picked by the text's
-length as transformers picks them, and a factor on cos and sin).
+smoothly), `yarn` (slow rates interpolated, a factor on cos and sin) or `longrope`
+(Phi-3: per-frequency short or long factors, picked by the text's length as transformers
+picks them, and a factor on cos and sin).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Rope:
     short_factors: tuple[float, ...] = ()  # longrope
     long_factors: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    yarn_ramp: tuple[float, float] = (0.0, 0.0)  # yarn: the rates' blend from low to high
 
     @classmethod
     def from_hf(cls, c: dict, kinds=("default", "llama3"), default_partial: bool = True) -> Rope:
@@ -65,6 +67,8 @@ class Rope:
             return cls(**common, factor=field(params, "factor", float))
         if kind == "longrope":
             return cls(**common, **_longrope(params, c))
+        if kind == "yarn":
+            return cls(**common, **_yarn(params, c, float(base), common["partial_factor"]))
         return cls(
             **common,
             factor=field(params, "factor", float),
@@ -89,7 +93,18 @@ class Rope:
             inv = inv / np.float32(self.factor)  # in float32, as transformers divides
         elif self.kind == "llama3":
             inv = self._llama3(inv)
+        elif self.kind == "yarn":
+            inv = self._yarn(inv, layers.rotary_powers(self.theta, dim))
         return inv.astype(np.float32)
+
+    def _yarn(self, inv: np.ndarray, powers: np.ndarray) -> np.ndarray:
+        """YaRN: rates below the ramp interpolated (divided by `factor`), above it kept,
+        blended linearly across it; in float32 in transformers' order of operations."""
+        interpolated = np.float32(1) / (np.float32(self.factor) * powers)
+        low, high = self.yarn_ramp
+        ramp = np.clip((np.arange(len(inv), dtype=np.float32) - low) / (high - low), 0, 1)
+        kept = np.float32(1) - ramp.astype(np.float32)
+        return interpolated * (np.float32(1) - kept) + inv * kept
 
     def _llama3(self, inv: np.ndarray) -> np.ndarray:
         """Long wavelengths slowed by `factor`, the medium band blended, in float32 in
@@ -126,6 +141,47 @@ def _original_max_len(params: dict, c: dict) -> int:
     if params.get("original_max_position_embeddings") is not None:
         return field(params, "original_max_position_embeddings")
     return field(c, "max_position_embeddings")
+
+
+def _yarn(params: dict, c: dict, base: float, partial: float) -> dict:
+    """YaRN's fields as transformers reads them: `factor` (max_position_embeddings over the
+    original length when null), the attention factor (0.1 ln(s) + 1, or the ratio of two
+    such with `mscale` and `mscale_all_dim`), and the ramp's ends from `beta_fast` (32)
+    and `beta_slow` (1), floored and ceiled unless `truncate` is false."""
+    original = _original_max_len(params, c)
+    factor = params.get("factor") or field(c, "max_position_embeddings") / original
+    dim = layers.rotary_dim(_head_dim(c), partial)
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None:
+        both = params.get("mscale") and params.get("mscale_all_dim")
+        attention = (
+            mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
+            if both
+            else mscale(factor)
+        )
+
+    def correction(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = correction(params.get("beta_fast") or 32)
+    high = correction(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    return dict(
+        factor=float(factor),
+        original_max_len=original,
+        attention_factor=float(attention),
+        yarn_ramp=(float(low), float(high) + (0.001 if low == high else 0.0)),
+    )
+
+
+def _head_dim(c: dict) -> int:
+    return c.get("head_dim") or field(c, "hidden_size") // field(c, "num_attention_heads")
 
 
 def _longrope(params: dict, c: dict) -> dict:

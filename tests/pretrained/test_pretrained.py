@@ -252,8 +252,9 @@ def test_explicit_head_dim_sets_projection_shapes(tmp_path):
     [
         ({"model_type": "bert"}, r"'model_type' must be one of .*, got 'bert'"),
         (
-            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
-            r"'rope_type' must be one of \['default', 'dynamic', 'linear', 'llama3'\], got 'yarn'",
+            {"rope_parameters": {"rope_type": "yarm", "rope_theta": 1e4}},
+            r"'rope_type' must be one of \['default', 'dynamic', 'linear', 'llama3', 'yarn'\], "
+            "got 'yarm'",
         ),
         ({"num_key_value_heads": 3}, "'num_key_value_heads' must divide num_attention_heads=4"),
         ({"hidden_act": "tanh"}, r"'hidden_act' must be one of .*, got 'tanh'"),
