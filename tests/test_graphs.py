@@ -52,6 +52,10 @@ def test_dag_operator_rows_are_receivers():
             r"weights must not be all zero for any set of heads, got a zero sum at index \(2,\)",
         ),
         (
+            lambda: graphs.combine_heads(np.ones((2, 2, 2)) / 2, [[1, -1], [-2, 1]]),
+            r"weights must be non-negative, got minimum -2.0 at index \(0, 1\)",
+        ),
+        (
             lambda: graphs.combine_heads(np.ones((2, 2, 2)) / 2, [[1, 1], [1, np.nan]]),
             r"weights must be finite, got NaN or Inf at index \(1, 1\)",
         ),

@@ -572,13 +572,17 @@ def test_qwen_windows_only_when_the_config_asks_for_them():
 
 
 def test_fields_a_family_ignores_or_defaults_as_transformers_does(tmp_path):
-    """Mistral has no attention biases whatever `attention_bias` says; Qwen3's `head_dim`
-    is 128 when left out (not hidden / heads); `dynamic` rope scales only past the
-    context, so within it the model is the default one."""
+    """Mistral has no attention biases whatever `attention_bias` says; GPT-2's head is tied
+    when the config does not say; Qwen3's `head_dim` is 128 when left out (not hidden /
+    heads); `dynamic` rope scales only past the context, so within it the model is the
+    default one."""
     name = "mistral-window"
     folder = copy_checkpoint(name, tmp_path, {"attention_bias": True})
     logits, _ = logits_and_attention(folder, expected(name)["tokens"])
     np.testing.assert_allclose(logits, expected(name)["logits"], atol=1e-4)
+    gpt2 = json.loads((HF / "gpt2-tiny" / "config.json").read_text())
+    gpt2.pop("tie_word_embeddings", None)
+    assert pretrained.build(gpt2).config.tied  # GPT-2's head is its embedding by default
     qwen3 = json.loads((HF / "qwen3-tiny" / "config.json").read_text())
     del qwen3["head_dim"]
     assert pretrained.build(qwen3).config.head_dim == 128
