@@ -493,7 +493,8 @@ def _threaded(fn, c):
     outs = _in_threads(fn, c)
     if len(outs) == 1:
         return outs[0]
-    joined = jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
+    n = math.prod(c.shape[:-2])  # the last part's padding dropped
+    joined = jax.tree.map(lambda *xs: jnp.concatenate(xs)[:n], *outs)
     return jax.tree.map(lambda x: x.reshape(*c.shape[:-2], *x.shape[1:]), joined)
 
 
@@ -616,7 +617,8 @@ def _tile(t: int) -> int:
 
 
 def _in_threads(fn, c) -> list:
-    """[fn(c)], or fn of one part of the flattened batch per thread.
+    """[fn(c)], or fn of one part of the flattened batch per thread, the parts of equal
+    size (the last padded, see `_threaded`).
 
     A plain Python session or notebook that never asked for one device per core gets one
     CPU device, and one XLA call on it runs on one core. Executions on one CPU device do run
@@ -627,7 +629,14 @@ def _in_threads(fn, c) -> list:
     if parts < 2:
         return [fn(c)]
     # NumPy views of the CPU buffer: slicing a jax.Array would copy the whole batch first.
-    chunks = np.array_split(np.asarray(c).reshape(-1, *c.shape[-2:]), parts)
+    flat = np.asarray(c).reshape(-1, *c.shape[-2:])
+    size = -(-len(flat) // parts)
+    chunks = [flat[i : i + size] for i in range(0, len(flat), size)]
+    # Parts of one size share one compiled kernel: the last is padded with copies of the
+    # batch's last operator (valid wherever the batch is), whose results are dropped.
+    short = size - len(chunks[-1])
+    if short:
+        chunks[-1] = np.concatenate([chunks[-1], np.repeat(flat[-1:], short, axis=0)])
     with concurrent.futures.ThreadPoolExecutor(parts) as pool:
         return list(pool.map(lambda x: jax.block_until_ready(fn(x)), chunks))
 

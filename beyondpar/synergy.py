@@ -128,7 +128,7 @@ def cross_head_share(
     False: as in `head_diversity`.
     """
     attn = check_heads(attn_xHxTxT, validate)
-    w = graphs.normalize_weights(weights_xH, attn.shape[-3]).astype(attn.dtype)
+    w = graphs.normalize_weights(weights_xH, attn.shape[-3], "weights_xH").astype(attn.dtype)
     horizon = checks.positive_int("horizon", horizon)
     mixed = jnp.einsum("...h,...hij->...ij", w, attn)
     ops = jnp.concatenate([mixed[..., None, :, :], attn], axis=-3)

@@ -218,11 +218,12 @@ def start_pool(num_heads: int, init, lead: tuple, dtype, random_starts: int, see
     pool = jnp.broadcast_to(jnp.asarray(np.vstack(rows), dtype), (*lead, sum(map(len, rows)), h))
     if init is None:
         return pool
-    learned = graphs.normalize_weights(init, h).astype(dtype)
+    learned = graphs.normalize_weights(init, h, "init").astype(dtype)
     learned = jnp.broadcast_to(learned, (*lead, h))[..., None, :]
     return jnp.concatenate([pool[..., :1, :], learned, pool[..., 1:, :]], axis=-2)
 
 
+@functools.partial(jax.jit, static_argnames=("sign", "k"))
 def _top(candidates, scores, sign: float, k: int):
     """The k best candidates (..., k, H) and their scores (..., k)."""
     order = jnp.argsort(-sign * scores, axis=-1)[..., :k]
@@ -232,6 +233,7 @@ def _top(candidates, scores, sign: float, k: int):
     )
 
 
+@jax.jit
 def neighbours(weights, step):
     """(..., K, 2H, H): each start moved a share `step` (..., K) of the way towards each
     head's vertex, and with a share `step` of each head's own weight removed."""
@@ -256,17 +258,28 @@ def pattern_search(attn, starts, values, sign: float, rounds: int, settings: dic
     for _ in range(rounds):
         nb = neighbours(w, step)
         flat = nb.reshape(*nb.shape[:-3], k * 2 * h, h)
-        s = _exact_scores(attn, flat, **settings).reshape(*nb.shape[:-1])
-        pick = jnp.argmax(sign * s, axis=-1)
-        best_s = jnp.take_along_axis(s, pick[..., None], axis=-1)[..., 0]
-        best_w = jnp.take_along_axis(nb, pick[..., None, None], axis=-2)[..., 0, :]
-        better = sign * best_s > sign * v
-        w = jnp.where(better[..., None], best_w, w)
-        v = jnp.where(better, best_s, v)
-        step = jnp.where(better, jnp.minimum(2 * step, 0.5), step / 2)
-        if bool(jnp.all(step < _MIN_STEP)):
+        s = _exact_scores(attn, flat, **settings)
+        w, v, step, done = _move(nb, s, w, v, step, sign)
+        if bool(done):
             break
     return w, v
+
+
+@functools.partial(jax.jit, static_argnames="sign")
+def _move(nb, scores, w, v, step, sign: float):
+    """One round's moves: each start (..., K, H) to its best neighbour of `nb` (..., K, 2H,
+    H, with flat `scores` (..., K * 2H)) when it improves, its step doubled (up to 1/2),
+    else halved; and whether every step is now below the smallest. One compiled program
+    per shape rather than a dozen small ones."""
+    s = scores.reshape(*nb.shape[:-1])
+    pick = jnp.argmax(sign * s, axis=-1)
+    best_s = jnp.take_along_axis(s, pick[..., None], axis=-1)[..., 0]
+    best_w = jnp.take_along_axis(nb, pick[..., None, None], axis=-2)[..., 0, :]
+    better = sign * best_s > sign * v
+    w = jnp.where(better[..., None], best_w, w)
+    v = jnp.where(better, best_s, v)
+    step = jnp.where(better, jnp.minimum(2 * step, 0.5), step / 2)
+    return w, v, step, jnp.all(step < _MIN_STEP)
 
 
 _CHUNK_ENTRIES = 2**25  # mixed operators per scoring call: 128 MB in float32

@@ -12,6 +12,29 @@ from beyondpar import pretrained
 from conftest import DATA
 
 HF = DATA / "hf"
+# Fixtures for the reading of one config field each (the families' own fixtures check
+# the rest, sharding included): an untied GPT-2 head (`lm_head.weight`); GPT-NeoX with no
+# rotary share given (transformers' 0.25); Llama's default rope with a partial factor
+# (ignored: every feature turns) and with `layer_types` naming a sliding layer (Llama has
+# no window); Qwen2 with `use_sliding_window` and no `max_window_layers` (28: no layer of
+# two slides), and Qwen2 itself (q/k/v biases, windows from layer 1); llama3 rope with a
+# top-level `original_max_position_embeddings` (it wins over the rope dict's), and with
+# frequencies in its blended band (blended in float32); Llama with `head_dim` 12, whose
+# rotation rates NumPy's float32 power puts a bit off transformers' in two of six; Qwen2
+# with `yarn` rope (factor 4 from 32 tokens, `beta_fast` 16: a rate on the ramp, and the
+# attention factor 0.1 ln 4 + 1 on cos and sin).
+CONFIG_VARIANTS = (
+    "rope-rates-hd12",
+    "qwen2-yarn",
+    "gpt2-untied",
+    "neox-rotary-default",
+    "llama-partial-rotary",
+    "llama-layer-types",
+    "qwen2-window-layers-default",
+    "qwen2-tiny",
+    "llama3-top-original",
+    "llama3-smooth",
+)
 
 
 def expected(name: str) -> dict:

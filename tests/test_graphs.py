@@ -45,10 +45,20 @@ def test_dag_operator_rows_are_receivers():
         ),
         (
             lambda: graphs.combine_heads(np.ones((2, 2, 2)) / 2, [1, -1]),
-            "weights must be non-negative, got minimum -1.0",
+            r"weights must be non-negative, got minimum -1.0 at index \(1,\)",
         ),
-        (lambda: graphs.combine_heads(np.ones((2, 2, 2)) / 2, [0, 0]), "must not be all zero"),
-        (lambda: graphs.combine_heads(np.ones((2, 2, 2)) / 2, [np.nan, 1]), "finite"),
+        (
+            lambda: graphs.combine_heads(np.ones((3, 2, 2, 2)) / 2, [[1, 1], [1, 0], [0, 0]]),
+            r"weights must not be all zero for any set of heads, got a zero sum at index \(2,\)",
+        ),
+        (
+            lambda: graphs.combine_heads(np.ones((2, 2, 2)) / 2, [[1, -1], [-2, 1]]),
+            r"weights must be non-negative, got minimum -2.0 at index \(0, 1\)",
+        ),
+        (
+            lambda: graphs.combine_heads(np.ones((2, 2, 2)) / 2, [[1, 1], [1, np.nan]]),
+            r"weights must be finite, got NaN or Inf at index \(1, 1\)",
+        ),
         (lambda: graphs.head_importance(np.ones((6, 6)), 4), "num_heads must divide .* 6, got 4"),
         (lambda: graphs.head_importance(np.ones(6), 2), r"2-D Dense kernel, got shape \(6,\)"),
         (lambda: graphs.head_importance(np.ones((6, 6)), 0), "num_heads must be an integer >= 1"),

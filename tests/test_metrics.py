@@ -785,3 +785,24 @@ def test_an_empty_batch_is_not_causal():
     empty = np.zeros((0, 5, 5))
     assert metrics.is_causal(empty) is False
     assert metrics.check_operator(empty).shape == (0, 5, 5)
+
+
+def test_a_threaded_batch_compiles_each_kernel_once_and_drops_its_padding(monkeypatch):
+    """A plain session's batch goes to threads in parts of one size, the last padded: 8
+    operators in 3 parts of 3 compile each kernel once (parts of 3, 3 and 2 compiled two
+    programs), and every operator gets the values of the unthreaded call."""
+    c = causal(31, (8,), 13)
+    kernels = {
+        "fidelity": (lambda x: metrics.minimax_fidelity(x, 7), metrics._settled_minimax_jit),
+        "hitting": (lambda x: metrics.hitting_time(x, 6), metrics._settled_hitting_jit),
+        "all": (lambda x: metrics.operator_metrics(x, 5, 4), metrics._sweep_jit),
+    }
+    whole = {name: jax.tree.map(np.asarray, run(c)) for name, (run, _) in kernels.items()}
+    monkeypatch.setattr(metrics, "_thread_parts", lambda c: 3)
+    for name, (run, jitted) in kernels.items():
+        before = jitted._cache_size()
+        got = jax.tree.map(np.asarray, run(c))
+        assert jitted._cache_size() == before + 1, name
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(whole[name]), strict=True):
+            assert g.shape == w.shape and g.shape[0] == 8, name
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=0, err_msg=name)

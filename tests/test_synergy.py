@@ -140,17 +140,17 @@ def test_optimal_weights_never_lose_to_a_start_and_batch_over_layers():
         (lambda a: synergy.optimal_weights(a, horizon=0), "horizon must be an integer >= 1, got 0"),
         (
             lambda a: synergy.optimal_weights(a, init=[1.0]),
-            "weights must have last dimension num_heads=2",
+            "init must have last dimension num_heads=2",
         ),
-        (lambda a: synergy.optimal_weights(a, init=[-1.0, 2.0]), "weights must be non-negative"),
-        (lambda a: synergy.optimal_weights(a, init=[0.0, 0.0]), "weights must not be all zero"),
+        (lambda a: synergy.optimal_weights(a, init=[-1.0, 2.0]), "init must be non-negative"),
+        (lambda a: synergy.optimal_weights(a, init=[0.0, 0.0]), "init must not be all zero"),
         (
             lambda a: synergy.optimal_weights(a[0, 0]),
             r"attn must have shape \(N, H, T, T\) or \(H, T, T\)",
         ),
         (
             lambda a: synergy.cross_head_share(a, [1.0, 1.0, 1.0]),
-            "weights must have last dimension num_heads=2",
+            "weights_xH must have last dimension num_heads=2",
         ),
         (
             lambda a: synergy.cross_head_share(a, [1.0, 1.0], horizon=0),

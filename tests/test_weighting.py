@@ -109,6 +109,30 @@ def test_pattern_search_moves_towards_the_better_mix_and_halves_its_step(monkeyp
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
 
 
+def test_pattern_search_runs_until_every_start_has_settled(monkeypatch):
+    """Two starts searched together end where each ends alone: the first starts at its
+    optimum (its step halves to the smallest in nine rounds); the second's objective
+    (its head 0's weight) improves every round, so it moves all 60 rounds."""
+    at_optimum = lambda w: -((w[..., 0] - 0.3) ** 2)
+    rising = lambda w: w[..., 0]
+
+    def scorer(*objectives):  # the flat candidates are each start's 2H neighbours in turn
+        return lambda attn, c, **settings: jnp.concatenate(
+            [f(part) for f, part in zip(objectives, jnp.split(c, len(objectives)), strict=True)]
+        )
+
+    starts = jnp.asarray([[0.3, 0.7], [0.6, 0.4]])
+    values = jnp.asarray([0.0, 0.6])
+    monkeypatch.setattr(weighting, "_exact_scores", scorer(at_optimum, rising))
+    w, v = weighting.pattern_search(None, starts, values, 1.0, 60, {})
+    for i, objective in enumerate((at_optimum, rising)):
+        monkeypatch.setattr(weighting, "_exact_scores", scorer(objective))
+        w1, v1 = weighting.pattern_search(None, starts[i : i + 1], values[i : i + 1], 1.0, 60, {})
+        np.testing.assert_array_equal(w[i], w1[0])
+        np.testing.assert_array_equal(v[i], v1[0])
+    assert float(w[1, 1]) < 1e-12  # 60 rounds of halving head 1's weight
+
+
 def test_neighbours_stay_on_the_simplex():
     w = jnp.asarray([[0.5, 0.3, 0.2]])
     nb = weighting.neighbours(w, jnp.asarray([0.5]))

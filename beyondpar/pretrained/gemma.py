@@ -182,12 +182,12 @@ def layer_ropes(c: dict, types: tuple[str, ...], gemma2: bool) -> tuple[rotary.R
                 "config.json field 'rope_parameters' of a gemma2 model must be one rope for "
                 f"every layer, got one per layer type: {sorted(params)}"
             )
-        return (rotary.Rope.from_params(params, c, ROPE_TYPES),) * len(types)
+        return (rotary.Rope.from_params(params, c, ROPE_TYPES, default_partial=False),) * len(types)
     by_type = _rope_parameters_by_type(c)
     theta = {"full_attention": c.get("rope_theta") or 1e6}
     theta["sliding_attention"] = c.get("rope_local_base_freq") or 1e4
     ropes = {
-        t: rotary.Rope.from_params(by_type[t], {}, ROPE_TYPES, theta=theta[t]) for t in LAYER_TYPES
+        t: rotary.Rope.from_params(by_type[t], {}, ROPE_TYPES, theta[t], False) for t in LAYER_TYPES
     }
     return tuple(ropes[t] for t in types)
 

@@ -59,7 +59,12 @@ _GPT2_BLOCK = {
     "ffn_up": "mlp.c_fc",
     "ffn_down": "mlp.c_proj",
 }
-_GPT2_TOP = {"token_embd": "wte", "position_embd": "wpe", "output_norm": "ln_f"}
+_GPT2_TOP = {
+    "token_embd": "wte",
+    "position_embd": "wpe",
+    "output_norm": "ln_f",
+    "output": "lm_head",
+}
 _NAMES = {  # architecture -> (block parts, top-level tensors, block prefix)
     "gpt2": (_GPT2_BLOCK, _GPT2_TOP, "h"),
     "gemma2": (_GEMMA_BLOCK, _LLAMA_TOP, "model.layers"),
@@ -135,6 +140,11 @@ class GgufFile:
             config["sliding_window"] = window
             config["model_type"] = "mistral" if self.arch == "llama" else self.arch
             config["use_sliding_window"] = True
+            config["max_window_layers"] = 0  # every layer, as llama.cpp windows them
+        if config["partial_rotary_factor"] != 1 and config["rope_scaling"] is None:
+            # llama.cpp turns `rope.dimension_count` features; transformers' Llama and Qwen
+            # read a partial factor only beside a scaled rope: linear by 1 is the default.
+            config["rope_scaling"] = {"rope_type": "linear", "factor": 1.0}
         if "rope_freqs.weight" in self.tensors:
             config["rope_freq_factors"] = self._dequantize("rope_freqs.weight").tolist()
         return config
@@ -263,6 +273,7 @@ class GgufFile:
             "n_inner": self.arch_value("feed_forward_length"),
             "layer_norm_epsilon": self.arch_value("attention.layer_norm_epsilon"),
             "activation_function": "gelu_new",
+            "tie_word_embeddings": "output.weight" not in self.tensors,
         }
 
     # ----------------------------------------------------------------- tensors

@@ -1,7 +1,8 @@
 """GPT-2 (model_type "gpt2") as Hugging Face stores it.
 
 Conv1D weights are stored in x out (already a Flax kernel); c_attn holds q, k, v side by
-side; learned positions; LayerNorm with bias; the output head is the token embedding.
+side; learned positions; LayerNorm with bias; the output head is the token embedding, or
+`lm_head.weight` when `tie_word_embeddings` is false.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from beyondpar.pretrained.config_fields import field, one_of
 MODEL_TYPES = ("gpt2",)
 
 ACTIVATIONS = layers.ACTIVATIONS
-# GPT2LMHeadModel saves the body as `transformer.*`; the original `gpt2` upload has none.
-CHECKPOINT_PREFIXES = ({}, {"": "transformer."})
+# GPT2LMHeadModel saves the body as `transformer.*` and an untied head as `lm_head.*`; the
+# original `gpt2` upload has no prefix.
+CHECKPOINT_PREFIXES = ({}, {"lm_head.": "lm_head.", "": "transformer."})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Gpt2Config:
     eps: float
     scale_attn_weights: bool = True
     scale_by_inverse_layer_idx: bool = False
+    tied: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -59,6 +62,7 @@ class Gpt2Config:
             eps=field(c, "layer_norm_epsilon", float, default=1e-5),
             scale_attn_weights=bool(c.get("scale_attn_weights", True)),
             scale_by_inverse_layer_idx=bool(c.get("scale_attn_by_inverse_layer_idx", False)),
+            tied=bool(c.get("tie_word_embeddings", True)),
         )
 
 
@@ -95,12 +99,14 @@ class Gpt2(nn.Module):
         self.wpe = nn.Embed(cfg.max_len, cfg.embed_dim)
         self.h = [Gpt2Block(cfg, i) for i in range(cfg.num_layers)]
         self.ln_f = nn.LayerNorm(epsilon=cfg.eps)
+        if not cfg.tied:
+            self.lm_head = nn.Embed(cfg.vocab_size, cfg.embed_dim)
 
     def embed(self, tokens_BxT):
         return self.wte(tokens_BxT) + self.wpe(jnp.arange(tokens_BxT.shape[-1]))
 
     def unembed(self, x):
-        return self.wte.attend(self.ln_f(x))
+        return (self.wte if self.config.tied else self.lm_head).attend(self.ln_f(x))
 
     def __call__(self, tokens_BxT, head_mask=None):
         x = self.embed(tokens_BxT)
@@ -118,6 +124,8 @@ def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
     """Hugging Face tensor name of a parameter path, and whether it needs a transpose."""
     leaf = {"kernel": "weight", "scale": "weight", "bias": "bias", "embedding": "weight"}
     *mods, param = path
+    if mods == ["lm_head"]:
+        return "lm_head.weight", False  # an Embed: vocab x hidden, as stored
     if mods[-1] == "mlp_c_proj":
         mods = [*mods[:-1], "mlp", "c_proj"]
     elif mods[-1] in ("c_attn", "c_proj"):

@@ -17,6 +17,7 @@ from beyondpar.pretrained import layers, rotary
 from beyondpar.pretrained.config_fields import field, one_of
 
 MODEL_TYPES = ("gpt_neox",)
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,8 @@ class NeoxConfig:
             )
         legacy = {  # transformers < 5 names
             "rope_theta": c.get("rope_theta", c.get("rotary_emb_base", 10000.0)),
-            "partial_rotary_factor": c.get("partial_rotary_factor", c.get("rotary_pct", 1.0)),
+            # transformers' default share when neither name is given: a quarter
+            "partial_rotary_factor": c.get("partial_rotary_factor", c.get("rotary_pct", 0.25)),
         }
         return cls(
             vocab_size=field(c, "vocab_size"),
@@ -58,7 +60,7 @@ class NeoxConfig:
             num_heads=heads,
             mlp_dim=field(c, "intermediate_size"),
             eps=field(c, "layer_norm_eps", float, default=1e-5),
-            rope=rotary.Rope.from_hf({**c, **legacy}),
+            rope=rotary.Rope.from_hf({**c, **legacy}, ROPE_TYPES),
             activation=one_of("hidden_act", c.get("hidden_act", "gelu"), layers.ACTIVATIONS),
             parallel_residual=bool(c.get("use_parallel_residual", True)),
             attention_bias=bool(c.get("attention_bias", True)),

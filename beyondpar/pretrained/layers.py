@@ -135,14 +135,21 @@ class UnitOffsetRMSNorm(nn.Module):
 
 
 def inverse_frequencies(theta: float, rotary_dim: int, factors=None) -> np.ndarray:
-    """(rotary_dim / 2,) rotation rates 1 / (factors * theta^(2i / rotary_dim)), computed
-    in float32 as transformers computes them: a float64 rate rounded once can differ in
-    its last bit, which peaked attention between distant positions shows."""
-    exponents = np.arange(0, rotary_dim, 2).astype(np.float32) / np.float32(rotary_dim)
-    powers = np.float32(theta) ** exponents
+    """(rotary_dim / 2,) rotation rates 1 / (factors * theta^(2i / rotary_dim)) in float32
+    as transformers forms them: float32 exponents, each power rounded once to float32 (as
+    torch's float32 power gives it; NumPy's own float32 power is a bit or two off in one
+    rate of six), then float32 products and quotients. Peaked attention between distant
+    positions shows a last-bit difference in a rate."""
+    powers = rotary_powers(theta, rotary_dim)
     if factors is not None:
         powers = np.asarray(factors, np.float32) * powers
     return np.float32(1.0) / powers
+
+
+def rotary_powers(theta: float, rotary_dim: int) -> np.ndarray:
+    """(rotary_dim / 2,) float32 theta^(2i / rotary_dim), as `inverse_frequencies` forms them."""
+    exponents = np.arange(0, rotary_dim, 2).astype(np.float32) / np.float32(rotary_dim)
+    return (np.float64(np.float32(theta)) ** exponents.astype(np.float64)).astype(np.float32)
 
 
 def rotary_dim(head_dim: int, partial_factor: float) -> int:
@@ -153,11 +160,13 @@ def rotary_dim(head_dim: int, partial_factor: float) -> int:
 def rotary_tables(t: int, inv_freq_half: np.ndarray, scale: float = 1.0):
     """(T, rotary_dim) cos and sin of positions 0..T-1 (times `scale`), built once per
     length in NumPy: the angles in float32 as transformers forms them, their cos and sin
-    rounded once from float64. Peaked attention between distant positions amplifies a
-    last-bit difference here; these tables keep it nearest a float64 reference."""
+    rounded once from float64, then scaled in float32. Peaked attention between distant
+    positions amplifies a last-bit difference here; these tables keep it nearest a
+    float64 reference."""
     angles = np.arange(t, dtype=np.float32)[:, None] * np.asarray(inv_freq_half, np.float32)
     angles = np.concatenate([angles, angles], -1).astype(np.float64)
-    return (np.cos(angles) * scale).astype(np.float32), (np.sin(angles) * scale).astype(np.float32)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return cos * np.float32(scale), sin * np.float32(scale)
 
 
 def rotate_half_split(x_BxTxHxD, inv_freq_half: np.ndarray, scale: float = 1.0):

@@ -1,10 +1,11 @@
 """Llama, Mistral, Qwen2 and Qwen3 (one architecture, as Hugging Face stores it).
 
-RMSNorm, SwiGLU, rotary embeddings with the feature halves paired (on the first
-`partial_rotary_factor` of each head), grouped-query attention (query head h reads kv
+RMSNorm, SwiGLU, rotary embeddings with the feature halves paired (every feature; the
+first `partial_rotary_factor` of each head for the scaled rope types only, as transformers
+reads it), grouped-query attention (query head h reads kv
 head h // (H / H_kv)); q/k/v biases for Qwen2 or when `attention_bias` is set; Qwen3's
 RMSNorm over each head's q and k; sliding windows per layer; tied or separate output
-head; explicit `head_dim` honoured.
+head; explicit `head_dim` honoured (Qwen3: 128 when absent).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from beyondpar.pretrained import layers, rotary
 from beyondpar.pretrained.config_fields import field, one_of
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "llama3")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+# transformers' defaults where a config leaves a field out (not where it writes null).
+DEFAULT_WINDOW = 4096  # Mistral's, Qwen2's and Qwen3's `sliding_window`
+DEFAULT_MAX_WINDOW_LAYERS = 28  # Qwen2's and Qwen3's
+QWEN3_HEAD_DIM = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +61,7 @@ class LlamaConfig:
                 f"config.json field 'num_key_value_heads' must divide num_attention_heads={heads}, "
                 f"got {kv}"
             )
-        head_dim = field(c, "head_dim", default=None)
+        head_dim = field(c, "head_dim", default=QWEN3_HEAD_DIM if kind == "qwen3" else None)
         if head_dim is None:
             if embed % heads:
                 raise ValueError(
@@ -64,7 +69,7 @@ class LlamaConfig:
                     f"when head_dim is not given, got {heads}"
                 )
             head_dim = embed // heads
-        bias = bool(c.get("attention_bias", False))
+        bias = bool(c.get("attention_bias", False)) and kind != "mistral"  # Mistral has none
         num_layers = field(c, "num_hidden_layers")
         return cls(
             model_type=kind,
@@ -77,7 +82,7 @@ class LlamaConfig:
             head_dim=head_dim,
             mlp_dim=field(c, "intermediate_size"),
             eps=field(c, "rms_norm_eps", float, default=1e-6),
-            rope=rotary.Rope.from_hf(c, ROPE_TYPES),
+            rope=rotary.Rope.from_hf(c, ROPE_TYPES, default_partial=False),
             qkv_bias=bias or kind == "qwen2",
             out_bias=bias and kind != "qwen2",
             mlp_bias=bool(c.get("mlp_bias", False)),
@@ -89,10 +94,13 @@ class LlamaConfig:
 
 
 def _layer_windows(c: dict, kind: str, num_layers: int) -> tuple[int | None, ...]:
-    """Each layer's sliding window, as transformers decides it: `layer_types` when the
-    config lists them; else Mistral windows every layer, and Qwen2/Qwen3 (with
-    `use_sliding_window`) the layers from `max_window_layers` on."""
-    window = field(c, "sliding_window", default=None)
+    """Each layer's sliding window, as transformers decides it: Llama has none; else
+    `layer_types` when the config lists them; else Mistral windows every layer, and
+    Qwen2/Qwen3 (with `use_sliding_window`) the layers from `max_window_layers` (28 when
+    absent) on. A `sliding_window` left out is 4096; written as null, no window."""
+    if kind == "llama":
+        return ()
+    window = field(c, "sliding_window", default=None if "sliding_window" in c else DEFAULT_WINDOW)
     types = c.get("layer_types")
     if types is not None:
         if len(types) != num_layers:
@@ -102,13 +110,14 @@ def _layer_windows(c: dict, kind: str, num_layers: int) -> tuple[int | None, ...
         if "sliding_attention" in types and window is None:
             raise ValueError("config.json must set 'sliding_window' for its sliding layers")
         return tuple(window if t == "sliding_attention" else None for t in types)
-    if window is None or kind == "llama":
+    if window is None:
         return ()
     if kind == "mistral":
         return (window,) * num_layers
     if not c.get("use_sliding_window", False):
         return ()
-    first = int(c.get("max_window_layers") or 0)
+    first = c.get("max_window_layers", DEFAULT_MAX_WINDOW_LAYERS)
+    first = DEFAULT_MAX_WINDOW_LAYERS if first is None else int(first)
     return tuple(window if i >= first else None for i in range(num_layers))
 
 
@@ -128,8 +137,9 @@ class LlamaBlock(nn.Module):
         if cfg.qk_norm:
             q = layers.RMSNorm(cfg.eps, name="q_norm")(q)
             k = layers.RMSNorm(cfg.eps, name="k_norm")(k)
-        inv_freq = cfg.rope.inverse_frequencies(cfg.head_dim)
-        q, k = layers.rotate_half_split(q, inv_freq), layers.rotate_half_split(k, inv_freq)
+        inv_freq, scale = cfg.rope.inverse_frequencies(cfg.head_dim), cfg.rope.attention_factor
+        q = layers.rotate_half_split(q, inv_freq, scale)
+        k = layers.rotate_half_split(k, inv_freq, scale)
         v = heads(cfg.num_kv_heads, "v_proj")
         window = cfg.window(self.layer_index)
         scale = 1 / math.sqrt(cfg.head_dim)

@@ -2,8 +2,9 @@
 
 One `Rope` per attention layer type: its base, the share of each head that rotates, and
 its scaling: `linear` (rates divided by a factor), `llama3` (long wavelengths slowed
-smoothly) or `longrope` (Phi-3: per-frequency short or long factors, picked by the text's
-length as transformers picks them, and a factor on cos and sin).
+smoothly), `yarn` (slow rates interpolated, a factor on cos and sin) or `longrope`
+(Phi-3: per-frequency short or long factors, picked by the text's length as transformers
+picks them, and a factor on cos and sin).
 """
 
 from __future__ import annotations
@@ -30,37 +31,50 @@ class Rope:
     short_factors: tuple[float, ...] = ()  # longrope
     long_factors: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    yarn_ramp: tuple[float, float] = (0.0, 0.0)  # yarn: the rates' blend from low to high
 
     @classmethod
-    def from_hf(cls, c: dict, kinds=("default", "llama3")) -> Rope:
+    def from_hf(cls, c: dict, kinds=("default", "llama3"), default_partial: bool = True) -> Rope:
         """`rope_scaling` (older configs) or `rope_parameters` (transformers 5) with the
-        top-level `rope_theta` and `partial_rotary_factor` as fallbacks."""
-        return cls.from_params(c.get("rope_scaling") or c.get("rope_parameters") or {}, c, kinds)
+        top-level `rope_theta` and `partial_rotary_factor` as fallbacks. `default_partial`
+        False: the family's default rope turns every feature whatever the factor says
+        (Llama, Mistral, Qwen: only the scaled rope types read it)."""
+        params = c.get("rope_scaling") or c.get("rope_parameters") or {}
+        return cls.from_params(params, c, kinds, default_partial=default_partial)
 
     @classmethod
-    def from_params(cls, params: dict, c: dict, kinds, theta: float | None = None) -> Rope:
+    def from_params(
+        cls, params: dict, c: dict, kinds, theta: float | None = None, default_partial=True
+    ) -> Rope:
         """The rope one parameter dict describes; `c` is the whole config (for fields
         transformers reads beside it) and `theta` the base when neither names one."""
         base = params.get("rope_theta", c.get("rope_theta", 10000.0 if theta is None else theta))
         kind = one_of("rope_type", params.get("rope_type", params.get("type", "default")), kinds)
+        partial = partial_rotary_factor(params, c, "partial_rotary_factor")
         common = dict(
             theta=float(base),
-            partial_factor=partial_rotary_factor(params, c, "partial_rotary_factor"),
+            partial_factor=partial if default_partial or kind != "default" else 1.0,
             kind=kind,
         )
+        factors = c.get("rope_freq_factors")  # llama.cpp's divisors, beside any scaling
+        if factors is not None and kind in ("default", "linear"):
+            common["freq_factors"] = tuple(factors)
         if kind == "default":
-            factors = c.get("rope_freq_factors")
-            return cls(**common, freq_factors=None if factors is None else tuple(factors))
+            return cls(**common)
+        if kind == "dynamic":  # NTK scaling starts past the context, which texts never pass
+            return cls(**{**common, "kind": "default"})
         if kind == "linear":
             return cls(**common, factor=field(params, "factor", float))
         if kind == "longrope":
             return cls(**common, **_longrope(params, c))
+        if kind == "yarn":
+            return cls(**common, **_yarn(params, c, float(base), common["partial_factor"]))
         return cls(
             **common,
             factor=field(params, "factor", float),
             low_freq_factor=field(params, "low_freq_factor", float),
             high_freq_factor=field(params, "high_freq_factor", float),
-            original_max_len=field(params, "original_max_position_embeddings"),
+            original_max_len=_original_max_len(params, c),
         )
 
     def inverse_frequencies(self, head_dim: int, seq_len: int = 1) -> np.ndarray:
@@ -71,26 +85,42 @@ class Rope:
             factors = self.long_factors if long else self.short_factors
             _check_count(factors, dim // 2, f"rope_parameters {_FACTOR[long]!r}")
             return layers.inverse_frequencies(self.theta, dim, factors)
-        inv = layers.inverse_frequencies(self.theta, dim).astype(np.float64)
+        inv = layers.inverse_frequencies(self.theta, dim)
         if self.freq_factors is not None:
             _check_count(self.freq_factors, len(inv), "rope frequency factors")
-            inv = inv / np.asarray(self.freq_factors)
+            inv = (inv / np.asarray(self.freq_factors)).astype(np.float32)
         if self.kind == "linear":
-            inv = inv / self.factor
+            inv = inv / np.float32(self.factor)  # in float32, as transformers divides
         elif self.kind == "llama3":
             inv = self._llama3(inv)
+        elif self.kind == "yarn":
+            inv = self._yarn(inv, layers.rotary_powers(self.theta, dim))
         return inv.astype(np.float32)
 
+    def _yarn(self, inv: np.ndarray, powers: np.ndarray) -> np.ndarray:
+        """YaRN: rates below the ramp interpolated (divided by `factor`), above it kept,
+        blended linearly across it; in float32 in transformers' order of operations."""
+        interpolated = np.float32(1) / (np.float32(self.factor) * powers)
+        low, high = self.yarn_ramp
+        ramp = np.clip((np.arange(len(inv), dtype=np.float32) - low) / (high - low), 0, 1)
+        kept = np.float32(1) - ramp.astype(np.float32)
+        return interpolated * (np.float32(1) - kept) + inv * kept
+
     def _llama3(self, inv: np.ndarray) -> np.ndarray:
-        wavelen = 2 * math.pi / inv
-        low_wavelen = self.original_max_len / self.low_freq_factor
-        high_wavelen = self.original_max_len / self.high_freq_factor
-        scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
-        smooth = (self.original_max_len / wavelen - self.low_freq_factor) / (
+        """Long wavelengths slowed by `factor`, the medium band blended, in float32 in
+        transformers' order of operations (a blend rounded once from float64 differs in
+        the last bit, which peaked attention shows)."""
+        inv = inv.astype(np.float32)
+        factor, original = np.float32(self.factor), self.original_max_len
+        wavelen = np.float32(2 * math.pi) / inv
+        low_wavelen = np.float32(original / self.low_freq_factor)
+        high_wavelen = np.float32(original / self.high_freq_factor)
+        scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (np.float32(original) / wavelen - np.float32(self.low_freq_factor)) / np.float32(
             self.high_freq_factor - self.low_freq_factor
         )
-        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        smoothed = (np.float32(1) - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return np.where(medium, smoothed, scaled)
 
 
@@ -100,6 +130,58 @@ _FACTOR = {False: "short_factor", True: "long_factor"}
 def _check_count(factors, size: int, name: str) -> None:
     if len(factors) != size:
         raise ValueError(f"{name} must number {size} (rotary dim / 2), got {len(factors)}")
+
+
+def _original_max_len(params: dict, c: dict) -> int:
+    """The pretraining context of a scaled rope, as transformers standardises it: the
+    top-level `original_max_position_embeddings` wins over the rope dict's, and
+    `max_position_embeddings` stands in when neither gives one."""
+    if c.get("original_max_position_embeddings") is not None:
+        return field(c, "original_max_position_embeddings")
+    if params.get("original_max_position_embeddings") is not None:
+        return field(params, "original_max_position_embeddings")
+    return field(c, "max_position_embeddings")
+
+
+def _yarn(params: dict, c: dict, base: float, partial: float) -> dict:
+    """YaRN's fields as transformers reads them: `factor` (max_position_embeddings over the
+    original length when null), the attention factor (0.1 ln(s) + 1, or the ratio of two
+    such with `mscale` and `mscale_all_dim`), and the ramp's ends from `beta_fast` (32)
+    and `beta_slow` (1), floored and ceiled unless `truncate` is false."""
+    original = _original_max_len(params, c)
+    factor = params.get("factor") or field(c, "max_position_embeddings") / original
+    dim = layers.rotary_dim(_head_dim(c), partial)
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None:
+        both = params.get("mscale") and params.get("mscale_all_dim")
+        attention = (
+            mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
+            if both
+            else mscale(factor)
+        )
+
+    def correction(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = correction(params.get("beta_fast") or 32)
+    high = correction(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    return dict(
+        factor=float(factor),
+        original_max_len=original,
+        attention_factor=float(attention),
+        yarn_ramp=(float(low), float(high) + (0.001 if low == high else 0.0)),
+    )
+
+
+def _head_dim(c: dict) -> int:
+    return c.get("head_dim") or field(c, "hidden_size") // field(c, "num_attention_heads")
 
 
 def _longrope(params: dict, c: dict) -> dict:

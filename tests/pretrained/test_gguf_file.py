@@ -30,6 +30,7 @@ TOLERANCE = {Q.F32: 1e-4, Q.F16: 5e-3, Q.BF16: 5e-2, Q.Q8_0: 0.1}
         ("llama3-rope", Q.F16),
         ("gpt2-tiny", Q.F32),
         ("gpt2-tiny", Q.BF16),
+        ("gpt2-untied", Q.F32),
         ("qwen3-tiny", Q.F32),
         ("mistral-window", Q.F32),
         ("gemma2-pattern", Q.F32),

@@ -35,11 +35,15 @@ def test_fused_projections_equal_llama_with_split_ones(tmp_path, name):
     longrope's attention factor set to 1 on the Phi-3 side."""
     config = config_of(name)
     llama = {"model_type": "mistral" if config.get("sliding_window") else "llama"}
+    # Llama's default rope turns every feature; a scaled one (linear by 1) reads the share.
+    rope = config.get("rope_scaling") or config["rope_parameters"]
+    share = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    llama["rope_scaling"] = {"rope_type": "linear", "factor": 1.0, "partial_rotary_factor": share}
     phi = HF / name
     if name == "phi3-longrope":
         rope = {**config["rope_scaling"], "attention_factor": 1.0}
         phi = copy_checkpoint(name, tmp_path / "phi", {"rope_scaling": rope})
-        llama.update(rope_scaling=None, rope_freq_factors=rope["long_factor"])
+        llama.update(rope_freq_factors=rope["long_factor"])
     folder = copy_checkpoint(name, tmp_path / "llama", llama, lambda w: as_llama(w, config))
     module, params, _ = pretrained.load(folder)
     assert type(module).__name__ == "Llama"

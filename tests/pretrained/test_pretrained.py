@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_fixtures import HF, copy_checkpoint, expected, logits_and_attention
+from hf_fixtures import CONFIG_VARIANTS, HF, copy_checkpoint, expected, logits_and_attention
 from safetensors.numpy import load_file, save_file
 
 from beyondpar import pretrained
@@ -46,6 +46,18 @@ def test_parity_with_transformers(name):
     assert attn.dtype == jnp.float32 and attn.shape == exp["attention"].shape
     np.testing.assert_allclose(logits, exp["logits"], atol=1e-4)
     np.testing.assert_allclose(attn, exp["attention"], atol=ATTENTION_ATOL.get(name, 1e-5))
+
+
+@pytest.mark.parametrize("name", CONFIG_VARIANTS)
+def test_config_fields_are_read_as_transformers_reads_them(name):
+    """Fixtures whose config.json holds a field as real checkpoints write it, where
+    reading it another way changes every output (see `hf_fixtures.CONFIG_VARIANTS`). In
+    float64, so that what is compared is the model each config describes."""
+    exp = expected(name)
+    module, params, _ = pretrained.load(HF / name, jnp.float64)
+    logits, attn = pretrained.apply_with_attention(module, params, exp["tokens"])
+    np.testing.assert_allclose(logits, exp["logits"], atol=1e-4)
+    np.testing.assert_allclose(attn, exp["attention"], atol=1e-5)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -240,8 +252,9 @@ def test_explicit_head_dim_sets_projection_shapes(tmp_path):
     [
         ({"model_type": "bert"}, r"'model_type' must be one of .*, got 'bert'"),
         (
-            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
-            r"'rope_type' must be one of \['default', 'llama3'\], got 'yarn'",
+            {"rope_parameters": {"rope_type": "yarm", "rope_theta": 1e4}},
+            r"'rope_type' must be one of \['default', 'dynamic', 'linear', 'llama3', 'yarn'\], "
+            "got 'yarm'",
         ),
         ({"num_key_value_heads": 3}, "'num_key_value_heads' must divide num_attention_heads=4"),
         ({"hidden_act": "tanh"}, r"'hidden_act' must be one of .*, got 'tanh'"),
@@ -345,13 +358,24 @@ def reference_rotary(x, inv_freq):
     return np.concatenate([rotated, x[..., rot:]], -1)
 
 
-@pytest.mark.parametrize("factor,where", [(0.5, "top"), (0.25, "rope_parameters"), (1.0, "top")])
-def test_llama_partial_rotary_matches_a_numpy_reference(tmp_path, factor, where):
+@pytest.mark.parametrize(
+    "factor,where,kind",
+    [
+        (0.5, "top", "default"),
+        (0.25, "rope_parameters", "default"),
+        (0.5, "top", "linear"),
+        (0.25, "rope_parameters", "linear"),
+        (1.0, "top", "linear"),
+    ],
+)
+def test_llama_partial_rotary_matches_a_numpy_reference(tmp_path, factor, where, kind):
     """Layer 0's attention of llama-tiny with `partial_rotary_factor` recomputed in NumPy:
-    RMSNorm, q/k projections, rotary on the first factor * head_dim features."""
+    RMSNorm, q/k projections, rotary on the first factor * head_dim features for a scaled
+    rope (linear by 1: the default's rates), on all of them for the default rope, which
+    ignores the factor in transformers' Llama."""
     config = json.loads((HF / "llama-tiny" / "config.json").read_text())
-    rope = dict(config["rope_parameters"])
-    change = {"partial_rotary_factor": factor}
+    rope = {**config["rope_parameters"], "rope_type": kind, "factor": 1.0}
+    change = {"partial_rotary_factor": factor, "rope_parameters": rope}
     if where == "rope_parameters":
         change = {"rope_parameters": {**rope, "partial_rotary_factor": factor}}
     folder = copy_checkpoint("llama-tiny", tmp_path, change)
@@ -363,7 +387,7 @@ def test_llama_partial_rotary_matches_a_numpy_reference(tmp_path, factor, where)
     h = h * w["model.layers.0.input_layernorm.weight"]
     q = (h @ w["model.layers.0.self_attn.q_proj.weight"].T).reshape(64, 4, 8)
     k = (h @ w["model.layers.0.self_attn.k_proj.weight"].T).reshape(64, 2, 8)
-    rot = int(8 * factor)
+    rot = 8 if kind == "default" else int(8 * factor)
     inv = 1.0 / rope["rope_theta"] ** (np.arange(0, rot, 2) / rot)
     q, k = reference_rotary(q, inv), reference_rotary(k, inv)
     scores = np.einsum("qhd,khd->hqk", q, np.repeat(k, 2, axis=1)) / np.sqrt(8)
@@ -511,7 +535,10 @@ def test_layer_by_layer_gives_each_layer_its_own_window(tmp_path):
     folder = tmp_path / "windowed"
     shutil.copytree(HF / "llama-tiny", folder)
     config = json.loads((folder / "config.json").read_text())
-    config.update(layer_types=["full_attention", "sliding_attention"], sliding_window=4)
+    # Mistral: Llama itself has no window, whatever `layer_types` says.
+    config.update(
+        model_type="mistral", layer_types=["full_attention", "sliding_attention"], sliding_window=4
+    )
     (folder / "config.json").write_text(json.dumps(config))
     module, params, _ = pretrained.load(folder)
     tokens = np.arange(1, 17)[None] % module.config.vocab_size
@@ -531,5 +558,35 @@ def test_qwen_windows_only_when_the_config_asks_for_them():
     for key in ("layer_types", "use_sliding_window", "max_window_layers"):
         config.pop(key)
     assert pretrained.build(config).config.layer_windows == ()
-    asked = pretrained.build({**config, "use_sliding_window": True}).config
-    assert asked.layer_windows == (6, 6)
+    asked = {**config, "use_sliding_window": True}
+    # transformers' `max_window_layers` is 28 when absent: no layer of two slides.
+    assert pretrained.build(asked).config.layer_windows == (None, None)
+    from_one = pretrained.build({**asked, "max_window_layers": 1}).config
+    assert from_one.layer_windows == (None, 6)
+    assert pretrained.build({**asked, "max_window_layers": 0}).config.layer_windows == (6, 6)
+    # A `sliding_window` left out is transformers' 4096; written as null, no window.
+    del asked["sliding_window"]
+    assert pretrained.build({**asked, "max_window_layers": 1}).config.layer_windows == (None, 4096)
+    nulled = {**asked, "max_window_layers": 1, "sliding_window": None}
+    assert pretrained.build(nulled).config.layer_windows == ()
+
+
+def test_fields_a_family_ignores_or_defaults_as_transformers_does(tmp_path):
+    """Mistral has no attention biases whatever `attention_bias` says; GPT-2's head is tied
+    when the config does not say; Qwen3's `head_dim` is 128 when left out (not hidden /
+    heads); `dynamic` rope scales only past the context, so within it the model is the
+    default one."""
+    name = "mistral-window"
+    folder = copy_checkpoint(name, tmp_path, {"attention_bias": True})
+    logits, _ = logits_and_attention(folder, expected(name)["tokens"])
+    np.testing.assert_allclose(logits, expected(name)["logits"], atol=1e-4)
+    gpt2 = json.loads((HF / "gpt2-tiny" / "config.json").read_text())
+    gpt2.pop("tie_word_embeddings", None)
+    assert pretrained.build(gpt2).config.tied  # GPT-2's head is its embedding by default
+    qwen3 = json.loads((HF / "qwen3-tiny" / "config.json").read_text())
+    del qwen3["head_dim"]
+    assert pretrained.build(qwen3).config.head_dim == 128
+    rope = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}
+    folder = copy_checkpoint("llama-tiny", tmp_path / "dynamic", {"rope_parameters": rope})
+    logits, _ = logits_and_attention(folder, expected("llama-tiny")["tokens"])
+    np.testing.assert_allclose(logits, expected("llama-tiny")["logits"], atol=1e-4)

@@ -25,6 +25,17 @@ def test_linear_divides_every_rate_by_its_factor():
     np.testing.assert_allclose(rope.inverse_frequencies(16), default_rates(1e6, 16) / 4, rtol=1e-6)
 
 
+def test_frequency_factors_divide_the_rates_beside_a_linear_scaling():
+    """llama.cpp's per-rate divisors (GGUF `rope_freqs`) stay beside a linear scaling,
+    which a GGUF with partial rotary gets (linear by 1)."""
+    config = {"rope_freq_factors": [1.0, 2.0, 4.0, 8.0], "rope_theta": 1e4}
+    for factor in (1.0, 2.0):
+        params = {"rope_type": "linear", "factor": factor}
+        rope = rotary.Rope.from_params(params, config, ("linear",))
+        want = default_rates(1e4, 8) / np.asarray(config["rope_freq_factors"]) / factor
+        np.testing.assert_allclose(rope.inverse_frequencies(8), want, rtol=1e-6)
+
+
 def test_longrope_takes_short_factors_up_to_the_original_length_then_long_ones():
     """Transformers switches when the text is longer than
     original_max_position_embeddings: 32 tokens are short, 33 long."""
