@@ -20,7 +20,8 @@ from beyondpar.base import checks
 
 def normalize_weights(weights, num_heads: int, name: str = "weights") -> jax.Array:
     """Head weights `...xH` scaled to sum 1 along the last axis; validated when concrete,
-    with errors that call them `name` (the caller's argument) and point at the bad set."""
+    with errors that call them `name` (the caller's argument) and give the index of the
+    first bad entry (or set, for a zero sum)."""
     w = checks.as_float_array(name, weights)
     if w.ndim < 1 or w.shape[-1] != num_heads:
         raise ValueError(
@@ -29,25 +30,23 @@ def normalize_weights(weights, num_heads: int, name: str = "weights") -> jax.Arr
     if checks.is_concrete(w):
         w_np = np.asarray(w)
         if not np.all(np.isfinite(w_np)):
-            raise ValueError(
-                f"{name} must be finite, got NaN or Inf at {_first(~np.isfinite(w_np))}"
-            )
+            raise ValueError(f"{name} must be finite, got NaN or Inf{_at(~np.isfinite(w_np))}")
         if np.any(w_np < 0):
             raise ValueError(
-                f"{name} must be non-negative, got minimum {float(w_np.min())} "
-                f"at {_first(w_np < 0)}"
+                f"{name} must be non-negative, got minimum {float(w_np.min())}{_at(w_np < 0)}"
             )
         if np.any(w_np.sum(-1) <= 0):
             raise ValueError(
-                f"{name} must not be all zero for any set of heads, got a zero sum "
-                f"at {_first(w_np.sum(-1) <= 0)}"
+                f"{name} must not be all zero for any set of heads, got a zero sum"
+                f"{_at(w_np.sum(-1) <= 0)}"
             )
     return w / jnp.sum(w, axis=-1, keepdims=True)
 
 
-def _first(bad: np.ndarray) -> str:
-    """The index of the first True entry of `bad`, as the user would write it."""
-    return f"index {tuple(int(i) for i in np.argwhere(bad)[0])}" if bad.ndim else "the scalar"
+def _at(bad: np.ndarray) -> str:
+    """Where the first True entry of `bad` is, as the user would index it ("at index
+    (i, j)"); nothing for a single value (one set of heads)."""
+    return f" at index {tuple(int(i) for i in np.argwhere(bad)[0])}" if bad.ndim else ""
 
 
 def combine_heads(attn, weights=None) -> jax.Array:

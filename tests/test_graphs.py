@@ -48,6 +48,10 @@ def test_dag_operator_rows_are_receivers():
             r"weights must be non-negative, got minimum -1.0 at index \(1,\)",
         ),
         (
+            lambda: graphs.combine_heads(np.ones((2, 2, 2)) / 2, [0, 0]),
+            r"weights must not be all zero for any set of heads, got a zero sum$",
+        ),
+        (
             lambda: graphs.combine_heads(np.ones((3, 2, 2, 2)) / 2, [[1, 1], [1, 0], [0, 0]]),
             r"weights must not be all zero for any set of heads, got a zero sum at index \(2,\)",
         ),

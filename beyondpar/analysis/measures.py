@@ -127,14 +127,21 @@ def analyze_layer(
     return out
 
 
+def _weights_name(mix: str) -> str:
+    """The argument a mix's weights came from, for its errors."""
+    return {"learned": "weights_H", "uniform": "uniform weights"}.get(mix, f"extra[{mix!r}]")
+
+
 def _mixes(attn, weights_H, extra: dict):
     """(names, weights B x M x H): learned (when known), uniform, then `extra`."""
     b, h = attn.shape[:2]
     named = {} if weights_H is None else {"learned": weights_H}
     named.update(uniform=jnp.full((h,), 1.0 / h), **extra)
     stacked = [
-        jnp.broadcast_to(graphs.normalize_weights(w, h).astype(attn.dtype), (b, h))
-        for w in named.values()
+        jnp.broadcast_to(
+            graphs.normalize_weights(w, h, _weights_name(n)).astype(attn.dtype), (b, h)
+        )
+        for n, w in named.items()
     ]
     return list(named), jnp.stack(stacked, axis=1)
 

@@ -187,7 +187,10 @@ def layer_ropes(c: dict, types: tuple[str, ...], gemma2: bool) -> tuple[rotary.R
     theta = {"full_attention": c.get("rope_theta") or 1e6}
     theta["sliding_attention"] = c.get("rope_local_base_freq") or 1e4
     ropes = {
-        t: rotary.Rope.from_params(by_type[t], {}, ROPE_TYPES, theta[t], False) for t in LAYER_TYPES
+        t: rotary.Rope.from_params(
+            by_type[t], {}, ROPE_TYPES, theta=theta[t], default_partial=False
+        )
+        for t in LAYER_TYPES
     }
     return tuple(ropes[t] for t in types)
 

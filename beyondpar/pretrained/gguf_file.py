@@ -136,6 +136,12 @@ class GgufFile:
         if self.arch == "phi3":
             return self._phi3_config(config)
         window = self.arch_value("attention.sliding_window", None)
+        if window and self.arch == "llama" and config["attention_bias"]:
+            raise ValueError(
+                f"GGUF file {self.path}: a llama model with attention biases must have no "
+                f"llama.attention.sliding_window (transformers' Llama has no window and its "
+                f"Mistral no biases), got a window of {window}"
+            )
         if window:
             config["sliding_window"] = window
             config["model_type"] = "mistral" if self.arch == "llama" else self.arch
@@ -198,6 +204,12 @@ class GgufFile:
         query_pre_attn_scalar), sliding layers by `attention.sliding_window_pattern` or the
         architecture's pattern, their rope base `rope.freq_base_swa`; Gemma 2 soft-caps
         at 50 and 30 unless the file says otherwise, Gemma 3 the final logits if it says."""
+        if config["partial_rotary_factor"] != 1:
+            raise ValueError(
+                f"GGUF file {self.path}: {self.arch}.rope.dimension_count must equal "
+                f"{self.arch}.attention.key_length (transformers' Gemma turns every feature), "
+                f"got a share of {config['partial_rotary_factor']}"
+            )
         gemma2, n = self.arch == "gemma2", config["num_hidden_layers"]
         window = self.arch_value("attention.sliding_window", 4096 if gemma2 else 0)
         largest = n == _LARGEST_LAYERS[self.arch]

@@ -47,10 +47,12 @@ class NeoxConfig:
                 f"config.json field 'num_attention_heads' must divide hidden_size={embed}, "
                 f"got {heads}"
             )
-        legacy = {  # transformers < 5 names
-            "rope_theta": c.get("rope_theta", c.get("rotary_emb_base", 10000.0)),
-            # transformers' default share when neither name is given: a quarter
-            "partial_rotary_factor": c.get("partial_rotary_factor", c.get("rotary_pct", 0.25)),
+        # As transformers 5 reads them: the rope dict's, else the older names, else the
+        # defaults (a quarter of each head turns); top-level `rope_theta` and
+        # `partial_rotary_factor` are not read.
+        legacy = {
+            "rope_theta": c.get("rotary_emb_base", 10000.0),
+            "partial_rotary_factor": c.get("rotary_pct", 0.25),
         }
         return cls(
             vocab_size=field(c, "vocab_size"),

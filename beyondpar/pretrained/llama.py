@@ -3,7 +3,8 @@
 RMSNorm, SwiGLU, rotary embeddings with the feature halves paired (every feature; the
 first `partial_rotary_factor` of each head for the scaled rope types only, as transformers
 reads it), grouped-query attention (query head h reads kv
-head h // (H / H_kv)); q/k/v biases for Qwen2 or when `attention_bias` is set; Qwen3's
+head h // (H / H_kv)); q/k/v biases for Qwen2 or when `attention_bias` is set (not
+Mistral's), MLP biases by `mlp_bias` (Llama's only); Qwen3's
 RMSNorm over each head's q and k; sliding windows per layer; tied or separate output
 head; explicit `head_dim` honoured (Qwen3: 128 when absent).
 """
@@ -85,7 +86,7 @@ class LlamaConfig:
             rope=rotary.Rope.from_hf(c, ROPE_TYPES, default_partial=False),
             qkv_bias=bias or kind == "qwen2",
             out_bias=bias and kind != "qwen2",
-            mlp_bias=bool(c.get("mlp_bias", False)),
+            mlp_bias=bool(c.get("mlp_bias", False)) and kind == "llama",  # Llama's field only
             tied=bool(c.get("tie_word_embeddings", False)),
             activation=one_of("hidden_act", c.get("hidden_act", "silu"), layers.ACTIVATIONS),
             qk_norm=kind == "qwen3",
@@ -94,13 +95,17 @@ class LlamaConfig:
 
 
 def _layer_windows(c: dict, kind: str, num_layers: int) -> tuple[int | None, ...]:
-    """Each layer's sliding window, as transformers decides it: Llama has none; else
-    `layer_types` when the config lists them; else Mistral windows every layer, and
-    Qwen2/Qwen3 (with `use_sliding_window`) the layers from `max_window_layers` (28 when
-    absent) on. A `sliding_window` left out is 4096; written as null, no window."""
+    """Each layer's sliding window, as transformers decides it: Llama has none; Qwen2 and
+    Qwen3 none unless `use_sliding_window`; else `layer_types` when the config lists them
+    (Mistral's then loads as Ministral, which follows them); else Mistral windows every
+    layer, and Qwen the layers from `max_window_layers` (28 when absent) on. A
+    `sliding_window` left out is 4096; written as null, no window."""
     if kind == "llama":
         return ()
     window = field(c, "sliding_window", default=None if "sliding_window" in c else DEFAULT_WINDOW)
+    qwen = kind in ("qwen2", "qwen3")
+    if qwen and not c.get("use_sliding_window", False):
+        window = None  # Qwen's configs drop the window unless `use_sliding_window`
     types = c.get("layer_types")
     if types is not None:
         if len(types) != num_layers:
@@ -108,14 +113,16 @@ def _layer_windows(c: dict, kind: str, num_layers: int) -> tuple[int | None, ...
                 f"config.json field 'layer_types' must list {num_layers} layers, got {len(types)}"
             )
         if "sliding_attention" in types and window is None:
-            raise ValueError("config.json must set 'sliding_window' for its sliding layers")
+            raise ValueError(
+                "config.json must set 'sliding_window'"
+                + (" and 'use_sliding_window': true" if qwen else "")
+                + f" for its sliding layers, got layer_types {types}"
+            )
         return tuple(window if t == "sliding_attention" else None for t in types)
     if window is None:
         return ()
     if kind == "mistral":
         return (window,) * num_layers
-    if not c.get("use_sliding_window", False):
-        return ()
     first = c.get("max_window_layers", DEFAULT_MAX_WINDOW_LAYERS)
     first = DEFAULT_MAX_WINDOW_LAYERS if first is None else int(first)
     return tuple(window if i >= first else None for i in range(num_layers))

@@ -31,31 +31,28 @@ class Rope:
     short_factors: tuple[float, ...] = ()  # longrope
     long_factors: tuple[float, ...] = ()
     attention_factor: float = 1.0
-    yarn_ramp: tuple[float, float] = (0.0, 0.0)  # yarn: the rates' blend from low to high
+    yarn_betas: tuple[float, float, bool] = (32.0, 1.0, True)  # beta_fast, beta_slow, truncate
 
     @classmethod
-    def from_hf(cls, c: dict, kinds=("default", "llama3"), default_partial: bool = True) -> Rope:
+    def from_hf(cls, c: dict, kinds, default_partial: bool = True) -> Rope:
         """`rope_scaling` (older configs) or `rope_parameters` (transformers 5) with the
         top-level `rope_theta` and `partial_rotary_factor` as fallbacks. `default_partial`
         False: the family's default rope turns every feature whatever the factor says
-        (Llama, Mistral, Qwen: only the scaled rope types read it)."""
+        (Llama, Mistral, Qwen, Gemma: only the scaled rope types read it)."""
         params = c.get("rope_scaling") or c.get("rope_parameters") or {}
         return cls.from_params(params, c, kinds, default_partial=default_partial)
 
     @classmethod
     def from_params(
-        cls, params: dict, c: dict, kinds, theta: float | None = None, default_partial=True
+        cls, params: dict, c: dict, kinds, theta: float | None = None, default_partial: bool = True
     ) -> Rope:
         """The rope one parameter dict describes; `c` is the whole config (for fields
         transformers reads beside it) and `theta` the base when neither names one."""
         base = params.get("rope_theta", c.get("rope_theta", 10000.0 if theta is None else theta))
         kind = one_of("rope_type", params.get("rope_type", params.get("type", "default")), kinds)
-        partial = partial_rotary_factor(params, c, "partial_rotary_factor")
-        common = dict(
-            theta=float(base),
-            partial_factor=partial if default_partial or kind != "default" else 1.0,
-            kind=kind,
-        )
+        reads_partial = default_partial or kind != "default"
+        partial = partial_rotary_factor(params, c, "partial_rotary_factor") if reads_partial else 1
+        common = dict(theta=float(base), partial_factor=partial, kind=kind)
         factors = c.get("rope_freq_factors")  # llama.cpp's divisors, beside any scaling
         if factors is not None and kind in ("default", "linear"):
             common["freq_factors"] = tuple(factors)
@@ -68,7 +65,7 @@ class Rope:
         if kind == "longrope":
             return cls(**common, **_longrope(params, c))
         if kind == "yarn":
-            return cls(**common, **_yarn(params, c, float(base), common["partial_factor"]))
+            return cls(**common, **_yarn(params, c))
         return cls(
             **common,
             factor=field(params, "factor", float),
@@ -94,14 +91,26 @@ class Rope:
         elif self.kind == "llama3":
             inv = self._llama3(inv)
         elif self.kind == "yarn":
-            inv = self._yarn(inv, layers.rotary_powers(self.theta, dim))
+            inv = self._yarn(inv, layers.rotary_powers(self.theta, dim), dim)
         return inv.astype(np.float32)
 
-    def _yarn(self, inv: np.ndarray, powers: np.ndarray) -> np.ndarray:
+    def _yarn(self, inv: np.ndarray, powers: np.ndarray, dim: int) -> np.ndarray:
         """YaRN: rates below the ramp interpolated (divided by `factor`), above it kept,
-        blended linearly across it; in float32 in transformers' order of operations."""
+        blended linearly across it; in float32 in transformers' order of operations. The
+        ramp's ends: the rates that turn `beta_fast` and `beta_slow` times over the
+        original length, floored and ceiled unless `truncate` is false."""
         interpolated = np.float32(1) / (np.float32(self.factor) * powers)
-        low, high = self.yarn_ramp
+        fast, slow, truncate = self.yarn_betas
+
+        def rate_index(rotations):
+            turns = self.original_max_len / (rotations * 2 * math.pi)
+            return dim * math.log(turns) / (2 * math.log(self.theta))
+
+        low, high = rate_index(fast), rate_index(slow)
+        if truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        high += 0.001 if low == high else 0.0
         ramp = np.clip((np.arange(len(inv), dtype=np.float32) - low) / (high - low), 0, 1)
         kept = np.float32(1) - ramp.astype(np.float32)
         return interpolated * (np.float32(1) - kept) + inv * kept
@@ -143,14 +152,13 @@ def _original_max_len(params: dict, c: dict) -> int:
     return field(c, "max_position_embeddings")
 
 
-def _yarn(params: dict, c: dict, base: float, partial: float) -> dict:
+def _yarn(params: dict, c: dict) -> dict:
     """YaRN's fields as transformers reads them: `factor` (max_position_embeddings over the
     original length when null), the attention factor (0.1 ln(s) + 1, or the ratio of two
-    such with `mscale` and `mscale_all_dim`), and the ramp's ends from `beta_fast` (32)
-    and `beta_slow` (1), floored and ceiled unless `truncate` is false."""
+    such with `mscale` and `mscale_all_dim`), `beta_fast` (32), `beta_slow` (1) and
+    `truncate` (true) for the ramp."""
     original = _original_max_len(params, c)
     factor = params.get("factor") or field(c, "max_position_embeddings") / original
-    dim = layers.rotary_dim(_head_dim(c), partial)
 
     def mscale(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -163,25 +171,17 @@ def _yarn(params: dict, c: dict, base: float, partial: float) -> dict:
             if both
             else mscale(factor)
         )
-
-    def correction(rotations):
-        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low = correction(params.get("beta_fast") or 32)
-    high = correction(params.get("beta_slow") or 1)
-    if params.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
+    betas = (
+        float(params.get("beta_fast") or 32),
+        float(params.get("beta_slow") or 1),
+        bool(params.get("truncate", True)),
+    )
     return dict(
         factor=float(factor),
         original_max_len=original,
         attention_factor=float(attention),
-        yarn_ramp=(float(low), float(high) + (0.001 if low == high else 0.0)),
+        yarn_betas=betas,
     )
-
-
-def _head_dim(c: dict) -> int:
-    return c.get("head_dim") or field(c, "hidden_size") // field(c, "num_attention_heads")
 
 
 def _longrope(params: dict, c: dict) -> dict:
@@ -214,8 +214,11 @@ def _factor_list(params: dict, name: str) -> list[float]:
 
 
 def partial_rotary_factor(params: dict, config: dict, name: str) -> float:
-    """The share of each head's features that rotate, in (0, 1]."""
-    value = params.get(name, config.get(name, 1.0))
+    """The share of each head's features that rotate, in (0, 1]: the rope dict's, else
+    the top-level one, else 1 (null counts as absent, as transformers reads it)."""
+    value = params.get(name)
+    value = config.get(name) if value is None else value
+    value = 1.0 if value is None else value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ValueError(f"config.json field {name!r} must be a number in (0, 1], got {value!r}")
     return float(value)

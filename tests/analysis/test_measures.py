@@ -235,3 +235,12 @@ def test_a_layer_with_a_head_that_reads_later_tokens_is_not_causal(monkeypatch):
             got = out["mixes"][mix][name]
             np.testing.assert_allclose(got, mixed[name][:, i], rtol=1e-5, err_msg=f"{mix} {name}")
     np.testing.assert_allclose(out["head_diversity"], synergy.head_diversity(attn), rtol=1e-5)
+
+
+def test_bad_mix_weights_are_named_by_their_argument():
+    """A mix's weights that cannot be normalised name where they came from."""
+    attn = graphs.random_causal(3, (2, 4), 12)
+    with pytest.raises(ValueError, match=r"weights_H must not be all zero"):
+        measures.analyze_layer(attn, np.zeros(4), SPEC)
+    with pytest.raises(ValueError, match=r"extra\['mine'\] must be non-negative, got minimum -1"):
+        measures.analyze_layer(attn, None, SPEC, extra={"mine": [1.0, -1.0, 1.0, 1.0]})

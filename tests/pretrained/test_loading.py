@@ -56,7 +56,11 @@ def test_block_by_block_shapes_are_the_whole_networks(name):
 
 def test_shapes_of_layers_with_different_blocks():
     config = files.read_config(HF / "qwen3-tiny")
-    config.update(layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    config.update(
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+        use_sliding_window=True,
+    )
     module = pretrained.build(config)
     assert module.config.layer_windows == (4, None)
     assert pretrained.parameter_shapes(module) == full_trace_shapes(module)

@@ -321,7 +321,10 @@ def test_mistral_window_reads_itself_and_the_keys_before_it():
         ({"use_sliding_window": True, "max_window_layers": 1, "layer_types": None}, [0, 1]),
         ({"use_sliding_window": True, "max_window_layers": 0, "layer_types": None}, [1, 1]),
         ({"use_sliding_window": False, "max_window_layers": 0, "layer_types": None}, [0, 0]),
-        ({"layer_types": ["sliding_attention", "full_attention"]}, [1, 0]),
+        (
+            {"layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True},
+            [1, 0],
+        ),
     ],
 )
 def test_qwen_windows_follow_layer_types_and_max_window_layers(tmp_path, config, windowed):
@@ -569,6 +572,12 @@ def test_qwen_windows_only_when_the_config_asks_for_them():
     assert pretrained.build({**asked, "max_window_layers": 1}).config.layer_windows == (None, 4096)
     nulled = {**asked, "max_window_layers": 1, "sliding_window": None}
     assert pretrained.build(nulled).config.layer_windows == ()
+    # Without `use_sliding_window` Qwen has no window, so a sliding layer is an error (as
+    # in transformers, whose mask then finds no window).
+    types = {**config, "sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]}
+    with pytest.raises(ValueError, match="and 'use_sliding_window': true for its sliding layers"):
+        pretrained.build(types)
+    assert pretrained.build({**types, "use_sliding_window": True}).config.layer_windows == (6, None)
 
 
 def test_fields_a_family_ignores_or_defaults_as_transformers_does(tmp_path):
@@ -590,3 +599,27 @@ def test_fields_a_family_ignores_or_defaults_as_transformers_does(tmp_path):
     folder = copy_checkpoint("llama-tiny", tmp_path / "dynamic", {"rope_parameters": rope})
     logits, _ = logits_and_attention(folder, expected("llama-tiny")["tokens"])
     np.testing.assert_allclose(logits, expected("llama-tiny")["logits"], atol=1e-4)
+
+
+def test_mlp_biases_are_llamas_and_neox_reads_its_own_rope_names():
+    """Only Llama reads `mlp_bias` (Mistral and Qwen build their MLP without biases);
+    GPT-NeoX takes its rope dict's share and base, else `rotary_pct` and
+    `rotary_emb_base`, never the top-level `partial_rotary_factor` or `rope_theta`; a null
+    top-level share counts as absent."""
+    llama = json.loads((HF / "llama-tiny" / "config.json").read_text())
+    for kind, wanted in (("llama", True), ("mistral", False), ("qwen2", False)):
+        assert (
+            pretrained.build({**llama, "model_type": kind, "mlp_bias": True}).config.mlp_bias
+            is wanted
+        )
+    neox = {**json.loads((HF / "neox-tiny" / "config.json").read_text()), "rope_parameters": None}
+    top = {**neox, "partial_rotary_factor": 0.5, "rope_theta": 7.0}
+    assert pretrained.build(top).config.rope.partial_factor == 0.25
+    assert pretrained.build(top).config.rope.theta == 10000.0
+    old = {**top, "rotary_pct": 0.75, "rotary_emb_base": 3.0}
+    assert (
+        pretrained.build(old).config.rope.partial_factor,
+        pretrained.build(old).config.rope.theta,
+    ) == (0.75, 3.0)
+    nulled = {**llama, "partial_rotary_factor": None}
+    assert pretrained.build(nulled).config.rope.partial_factor == 1.0

@@ -119,6 +119,50 @@ def test_a_rope_dicts_own_base_wins_over_the_top_level_one():
     """transformers 5 keeps `rope_theta` inside `rope_parameters`; a top-level one (older
     configs) only fills in when the dict names none."""
     inner = {"rope_parameters": {"rope_type": "default", "rope_theta": 5.0}, "rope_theta": 500.0}
-    assert rotary.Rope.from_hf(inner).theta == 5.0
+    assert rotary.Rope.from_hf(inner, ("default",)).theta == 5.0
     outer = {"rope_parameters": {"rope_type": "default"}, "rope_theta": 500.0}
-    assert rotary.Rope.from_hf(outer).theta == 500.0
+    assert rotary.Rope.from_hf(outer, ("default",)).theta == 500.0
+
+
+def yarn_rates(theta, dim, factor, original, fast=32.0, slow=1.0, truncate=True):
+    """YaRN's rates in closed form (arXiv 2309.00071, as transformers defines them): the
+    rates that turn more than `fast` times over the original length kept, fewer than
+    `slow` times divided by `factor`, blended linearly between."""
+    index = lambda turns: dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = index(fast), index(slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = np.clip((np.arange(dim // 2) - low) / (high - low + (0.001 if low == high else 0)), 0, 1)
+    rates = default_rates(theta, dim)
+    return rates / factor * ramp + rates * (1 - ramp)
+
+
+@pytest.mark.parametrize(
+    "params,config,dim,factor,attention",
+    [
+        ({"factor": 4.0, "beta_fast": 16.0}, {}, 16, 4.0, 0.1 * math.log(4) + 1),
+        ({"factor": 4.0, "beta_fast": 16.0, "truncate": False}, {}, 16, 4.0, 0.1 * math.log(4) + 1),
+        ({"factor": None}, {"max_position_embeddings": 128}, 16, 4.0, 0.1 * math.log(4) + 1),
+        (
+            {"factor": 8.0, "mscale": 1.0, "mscale_all_dim": 0.5},
+            {},
+            32,
+            8.0,
+            (0.1 * math.log(8) + 1) / (0.05 * math.log(8) + 1),
+        ),
+        ({"factor": 2.0, "attention_factor": 0.9}, {"partial_rotary_factor": 0.5}, 8, 2.0, 0.9),
+    ],
+)
+def test_yarn_rates_and_attention_factor(params, config, dim, factor, attention):
+    """Rates on a head of 16 features (8 of them turning with a partial factor of a half,
+    32 for the mscale case) against the closed form, ramp ends truncated or not; the
+    factor from the lengths when null; the attention factor 0.1 ln(s) + 1, a ratio of two
+    with mscale and mscale_all_dim, or as given."""
+    params = {"rope_type": "yarn", "original_max_position_embeddings": 32, **params}
+    rope = rotary.Rope.from_params(params, config, ("yarn",), 1e4)
+    head_dim = 32 if "mscale" in params else 16
+    truncate = params.get("truncate", True)
+    want = yarn_rates(1e4, dim, factor, 32, params.get("beta_fast", 32.0), truncate=truncate)
+    np.testing.assert_allclose(rope.inverse_frequencies(head_dim), want, rtol=1e-6)
+    assert rope.attention_factor == pytest.approx(attention, rel=1e-12)
