@@ -318,6 +318,19 @@ def test_unsupported_gguf_files_are_named(tmp_path, change, message):
             lambda w: w.add_rope_scaling_factor(8.0),
             r"phi3.rope.scaling.type must be 'none' or 'longrope', got 'linear' with factor 8.0",
         ),
+        (
+            "gemma2-pattern",
+            lambda w: w.add_rope_dimension_count(6),
+            r"gemma2.rope.dimension_count must equal gemma2.attention.key_length .*share of 0.5",
+        ),
+        (
+            "llama-tiny",
+            lambda w: (
+                w.add_sliding_window(8),
+                w.add_tensor("blk.0.attn_q.bias", np.zeros(32, np.float32)),
+            ),
+            r"a llama model with attention biases must have no llama.attention.sliding_window",
+        ),
     ],
 )
 def test_gguf_metadata_a_family_cannot_run_is_named(tmp_path, name, extra, message):

@@ -166,3 +166,12 @@ def test_yarn_rates_and_attention_factor(params, config, dim, factor, attention)
     want = yarn_rates(1e4, dim, factor, 32, params.get("beta_fast", 32.0), truncate=truncate)
     np.testing.assert_allclose(rope.inverse_frequencies(head_dim), want, rtol=1e-6)
     assert rope.attention_factor == pytest.approx(attention, rel=1e-12)
+
+
+def test_a_null_share_falls_back_to_the_next_place_that_gives_one():
+    """Null counts as absent: the rope dict's null share falls back to the top-level one,
+    a null top-level one to a whole head."""
+    name = "partial_rotary_factor"
+    assert rotary.partial_rotary_factor({name: None}, {name: 0.5}, name) == 0.5
+    assert rotary.partial_rotary_factor({}, {name: None}, name) == 1.0
+    assert rotary.partial_rotary_factor({name: 0.25}, {name: 0.5}, name) == 0.25
