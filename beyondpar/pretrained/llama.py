@@ -144,9 +144,9 @@ class LlamaBlock(nn.Module):
         if cfg.qk_norm:
             q = layers.RMSNorm(cfg.eps, name="q_norm")(q)
             k = layers.RMSNorm(cfg.eps, name="k_norm")(k)
-        inv_freq, scale = cfg.rope.inverse_frequencies(cfg.head_dim), cfg.rope.attention_factor
-        q = layers.rotate_half_split(q, inv_freq, scale)
-        k = layers.rotate_half_split(k, inv_freq, scale)
+        inv_freq = cfg.rope.inverse_frequencies(cfg.head_dim)
+        q = layers.rotate_half_split(q, inv_freq, cfg.rope.attention_factor)
+        k = layers.rotate_half_split(k, inv_freq, cfg.rope.attention_factor)
         v = heads(cfg.num_kv_heads, "v_proj")
         window = cfg.window(self.layer_index)
         scale = 1 / math.sqrt(cfg.head_dim)
