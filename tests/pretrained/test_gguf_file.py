@@ -397,3 +397,19 @@ def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path):
 def test_gguf_metadata_becomes_the_config_llama_cpp_runs(tmp_path, name, change, field, want):
     path = rewrite(export(HF / name, tmp_path / "model.gguf"), tmp_path, lambda r: dict(change))
     assert gguf_file.GgufFile(path).config()[field] == want
+
+
+def test_a_llama_file_turning_part_of_each_head_is_the_scaled_rope_that_reads_the_share(tmp_path):
+    """llama.cpp turns `rope.dimension_count` features of each head; transformers' Llama
+    turns part of a head only under a scaled rope (its default ignores the share). A file
+    with 4 of 8 features turning equals the Hugging Face copy with linear-by-1 and a
+    share of a half, and differs from the whole head turning."""
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf")
+    partial = rewrite(path, tmp_path, lambda reader: {"llama.rope.dimension_count": 4})
+    tokens = expected("llama-tiny")["tokens"]
+    got, _ = pretrained.apply_with_attention(*pretrained.load(partial)[:2], tokens)
+    rope = {"rope_type": "linear", "factor": 1.0, "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    folder = copy_checkpoint("llama-tiny", tmp_path, {"rope_parameters": rope})
+    want, _ = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.abs(np.asarray(got) - expected("llama-tiny")["logits"]).max() > 1e-2

@@ -98,3 +98,14 @@ def test_inverse_frequencies_in_float32_with_divisors():
     assert got.dtype == np.float32
     want = 1 / (np.asarray([1, 2, 4, 8]) * 10000.0 ** (np.arange(0, 8, 2) / 8))
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("theta,dim", [(1e4, 12), (1e4, 64), (5e5, 128), (1e6, 24), (100.0, 8)])
+def test_rotary_powers_are_float64_powers_rounded_once(theta, dim):
+    """theta^(2i / dim) from float32 exponents, each power rounded once from float64, bit
+    for bit (NumPy's own float32 power differs in the last bit of some of them)."""
+    exponents = (np.arange(0, dim, 2).astype(np.float32) / np.float32(dim)).astype(np.float64)
+    want = (np.float64(np.float32(theta)) ** exponents).astype(np.float32)
+    got = layers.rotary_powers(theta, dim)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
