@@ -68,6 +68,7 @@ def bidirectional(seed: int, t: int) -> np.ndarray:
 def test_kernels_match_matrix_powers(walk, kind, monkeypatch):
     if kind == "causal on the triangular path":
         monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
+        monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
     t, k = 12, 30
     mats = (
         causal(3, (3,), t)
@@ -265,6 +266,7 @@ def test_spectral_radius_is_max_diagonal_for_causal():
 def short_triangular(monkeypatch):
     """The triangular path for short operators too (by default only long ones take it)."""
     monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
+    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
 
 
 @pytest.mark.parametrize("t", [8, 13, 21, 40])  # tiles of 2, 4 (padded), 6 (padded), 10
@@ -276,6 +278,7 @@ def test_triangular_path_equals_the_dense_path(t, monkeypatch, short_triangular)
     assert metrics.triangular_tile(c) == -(-t // metrics.TRIANGULAR_TILES)
     tri, tri_signal = metrics.metrics_by_walk(c, 25, 30, 0.25, WALKS, signal=True)
     monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 10**9)
+    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 10**9)
     assert metrics.triangular_tile(c) is None
     dense, dense_signal = metrics.metrics_by_walk(c, 25, 30, 0.25, WALKS, signal=True)
     np.testing.assert_allclose(tri_signal, dense_signal, rtol=1e-12, atol=1e-15)
@@ -405,6 +408,28 @@ def test_triangular_path_only_for_causal_operators(short_triangular):
     assert metrics.triangular_tile(bidirectional(0, 12)) is None
     assert metrics.triangular_tile(causal(1, (2,), metrics.TRIANGULAR_MIN_TOKENS - 1)) is None
     assert jax.jit(lambda x: metrics.triangular_tile(x) is None)(c)  # traced: dense
+
+
+def test_the_sweep_goes_triangular_later_when_its_recursions_share_c(monkeypatch):
+    """On CPU the dense path streams c once a step for every recursion on it, so a sweep
+    of only the sink signal and the normalised walk stays dense longer; one with a
+    matrix of its own (the reference walk) or a single recursion does not."""
+    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 9)
+    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 17)
+    assert metrics._triangular_min_tokens(5, ("normalized",)) == 17
+    for horizon, walks in [(5, ("reference",)), (5, ("reference", "normalized")), (5, ())]:
+        assert metrics._triangular_min_tokens(horizon, walks) == 9
+    assert metrics._triangular_min_tokens(0, ("normalized",)) == 9
+    c = causal(2, (2,), 12)
+    compiled = []
+    real = metrics._sweep_jit
+    monkeypatch.setattr(
+        metrics, "_sweep_jit", lambda c, **kw: compiled.append(kw["tile"]) or real(c, **kw)
+    )
+    for walk in WALKS:
+        metrics.operator_metrics(c, horizon=6, max_steps=7, walk=walk)
+    metrics.hitting_time(c, 7, walk="normalized")
+    assert compiled == [3, None, 3]  # reference: tiles of 3; normalised: dense; one walk
 
 
 def test_metrics_by_walk_is_each_walks_metrics_from_one_pass():

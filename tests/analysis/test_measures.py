@@ -168,6 +168,7 @@ def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch):
     the kernel's number on its own head, its own mix, and on the graph without the sink
     token; the layer's causality is checked once for all of them."""
     monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
+    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
     attn = graphs.random_causal(9, (2, 3), 12)
     learned = np.asarray([0.5, 0.3, 0.2], np.float32)
     spec = measures.AnalysisSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False, sink_tokens=1)
@@ -218,6 +219,7 @@ def test_a_layer_with_a_head_that_reads_later_tokens_is_not_causal(monkeypatch):
     (beside a causal first head) sends every head and mix down the general path, and
     each field is that of its head or mix measured alone, without a hint."""
     monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
+    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
     attn = graphs.random_causal(4, (2, 3), 12)
     dense = np.random.default_rng(4).random((2, 12, 12)) ** 3
     attn[:, 1] = dense / dense.sum(-1, keepdims=True)
