@@ -432,6 +432,23 @@ def test_the_sweep_goes_triangular_later_when_its_recursions_share_c(monkeypatch
     assert compiled == [3, None, 3]  # reference: tiles of 3; normalised: dense; one walk
 
 
+def test_the_papers_length_takes_the_triangular_path_unless_its_recursions_share_c(monkeypatch):
+    """At the paper's T = 100 (measured on CPU: 1.2x for fidelity with the reference walk,
+    1.3x for a hitting time) causal attention skips its zeros; with only the sink signal
+    and the normalised walk on c the dense path stays (0.9x triangular), up to T = 128."""
+    compiled = []
+    real = metrics._sweep_jit
+    monkeypatch.setattr(
+        metrics, "_sweep_jit", lambda c, **kw: compiled.append(kw["tile"]) or real(c, **kw)
+    )
+    for t in (63, 64, 100, 128):
+        c = causal(t, (1,), t)
+        for walk in WALKS:
+            metrics.operator_metrics(c, horizon=2, max_steps=2, walk=walk)
+    assert compiled == [None, None, 16, None, 25, None, 32, 32]
+    assert metrics.triangular_tile(causal(1, (1,), 100)) == 25
+
+
 def test_metrics_by_walk_is_each_walks_metrics_from_one_pass():
     c = causal(4, (2, 3), 11)
     by_walk, signal = metrics.metrics_by_walk(c, 20, 15, 0.3, signal=True)
