@@ -2,11 +2,11 @@
 
 RMSNorm, SwiGLU, rotary embeddings with the feature halves paired (every feature; the
 first `partial_rotary_factor` of each head for the scaled rope types only, as transformers
-reads it), grouped-query attention (query head h reads kv
-head h // (H / H_kv)); q/k/v biases for Qwen2 or when `attention_bias` is set (not
-Mistral's), MLP biases by `mlp_bias` (Llama's only); Qwen3's
-RMSNorm over each head's q and k; sliding windows per layer; tied or separate output
-head; explicit `head_dim` honoured (Qwen3: 128 when absent).
+reads it), grouped-query attention (query head h reads kv head h // (H / H_kv)); q/k/v
+biases for Qwen2 or when `attention_bias` is set (not Mistral's), MLP biases by
+`mlp_bias` (Llama's only); Qwen3's RMSNorm over each head's q and k; sliding windows per
+layer; tied or separate output head; explicit `head_dim` honoured (Qwen3: 128 when
+absent).
 """
 
 from __future__ import annotations

@@ -91,10 +91,10 @@ class Rope:
         elif self.kind == "llama3":
             inv = self._llama3(inv)
         elif self.kind == "yarn":
-            inv = self._yarn(inv, layers.rotary_powers(self.theta, dim), dim)
+            inv = self._yarn_rates(inv, layers.rotary_powers(self.theta, dim), dim)
         return inv.astype(np.float32)
 
-    def _yarn(self, inv: np.ndarray, powers: np.ndarray, dim: int) -> np.ndarray:
+    def _yarn_rates(self, inv: np.ndarray, powers: np.ndarray, dim: int) -> np.ndarray:
         """YaRN: rates below the ramp interpolated (divided by `factor`), above it kept,
         blended linearly across it; in float32 in transformers' order of operations. The
         ramp's ends: the rates that turn `beta_fast` and `beta_slow` times over the
