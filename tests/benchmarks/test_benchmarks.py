@@ -233,3 +233,19 @@ def test_exp_rate_times_exponentials_that_stay_finite(monkeypatch):
     got = np.asarray(calls[0])
     assert got.shape[-1] * got.shape[0] == len(jax.local_devices()) * 256
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_copy_rate_counts_each_byte_read_and_written(monkeypatch):
+    """One in-place pass over `megabytes` split over the devices: each byte read and
+    written once."""
+    monkeypatch.setattr(machine, "best_time", lambda fn, repeats: 0.25)
+    assert machine.copy_bytes_per_s(1, megabytes=2) == pytest.approx(2 * 2 * 2**20 / 0.25)
+
+
+def test_train_row_prints_the_steps_tokens_per_second_and_both_floors(capsys):
+    row = {"jax": 10.0, "roofline": 4.0, "roofline_with_exp": 8.0, "torch": 25.0}
+    training._print_row(16, row, 5000)
+    line = capsys.readouterr().out
+    assert "10.0 ms/step" in line and " 500000 tokens/s" in line
+    assert "floor    4.0 ms (2.50x)" in line and "with exp    8.0 ms (1.25x)" in line
+    assert "PyTorch    25.0 ms (2.50x slower)" in line
