@@ -108,14 +108,34 @@ def keep_probability(rate: float) -> float:
     return 1.0 - _threshold(rate) / 2.0**32
 
 
-def causal_softmax(q, k) -> jax.Array:
-    """Attention probabilities B x H x T x T of (pre-scaled) queries and keys."""
-    t = q.shape[-2]
+QUERY_SPLIT_TOKENS_PER_HEAD_DIM = 8
+
+
+def query_blocks(tokens: int, head_dim: int) -> tuple[tuple[int, int], ...]:
+    """The (first, end) query rows training attention computes at a time.
+
+    Queries before row `end` read only keys before it, so the first half of the queries
+    skips the second half of the keys: the T x T tensors shrink by a quarter. That pays
+    where those tensors outweigh the T x Dh ones (small heads: 8 and 16 heads at the
+    paper's T = 100 and d = 64); with wide heads the second set of products costs more
+    than it saves, so they stay whole.
+    """
+    if tokens >= QUERY_SPLIT_TOKENS_PER_HEAD_DIM * head_dim:
+        return ((0, tokens // 2), (tokens // 2, tokens))
+    return ((0, tokens),)
+
+
+def causal_softmax(q, k, first_query: int = 0) -> jax.Array:
+    """Attention probabilities B x H x Q x K of (pre-scaled) queries and keys, where the
+    queries are rows first_query, first_query + 1, ... of the sequence and the keys its
+    first K tokens: query i reads keys up to first_query + i."""
+    rows, cols = q.shape[-2], k.shape[-2]
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)
     # -inf added above the diagonal rather than selected in: on CPU the addition joins the
     # product's fused pass instead of making a pass over B x H x T x T of its own. (A
     # non-finite future score now makes its row NaN; a select would have hidden it.)
-    future = jnp.where(jnp.tril(jnp.ones((t, t), bool)), 0, -jnp.inf).astype(scores.dtype)
+    past = jnp.tril(jnp.ones((rows, cols), bool), first_query)
+    future = jnp.where(past, 0, -jnp.inf).astype(scores.dtype)
     return jax.nn.softmax(scores + future, axis=-1)
 
 
@@ -126,43 +146,58 @@ def attend_with_dropout(q, k, v, seeds, rate: float) -> jax.Array:
 
     Its gradient is written out because it can skip a pass over the B x H x T x T tensors:
     the softmax's backward needs each row's sum of probability x gradient, which here is
-    the row of the output times its gradient (T x Dh, not T x T)."""
+    the row of the output times its gradient (T x Dh, not T x T). Both directions run over
+    `query_blocks`, each block against only the keys it can read."""
     return _attend_forward(q, k, v, seeds, rate)[0]
 
 
 def _attend_forward(q, k, v, seeds, rate):
-    probs = causal_softmax(q, k)
-    kept = kept_elements(seeds, probs.shape[-1], rate)
-    out = jnp.einsum("bhqk,bhkd->bhqd", jnp.where(kept, probs, 0), v)
-    return out, (q, k, v, seeds, probs, out)
+    outs, probs = [], []
+    for first, end in query_blocks(q.shape[-2], q.shape[-1]):
+        block_probs = causal_softmax(q[..., first:end, :], k[..., :end, :], first)
+        kept = kept_elements(seeds[..., first:end], end, rate)
+        outs.append(jnp.einsum("bhqk,bhkd->bhqd", jnp.where(kept, block_probs, 0), v[..., :end, :]))
+        probs.append(block_probs)
+    out = jnp.concatenate(outs, axis=-2)
+    return out, (q, k, v, seeds, tuple(probs), out)
 
 
 def _attend_backward(rate, residuals, d_out):
     q, k, v, seeds, probs, out = residuals
-    kept = kept_elements(seeds, probs.shape[-1], rate)
-    d_v = _contract_rows(jnp.where(kept, probs, 0), d_out)
-    d_kept = jnp.einsum("bhqd,bhkd->bhqk", d_out, v)
+    tokens = q.shape[-2]
     # Softmax backward: probs * (d_probs - rowsum(probs * d_probs)), and that row sum is
     # rowsum(kept probs * (d_out . v)) = d_out . out. Masked entries have probability 0,
     # so the causal mask needs no gradient of its own.
     row = jnp.sum(d_out * out, axis=-1, keepdims=True)
-    d_scores = probs * (jnp.where(kept, d_kept, 0) - row)
-    d_q = jnp.einsum("bhqk,bhkd->bhqd", d_scores, k)
-    d_k = _contract_rows(d_scores, q)
+    d_q, d_k_by_block, d_v_by_block = [], [], []
+    for (first, end), block_probs in zip(query_blocks(tokens, q.shape[-1]), probs, strict=True):
+        kept = kept_elements(seeds[..., first:end], end, rate)
+        block_d_out = d_out[..., first:end, :]
+        d_v_by_block.append(_contract_rows(jnp.where(kept, block_probs, 0), block_d_out, tokens))
+        d_kept = jnp.einsum("bhqd,bhkd->bhqk", block_d_out, v[..., :end, :])
+        d_scores = block_probs * (jnp.where(kept, d_kept, 0) - row[..., first:end, :])
+        d_q.append(jnp.einsum("bhqk,bhkd->bhqd", d_scores, k[..., :end, :]))
+        d_k_by_block.append(_contract_rows(d_scores, q[..., first:end, :], tokens))
+    d_q = jnp.concatenate(d_q, axis=-2)
+    # Summed transposed (B x H x Dh x T), as `_contract_rows` leaves them, then turned once.
+    d_k = functools.reduce(jnp.add, d_k_by_block).swapaxes(-1, -2)
+    d_v = functools.reduce(jnp.add, d_v_by_block).swapaxes(-1, -2)
     # Each input's own dtype: queries may be wider than keys and values (x64 scaling).
     return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
 
 
-def _contract_rows(square, narrow) -> jax.Array:
-    """einsum("bhqk,bhqd->bhkd", square, narrow): a B x H x T x T tensor's columns times
-    a B x H x T x Dh one, summed over their rows (the gradients of values and keys).
+def _contract_rows(wide, narrow, keys: int) -> jax.Array:
+    """einsum("bhqk,bhqd->bhdk", wide, narrow) zero-padded to `keys` columns: a B x H x Q x K
+    tensor's columns times a B x H x Q x Dh one, summed over their rows (the gradients of
+    values and keys from one query block), left transposed.
 
     XLA's CPU dot runs this form, the wide operand contracted over its rows, several times
     slower than the same sums with the narrow operand first (3x at 16 heads of 4 dims).
-    The barrier keeps its simplifier from folding the small transpose after the product
-    back into the slow form; on accelerators it costs one transpose of B x H x T x Dh."""
-    product = jnp.einsum("bhqd,bhqk->bhdk", narrow, square)
-    return lax.optimization_barrier(product).swapaxes(-1, -2)
+    The barrier keeps its simplifier from folding a transpose after the product back into
+    the slow form; the caller transposes once, after summing the blocks."""
+    product = lax.optimization_barrier(jnp.einsum("bhqd,bhqk->bhdk", narrow, wide))
+    padding = [(0, 0)] * (product.ndim - 1) + [(0, keys - product.shape[-1])]
+    return jnp.pad(product, padding)
 
 
 attend_with_dropout.defvjp(_attend_forward, _attend_backward)

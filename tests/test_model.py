@@ -193,11 +193,19 @@ def _attention_by_autodiff(q, k, v, seeds, rate):
 
 
 @pytest.mark.parametrize(
-    "rate, shape", [(0.3, (3, 2, 7, 4)), (0.6, (2, 3, 5, 3)), (0.0, (1, 1, 6, 2))]
+    "rate, shape",
+    [
+        (0.3, (3, 2, 7, 4)),
+        (0.6, (2, 3, 5, 3)),
+        (0.0, (1, 1, 6, 2)),
+        (0.3, (2, 3, 9, 1)),  # query halves of 4 and 5 rows
+        (0.2, (1, 2, 16, 2)),  # query halves of 8 rows
+    ],
 )
 def test_attention_gradient_written_out_matches_autodiff(rate, shape):
-    """The hand-written backward (the row sums from the output, no causal-mask gradient)
-    against JAX's own differentiation of the same attention, in float64."""
+    """The hand-written backward (the row sums from the output, no causal-mask gradient,
+    query blocks against the keys they read) against JAX's own differentiation of the
+    same attention over the whole T x T, in float64."""
     q, k, v, seeds = _attention_inputs(*shape)
     weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float64)
 
@@ -205,7 +213,11 @@ def test_attention_gradient_written_out_matches_autodiff(rate, shape):
         return lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, seeds, rate)) * weights)
 
     fused = model.attend_with_dropout(q, k, v, seeds, rate)
-    np.testing.assert_array_equal(fused, _attention_by_autodiff(q, k, v, seeds, rate))
+    plain = _attention_by_autodiff(q, k, v, seeds, rate)
+    if len(model.query_blocks(shape[2], shape[3])) == 1:
+        np.testing.assert_array_equal(fused, plain)
+    else:  # shorter rows sum in another order
+        np.testing.assert_allclose(fused, plain, rtol=1e-13, atol=1e-14)
     want = jax.grad(loss(_attention_by_autodiff), (0, 1, 2))(q, k, v)
     got = jax.grad(loss(model.attend_with_dropout), (0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):
@@ -254,11 +266,14 @@ def _products_and_barriers(jaxpr):
                 yield from _products_and_barriers(inner)
 
 
-def test_gradient_products_keep_the_wide_operand_on_the_right():
-    """The value and key gradients sum a T x T tensor over its rows. As the left operand of
+@pytest.mark.parametrize("tokens, head_dim", [(7, 1), (40, 2)])
+def test_gradient_products_keep_the_wide_operand_on_the_right(tokens, head_dim):
+    """The value and key gradients sum a Q x K tensor over its rows. As the left operand of
     such a product it runs several times slower on CPU, so the backward pass puts it on the
-    right and keeps XLA from swapping it back with a barrier on each product."""
-    q, k, v, seeds = _attention_inputs(t=7, d=4)
+    right and keeps XLA from swapping it back with a barrier on each product, in every
+    query block."""
+    q, k, v, seeds = _attention_inputs(t=tokens, d=head_dim)
+    blocks = len(model.query_blocks(tokens, head_dim))
     grad = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
     eqns = list(_products_and_barriers(jax.make_jaxpr(grad)(q, k, v).jaxpr))
     over_rows = []
@@ -266,22 +281,52 @@ def test_gradient_products_keep_the_wide_operand_on_the_right():
         if e.primitive.name != "dot_general":
             continue
         (contract_l, contract_r), _ = e.params["dimension_numbers"]
-        shapes = [x.aval.shape[-2:] for x in e.invars]
-        assert not (shapes[0] == (7, 7) and contract_l == (2,)), "wide operand on the left"
-        if shapes[1] == (7, 7) and contract_r == (2,):
+        wide = [min(x.aval.shape[-2:]) > 4 for x in e.invars]
+        assert not (wide[0] and contract_l == (2,)), "wide operand on the left"
+        if wide[1] and contract_r == (2,):
             over_rows.append(e.outvars[0])
     barriers = [e for e in eqns if e.primitive.name == "optimization_barrier"]
-    assert len(over_rows) == 2 and len(barriers) == 2
+    assert len(over_rows) == 2 * blocks and len(barriers) == 2 * blocks
     assert {b.invars[0] for b in barriers} == set(over_rows)
 
 
-def test_contract_rows_is_the_plain_product():
-    square = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 6, 6), jnp.float64)
-    narrow = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 6, 4), jnp.float64)
-    got = model._contract_rows(square, narrow)
-    assert got.shape == (2, 3, 6, 4)
-    want = np.einsum("bhqk,bhqd->bhkd", np.asarray(square), np.asarray(narrow))
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+def test_contract_rows_is_the_plain_product_transposed_and_padded():
+    """A block of 4 query rows against its first 5 keys, padded to all 7 keys."""
+    wide = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4, 5), jnp.float64)
+    narrow = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 4, 6), jnp.float64)
+    got = np.asarray(model._contract_rows(wide, narrow, 7))
+    assert got.shape == (2, 3, 6, 7)
+    want = np.einsum("bhqk,bhqd->bhdk", np.asarray(wide), np.asarray(narrow))
+    np.testing.assert_allclose(got[..., :5], want, rtol=1e-12, atol=1e-12)
+    assert np.all(got[..., 5:] == 0)
+
+
+@pytest.mark.parametrize(
+    "tokens, head_dim, want",
+    [
+        (100, 64, ((0, 100),)),  # the paper's 1 head
+        (100, 16, ((0, 100),)),  # 4 heads
+        (100, 8, ((0, 50), (50, 100))),  # 8 heads
+        (100, 4, ((0, 50), (50, 100))),  # 16 heads
+        (15, 2, ((0, 15),)),
+        (16, 2, ((0, 8), (8, 16))),
+        (17, 2, ((0, 8), (8, 17))),
+        (1, 1, ((0, 1),)),
+    ],
+)
+def test_query_blocks_split_in_halves_from_eight_tokens_per_head_dimension(tokens, head_dim, want):
+    assert model.query_blocks(tokens, head_dim) == want
+
+
+def test_causal_softmax_of_later_queries_reads_keys_up_to_each_one():
+    """Queries 3..5 of a sequence against its first 6 keys: the same rows as the whole
+    sequence's attention, cut at key 6."""
+    q, k, _, _ = _attention_inputs(b=2, h=3, t=9, d=5, seed=6)
+    whole = np.asarray(model.causal_softmax(q, k))
+    got = np.asarray(model.causal_softmax(q[..., 3:6, :], k[..., :6, :], 3))
+    assert got.shape == (2, 3, 3, 6)
+    np.testing.assert_allclose(got, whole[..., 3:6, :6], rtol=1e-13, atol=1e-15)
+    assert np.all(whole[..., 3:6, 6:] == 0)
 
 
 def test_training_attention_drops_probabilities_and_scales_the_values(monkeypatch):

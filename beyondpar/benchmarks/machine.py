@@ -48,6 +48,18 @@ def cache_bytes_per_s(repeats: int, kilobytes: int = 800, passes: int = 256) -> 
     return 2 * passes * block.nbytes / seconds
 
 
+def exp_per_s(repeats: int, kilobytes: int = 256, passes: int = 64) -> float:
+    """Exponentials per second over all local devices: `passes` passes of x -> exp(-x)
+    over a cache-resident float32 block of `kilobytes` per device, inside one call. The
+    softmax's exponentials run at this rate, not at the copy bandwidth (the values stay
+    in [exp(-1), 1], so no pass takes a slow path for infinities or subnormals)."""
+    devices = len(jax.local_devices())
+    block = parallel.split_over_devices(np.ones((devices, kilobytes * 256), np.float32))
+    decay = jax.jit(lambda a: lax.fori_loop(0, passes, lambda _, x: jnp.exp(-x), a))
+    seconds = best_time(lambda: decay(block), repeats)
+    return passes * block.size / seconds
+
+
 def peak_rss_gb() -> float:
     """Peak resident memory of this process so far (GB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux

@@ -10,6 +10,11 @@ softmax, the probabilities written and read by the value product; backward, the
 probability gradient is written and read with the probabilities, the score gradient
 written and read by the query and key products, and the probabilities read by the value
 product (dropout masks are recomputed from their key, not stored).
+
+On CPU the softmax's exponentials, one per attention element, cost more than a pass over
+them, so a second floor adds them at the machine's exponential rate
+(`machine.exp_per_s`): the first floor is what a memory-bound step could reach, the
+second what one that also pays for its exponentials could.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from beyondpar import tasks
 from beyondpar.base import parallel
 from beyondpar.base.timing import best_time
 from beyondpar.benchmarks import step_profile, torch_baseline
-from beyondpar.benchmarks.machine import copy_bytes_per_s, matmul_flops_per_s
+from beyondpar.benchmarks.machine import copy_bytes_per_s, exp_per_s, matmul_flops_per_s
 from beyondpar.study import train
 
 ATTENTION_PASSES = 11
@@ -38,15 +43,31 @@ def train_step_flops(cfg, batch: int, t: int) -> float:
     return 3 * (layers * per_layer + 2 * batch * t * d * v)
 
 
+def attention_elements(cfg, batch: int, t: int) -> int:
+    """Elements of the step's attention tensors: B x H x T x T per layer."""
+    return cfg.num_layers * batch * cfg.num_heads * t * t
+
+
 def attention_bytes(cfg, batch: int, t: int) -> float:
-    """Bytes the step moves over attention tensors: ATTENTION_PASSES per layer."""
-    return ATTENTION_PASSES * cfg.num_layers * batch * cfg.num_heads * t * t * 4
+    """Bytes the step moves over attention tensors: ATTENTION_PASSES float32 passes."""
+    return ATTENTION_PASSES * attention_elements(cfg, batch, t) * 4
 
 
-def roofline_ms(cfg, batch: int, t: int, flops_per_s: float, bytes_per_s: float) -> float:
-    return 1e3 * (
-        train_step_flops(cfg, batch, t) / flops_per_s + attention_bytes(cfg, batch, t) / bytes_per_s
-    )
+def roofline_ms(
+    cfg,
+    batch: int,
+    t: int,
+    flops_per_s: float,
+    bytes_per_s: float,
+    exps_per_s: float | None = None,
+) -> float:
+    """The step's floor: FLOPs at the matmul rate plus attention passes at the copy
+    bandwidth, plus one exponential per attention element when `exps_per_s` is given."""
+    seconds = train_step_flops(cfg, batch, t) / flops_per_s
+    seconds += attention_bytes(cfg, batch, t) / bytes_per_s
+    if exps_per_s is not None:
+        seconds += attention_elements(cfg, batch, t) / exps_per_s
+    return 1e3 * seconds
 
 
 def jax_step_ms(cfg, mesh, examples: tasks.Examples, repeats: int) -> float:
@@ -80,17 +101,18 @@ def _jax_step(cfg, mesh, examples: tasks.Examples):
 
 def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int = 100):
     """Milliseconds per train step at the paper's size per head count: JAX, PyTorch with
-    as many threads as JAX has devices, and the roofline floor; a line per head count,
-    then where the smallest head count's step goes (`step_profile`)."""
+    as many threads as JAX has devices, and both roofline floors; a line per head count,
+    then where the smallest and the largest head count's steps go (`step_profile`)."""
     mesh = parallel.data_mesh()
-    rate, bandwidth = matmul_flops_per_s(repeats), copy_bytes_per_s(repeats)
+    rates = (matmul_flops_per_s(repeats), copy_bytes_per_s(repeats), exp_per_s(repeats))
+    rate, bandwidth, exps = rates
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), batch, t, 256)
     cfg = model_lib.ModelConfig(max_len=t)
     with_torch = torch_baseline.available()
     print(f"batch {batch}, T={t}, d=64, 4 layers, {mesh.size} device(s)")
     print(
         f"step {train_step_flops(cfg, batch, t) / 1e9:.2f} GFLOP; matmul {rate / 1e9:.0f} GFLOP/s; "
-        f"copy {bandwidth / 1e9:.1f} GB/s; "
+        f"copy {bandwidth / 1e9:.1f} GB/s; exp {exps / 1e9:.2f} G/s; "
         + ("PyTorch " if with_torch else "PyTorch baseline: skipped (pip install torch)")
         + (f"{_torch_version()} with {mesh.size} thread(s)" if with_torch else "")
     )
@@ -99,6 +121,7 @@ def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int =
         cfg = model_lib.ModelConfig(num_heads=h, max_len=t)
         row = {"jax": jax_step_ms(cfg, mesh, examples, repeats)}
         row["roofline"] = roofline_ms(cfg, batch, t, rate, bandwidth)
+        row["roofline_with_exp"] = roofline_ms(cfg, batch, t, rate, bandwidth, exps)
         if with_torch:
             inputs, targets = np.asarray(examples.inputs), np.asarray(examples.targets)
             row["torch"] = 1e3 * torch_baseline.step_seconds(
@@ -106,17 +129,19 @@ def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int =
             )
         rows[str(h)] = row
         _print_row(h, row, batch * t)
-    result = _result(rows, mesh.size, rate, bandwidth, cfg, batch, t)
-    smallest = min(heads)
-    profile = step_profile_ms(model_lib.ModelConfig(num_heads=smallest, max_len=t), mesh, examples)
-    _print_profile(smallest, profile, rows[str(smallest)]["jax"])
-    result["step_profile_heads"], result["step_profile_ms"] = smallest, profile
+    result = _result(rows, mesh.size, rates, cfg, batch, t)
+    result["step_profiles_ms"] = {}
+    for h in sorted({min(heads), max(heads)}):
+        cfg = model_lib.ModelConfig(num_heads=h, max_len=t)
+        profile = step_profile_ms(cfg, mesh, examples)
+        _print_profile(h, profile, rows[str(h)]["jax"])
+        result["step_profiles_ms"][str(h)] = profile
     print(json.dumps(result))
     return result
 
 
 def _print_profile(h: int, profile: dict, step_ms: float) -> None:
-    """Where the smallest step goes. A device runs independent operations at once, so its
+    """Where a step goes. A device runs independent operations at once, so its
     operations' times add up to more than the step: they are shown as shares."""
     busy = sum(profile.values())
     print(f"H={h} step ({step_ms:.1f} ms) by kind of work, share of the operations' time:")
@@ -133,18 +158,23 @@ def _torch_version() -> str:
 def _print_row(h: int, row: dict, tokens: int) -> None:
     line = f"H={h:>2}: {row['jax']:7.1f} ms/step {tokens / row['jax'] * 1e3:9.0f} tokens/s"
     line += f"; floor {row['roofline']:6.1f} ms ({row['jax'] / row['roofline']:4.2f}x)"
+    with_exp = row["roofline_with_exp"]
+    line += f", with exp {with_exp:6.1f} ms ({row['jax'] / with_exp:4.2f}x)"
     if "torch" in row:
         line += f"; PyTorch {row['torch']:7.1f} ms ({row['torch'] / row['jax']:4.2f}x slower)"
     print(line, flush=True)
 
 
-def _result(rows: dict, devices: int, rate: float, bandwidth: float, cfg, batch, t) -> dict:
+def _result(rows: dict, devices: int, rates: tuple, cfg, batch, t) -> dict:
+    """The JSON line: `rates` are the machine's (matmul FLOP/s, copy bytes/s, exp/s)."""
+    rate, bandwidth, exps = rates
     flops = train_step_flops(cfg, batch, t)
     ms = {h: r["jax"] for h, r in rows.items()}
     result = {
         "devices": devices,
         "matmul_gflops": rate / 1e9,
         "copy_gb_per_s": bandwidth / 1e9,
+        "exp_g_per_s": exps / 1e9,
         "step_gflop": flops / 1e9,
         "floor_ms": 1e3 * flops / rate,  # FLOPs alone
         "attention_passes": ATTENTION_PASSES,
@@ -153,6 +183,8 @@ def _result(rows: dict, devices: int, rate: float, bandwidth: float, cfg, batch,
         "tokens_per_s": {h: batch * t / (v / 1e3) for h, v in ms.items()},
         "x_floor": {h: v / (1e3 * flops / rate) for h, v in ms.items()},
         "x_roofline": {h: r["jax"] / r["roofline"] for h, r in rows.items()},
+        "roofline_with_exp_ms": {h: r["roofline_with_exp"] for h, r in rows.items()},
+        "x_roofline_with_exp": {h: r["jax"] / r["roofline_with_exp"] for h, r in rows.items()},
         "ratio_16_to_1": ms["16"] / ms["1"] if {"1", "16"} <= ms.keys() else None,
     }
     if all("torch" in r for r in rows.values()):

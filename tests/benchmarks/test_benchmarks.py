@@ -54,6 +54,18 @@ def test_roofline_floor_of_the_papers_step():
     assert training.attention_bytes(one, 50, 100) * 8 == passes
 
 
+def test_roofline_floor_with_the_softmaxs_exponentials():
+    """The second floor adds one exponential per attention element, B x H x T x T per
+    layer, at the exponential rate, to the first."""
+    cfg = model.ModelConfig(num_heads=16, num_layers=3, max_len=20)
+    elements = 3 * 7 * 16 * 20 * 20
+    assert training.attention_elements(cfg, 7, 20) == elements
+    assert training.attention_bytes(cfg, 7, 20) == training.ATTENTION_PASSES * elements * 4
+    plain = training.roofline_ms(cfg, 7, 20, 2e11, 1e10)
+    got = training.roofline_ms(cfg, 7, 20, 2e11, 1e10, exps_per_s=5e9)
+    assert got - plain == pytest.approx(1e3 * elements / 5e9, rel=1e-9)
+
+
 def test_bandwidth_bound_of_the_metric_recursions():
     """Every matrix entry read once per step; the bound is those bytes at the cache rate,
     and its flop rate over the matmul rate."""
@@ -115,15 +127,24 @@ def test_suites_report_their_ratios(capsys):
         assert products[name] == pytest.approx(
             4 * 100**3 / (reads * 1e-6) / (r["matmul_gflops"] * 1e9), rel=1e-6
         )
-    t = training.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
-    assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
-    # Where the smallest step goes: both passes' matmuls, and the gradients summed over
-    # the test's four devices.
-    assert t["step_profile_heads"] == 1
-    kinds = t["step_profile_ms"]
-    assert {"forward: matmuls", "backward: matmuls"} <= set(kinds)
-    assert any(kind.startswith("gradient all-reduce") for kind in kinds)
-    assert all(ms > 0 for ms in kinds.values())
+    t = training.train_suite(repeats=1, heads=(1, 2, 4), batch=8, t=16)
+    assert set(t["ms_per_step"]) == {"1", "2", "4"} and t["floor_ms"] > 0
+    for h, floor in t["roofline_ms"].items():
+        cfg = model.ModelConfig(num_heads=int(h), max_len=16)
+        gflops, gbytes, gexps = t["matmul_gflops"], t["copy_gb_per_s"], t["exp_g_per_s"]
+        want = training.roofline_ms(cfg, 8, 16, gflops * 1e9, gbytes * 1e9)
+        assert floor == pytest.approx(want, rel=1e-9)
+        with_exp = training.roofline_ms(cfg, 8, 16, gflops * 1e9, gbytes * 1e9, gexps * 1e9)
+        assert t["roofline_with_exp_ms"][h] == pytest.approx(with_exp, rel=1e-9)
+        ms = t["ms_per_step"][h]
+        assert t["x_roofline_with_exp"][h] == pytest.approx(ms / with_exp, rel=1e-9)
+    # Where the smallest and the largest steps go: both passes' matmuls, and the gradients
+    # summed over the test's four devices.
+    assert set(t["step_profiles_ms"]) == {"1", "4"}
+    for kinds in t["step_profiles_ms"].values():
+        assert {"forward: matmuls", "backward: matmuls"} <= set(kinds)
+        assert any(kind.startswith("gradient all-reduce") for kind in kinds)
+        assert all(ms > 0 for ms in kinds.values())
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith('{"devices"')
 
@@ -190,3 +211,41 @@ def test_cache_rate_counts_each_pass_reading_and_writing_the_block(monkeypatch):
     devices = len(jax.local_devices())
     rate = machine.cache_bytes_per_s(1, kilobytes=3, passes=5)
     assert rate == pytest.approx(2 * 5 * devices * 3 * 1024 / 0.25, rel=1e-12)
+
+
+def test_exp_rate_counts_every_exponential_of_every_pass(monkeypatch):
+    """`passes` passes over `kilobytes` of float32 per device, one exponential each."""
+    monkeypatch.setattr(machine, "best_time", lambda fn, repeats: 0.5)
+    devices = len(jax.local_devices())
+    rate = machine.exp_per_s(1, kilobytes=3, passes=7)
+    assert rate == pytest.approx(7 * devices * 3 * 256 / 0.5, rel=1e-12)
+
+
+def test_exp_rate_times_exponentials_that_stay_finite(monkeypatch):
+    """The timed call repeats x -> exp(-x) from ones: after the passes the block holds that
+    iterate (near the fixed point 0.567), not infinities or subnormals."""
+    calls = []
+    monkeypatch.setattr(machine, "best_time", lambda fn, repeats: calls.append(fn()) or 1.0)
+    machine.exp_per_s(1, kilobytes=1, passes=5)
+    want = 1.0
+    for _ in range(5):
+        want = np.exp(-want)
+    got = np.asarray(calls[0])
+    assert got.shape[-1] * got.shape[0] == len(jax.local_devices()) * 256
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_copy_rate_counts_each_byte_read_and_written(monkeypatch):
+    """One in-place pass over `megabytes` split over the devices: each byte read and
+    written once."""
+    monkeypatch.setattr(machine, "best_time", lambda fn, repeats: 0.25)
+    assert machine.copy_bytes_per_s(1, megabytes=2) == pytest.approx(2 * 2 * 2**20 / 0.25)
+
+
+def test_train_row_prints_the_steps_tokens_per_second_and_both_floors(capsys):
+    row = {"jax": 10.0, "roofline": 4.0, "roofline_with_exp": 8.0, "torch": 25.0}
+    training._print_row(16, row, 5000)
+    line = capsys.readouterr().out
+    assert "10.0 ms/step" in line and " 500000 tokens/s" in line
+    assert "floor    4.0 ms (2.50x)" in line and "with exp    8.0 ms (1.25x)" in line
+    assert "PyTorch    25.0 ms (2.50x slower)" in line
