@@ -41,10 +41,7 @@ def cache_bytes_per_s(repeats: int, kilobytes: int = 800, passes: int = 256) -> 
     `kilobytes` per local device, inside one call: the block stays in each core's cache,
     so this is the rate at which a core streams a cache-resident working set (the metric
     kernels' cache block of two 100 x 100 operators per matrix is 800 KB)."""
-    devices = len(jax.local_devices())
-    block = parallel.split_over_devices(np.ones((devices, kilobytes * 256), np.float32))
-    stream = jax.jit(lambda a: lax.fori_loop(0, passes, lambda _, x: x * 0.5 + 0.5, a))
-    seconds = best_time(lambda: stream(block), repeats)
+    seconds, block = _in_cache_passes(repeats, kilobytes, passes, lambda x: x * 0.5 + 0.5)
     return 2 * passes * block.nbytes / seconds
 
 
@@ -53,11 +50,17 @@ def exp_per_s(repeats: int, kilobytes: int = 256, passes: int = 64) -> float:
     over a cache-resident float32 block of `kilobytes` per device, inside one call. The
     softmax's exponentials run at this rate, not at the copy bandwidth (the values stay
     in [exp(-1), 1], so no pass takes a slow path for infinities or subnormals)."""
+    seconds, block = _in_cache_passes(repeats, kilobytes, passes, lambda x: jnp.exp(-x))
+    return passes * block.size / seconds
+
+
+def _in_cache_passes(repeats: int, kilobytes: int, passes: int, step):
+    """(best seconds of one call applying `step` `passes` times to a float32 block of
+    ones, `kilobytes` per local device; that block)."""
     devices = len(jax.local_devices())
     block = parallel.split_over_devices(np.ones((devices, kilobytes * 256), np.float32))
-    decay = jax.jit(lambda a: lax.fori_loop(0, passes, lambda _, x: jnp.exp(-x), a))
-    seconds = best_time(lambda: decay(block), repeats)
-    return passes * block.size / seconds
+    run = jax.jit(lambda a: lax.fori_loop(0, passes, lambda _, x: step(x), a))
+    return best_time(lambda: run(block), repeats), block
 
 
 def peak_rss_gb() -> float:
