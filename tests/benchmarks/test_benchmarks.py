@@ -249,3 +249,22 @@ def test_train_row_prints_the_steps_tokens_per_second_and_both_floors(capsys):
     assert "10.0 ms/step" in line and " 500000 tokens/s" in line
     assert "floor    4.0 ms (2.50x)" in line and "with exp    8.0 ms (1.25x)" in line
     assert "PyTorch    25.0 ms (2.50x slower)" in line
+
+
+def test_train_result_reports_ratios_of_the_measured_steps():
+    """The JSON line's ratios are step over floor and 16 heads over 1, each way round."""
+    cfg = model.ModelConfig(max_len=16)
+    rows = {
+        "1": {"jax": 10.0, "roofline": 5.0, "roofline_with_exp": 8.0},
+        "16": {"jax": 30.0, "roofline": 12.0, "roofline_with_exp": 20.0},
+    }
+    r = training._result(rows, 2, (2e11, 1e10, 5e9), cfg, 8, 16)
+    assert r["ratio_16_to_1"] == pytest.approx(3.0)
+    assert r["x_roofline"] == pytest.approx({"1": 2.0, "16": 2.5})
+    assert r["x_roofline_with_exp"] == pytest.approx({"1": 1.25, "16": 1.5})
+    assert r["exp_g_per_s"] == pytest.approx(5.0) and r["copy_gb_per_s"] == pytest.approx(10.0)
+    assert r["tokens_per_s"]["16"] == pytest.approx(8 * 16 / 0.030)
+    assert (
+        training._result({"1": rows["1"]}, 2, (2e11, 1e10, 5e9), cfg, 8, 16)["ratio_16_to_1"]
+        is None
+    )
