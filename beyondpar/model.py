@@ -321,6 +321,16 @@ def unembed(module: Transformer, params, x_BxTxD) -> jax.Array:
 def init_params(module: Transformer, key: jax.Array, seq_len: int | None = None):
     """Parameters for `module` from `key` (a dummy batch of one sequence)."""
     tokens = jnp.zeros((1, seq_len or module.config.max_len), jnp.int32)
+    # The head count and dropout do not change the parameters: one program serves them all.
+    shapes_only = dataclasses.replace(module.config, num_heads=1, dropout_rate=0.0)
+    return _init_params(Transformer(shapes_only), key, tokens)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(module: Transformer, key, tokens):
+    """`module.init`'s parameters, jitted: run op by op, a fresh process spent seconds
+    compiling the initialisers' small operations one at a time. (The paper's sizes get
+    the same bits; other sizes may differ in the last bit of a normal sample.)"""
     return module.init(key, tokens)["params"]
 
 

@@ -19,6 +19,27 @@ def test_parameter_count_is_the_same_for_every_head_count():
     assert set(counts.values()) == {172_800}
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(num_heads=4, dropout_rate=0.3, **SMALL),
+        dict(num_heads=2, dropout_rate=0.0, vocab_size=7, embed_dim=8, num_layers=3, mlp_dim=5),
+    ],
+)
+def test_init_params_are_modules_own_initialisation(config):
+    """`init_params` jits one program for every head count and dropout rate: its values
+    are the module's own `init` for the module's sizes (to the last bit of the normal
+    samples' float32 rounding, which XLA's fused code may place differently)."""
+    module = model.Transformer(model.ModelConfig(**config))
+    key = jax.random.PRNGKey(5)
+    got = model.init_params(module, key, 9)
+    want = module.init(key, jnp.zeros((1, 9), jnp.int32))["params"]
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_max_ulp(np.asarray(a), np.asarray(b), maxulp=2)
+
+
 @pytest.mark.parametrize("heads", [1, 4])
 def test_logits_do_not_depend_on_later_tokens(heads):
     module = model.Transformer(model.ModelConfig(num_heads=heads, **SMALL))

@@ -127,8 +127,8 @@ def test_suites_report_their_ratios(capsys):
         assert products[name] == pytest.approx(
             4 * 100**3 / (reads * 1e-6) / (r["matmul_gflops"] * 1e9), rel=1e-6
         )
-    t = training.train_suite(repeats=1, heads=(1, 2, 4), batch=8, t=16)
-    assert set(t["ms_per_step"]) == {"1", "2", "4"} and t["floor_ms"] > 0
+    t = training.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
+    assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
     for h, floor in t["roofline_ms"].items():
         cfg = model.ModelConfig(num_heads=int(h), max_len=16)
         gflops, gbytes, gexps = t["matmul_gflops"], t["copy_gb_per_s"], t["exp_g_per_s"]
