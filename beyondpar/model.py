@@ -186,6 +186,9 @@ def _attend_backward(rate, residuals, d_out):
     return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
 
 
+CONTRACT_BY_SUM_HEAD_DIM = 4
+
+
 def _contract_rows(wide, narrow, keys: int) -> jax.Array:
     """einsum("bhqk,bhqd->bhdk", wide, narrow) zero-padded to `keys` columns: a B x H x Q x K
     tensor's columns times a B x H x Q x Dh one, summed over their rows (the gradients of
@@ -194,8 +197,14 @@ def _contract_rows(wide, narrow, keys: int) -> jax.Array:
     XLA's CPU dot runs this form, the wide operand contracted over its rows, several times
     slower than the same sums with the narrow operand first (3x at 16 heads of 4 dims).
     The barrier keeps its simplifier from folding a transpose after the product back into
-    the slow form; the caller transposes once, after summing the blocks."""
-    product = lax.optimization_barrier(jnp.einsum("bhqd,bhqk->bhdk", narrow, wide))
+    the slow form; the caller transposes once, after summing the blocks. Heads of at most
+    `CONTRACT_BY_SUM_HEAD_DIM` dims skip the product: a dot with so few output rows runs
+    at a tenth of the matmul rate, and one fused multiply-and-sum over the rows is 1.6x
+    to 1.8x faster (16 heads of 4 dims)."""
+    if narrow.shape[-1] <= CONTRACT_BY_SUM_HEAD_DIM:
+        product = jnp.sum(wide[..., None, :] * narrow[..., None], axis=-3)
+    else:
+        product = lax.optimization_barrier(jnp.einsum("bhqd,bhqk->bhdk", narrow, wide))
     padding = [(0, 0)] * (product.ndim - 1) + [(0, keys - product.shape[-1])]
     return jnp.pad(product, padding)
 

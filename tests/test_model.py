@@ -221,6 +221,8 @@ def _attention_by_autodiff(q, k, v, seeds, rate):
         (0.0, (1, 1, 6, 2)),
         (0.3, (2, 3, 9, 1)),  # query halves of 4 and 5 rows
         (0.2, (1, 2, 16, 2)),  # query halves of 8 rows
+        (0.4, (2, 2, 9, 6)),  # heads past CONTRACT_BY_SUM_HEAD_DIM: products
+        (0.2, (1, 2, 48, 5)),  # the same in query halves of 24 rows
     ],
 )
 def test_attention_gradient_written_out_matches_autodiff(rate, shape):
@@ -287,14 +289,10 @@ def _products_and_barriers(jaxpr):
                 yield from _products_and_barriers(inner)
 
 
-@pytest.mark.parametrize("tokens, head_dim", [(7, 1), (40, 2)])
-def test_gradient_products_keep_the_wide_operand_on_the_right(tokens, head_dim):
-    """The value and key gradients sum a Q x K tensor over its rows. As the left operand of
-    such a product it runs several times slower on CPU, so the backward pass puts it on the
-    right and keeps XLA from swapping it back with a barrier on each product, in every
-    query block."""
+def _row_sum_products(tokens, head_dim):
+    """(products summing a Q x K tensor over its rows, barriers) of the attention's
+    backward pass; also checks that no product has the Q x K tensor on its left."""
     q, k, v, seeds = _attention_inputs(t=tokens, d=head_dim)
-    blocks = len(model.query_blocks(tokens, head_dim))
     grad = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
     eqns = list(_products_and_barriers(jax.make_jaxpr(grad)(q, k, v).jaxpr))
     over_rows = []
@@ -302,21 +300,43 @@ def test_gradient_products_keep_the_wide_operand_on_the_right(tokens, head_dim):
         if e.primitive.name != "dot_general":
             continue
         (contract_l, contract_r), _ = e.params["dimension_numbers"]
-        wide = [min(x.aval.shape[-2:]) > 4 for x in e.invars]
+        wide = [x.aval.shape[-1] != head_dim for x in e.invars]  # Q x K, not T x Dh
         assert not (wide[0] and contract_l == (2,)), "wide operand on the left"
         if wide[1] and contract_r == (2,):
             over_rows.append(e.outvars[0])
-    barriers = [e for e in eqns if e.primitive.name == "optimization_barrier"]
+    return over_rows, [e for e in eqns if e.primitive.name == "optimization_barrier"]
+
+
+@pytest.mark.parametrize("tokens, head_dim", [(7, 5), (48, 6)])
+def test_gradient_products_keep_the_wide_operand_on_the_right(tokens, head_dim):
+    """The value and key gradients sum a Q x K tensor over its rows. As the left operand of
+    such a product it runs several times slower on CPU, so the backward pass puts it on the
+    right and keeps XLA from swapping it back with a barrier on each product, in every
+    query block."""
+    assert head_dim > model.CONTRACT_BY_SUM_HEAD_DIM
+    blocks = len(model.query_blocks(tokens, head_dim))
+    over_rows, barriers = _row_sum_products(tokens, head_dim)
     assert len(over_rows) == 2 * blocks and len(barriers) == 2 * blocks
     assert {b.invars[0] for b in barriers} == set(over_rows)
 
 
-def test_contract_rows_is_the_plain_product_transposed_and_padded():
-    """A block of 4 query rows against its first 5 keys, padded to all 7 keys."""
+@pytest.mark.parametrize("tokens", [7, 40])
+def test_narrow_heads_sum_their_gradients_without_products(tokens):
+    """Heads of at most CONTRACT_BY_SUM_HEAD_DIM dims (16 heads of the paper's d = 64)
+    sum the value and key gradients over the rows directly, with no product and no
+    barrier."""
+    over_rows, barriers = _row_sum_products(tokens, model.CONTRACT_BY_SUM_HEAD_DIM)
+    assert over_rows == [] and barriers == []
+
+
+@pytest.mark.parametrize("head_dim", [3, 4, 6])
+def test_contract_rows_is_the_plain_product_transposed_and_padded(head_dim):
+    """A block of 4 query rows against its first 5 keys, padded to all 7 keys, by the sum
+    (narrow heads) and by the product."""
     wide = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4, 5), jnp.float64)
-    narrow = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 4, 6), jnp.float64)
+    narrow = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 4, head_dim), jnp.float64)
     got = np.asarray(model._contract_rows(wide, narrow, 7))
-    assert got.shape == (2, 3, 6, 7)
+    assert got.shape == (2, 3, head_dim, 7)
     want = np.einsum("bhqk,bhqd->bhdk", np.asarray(wide), np.asarray(narrow))
     np.testing.assert_allclose(got[..., :5], want, rtol=1e-12, atol=1e-12)
     assert np.all(got[..., 5:] == 0)

@@ -14,7 +14,7 @@ import numpy as np
 from beyondpar.analysis import corpus, corpus_report, measures, statistics
 from beyondpar.analysis import windows as windows_lib
 from beyondpar.base.timing import Timer, timed
-from beyondpar.benchmarks.machine import peak_rss_gb
+from beyondpar.benchmarks.machine import matmul_flops_per_s, peak_rss_gb
 from beyondpar.benchmarks.models import SMOLLM2_135M, random_model
 
 
@@ -42,8 +42,10 @@ def corpus_suite(
 ) -> dict:
     """One pass over `windows` windows (`repeats` is accepted for the CLI; a pass over
     100 windows already averages over 13 batches, the first one compiling), with a
-    progress bar over the windows."""
+    progress bar over the windows. The machine's float32 matmul rate, measured first in
+    the same run, tells runs on a slower or busier day apart."""
     del repeats
+    rate = matmul_flops_per_s(3)
     config = dict(SMOLLM2_135M if config is None else config)
     (module, params), build_s = timed(lambda: random_model(config))
     seconds = {"build + random init": build_s}
@@ -85,6 +87,7 @@ def corpus_suite(
         "layers": module.config.num_layers,
         "heads": module.config.num_heads,
         "devices": len(jax.local_devices()),
+        "matmul_gflop_per_s": rate / 1e9,
         "seconds": seconds,
         "total_s": sum(seconds.values()),
         "peak_rss_gb": peak_rss_gb(),
@@ -96,7 +99,8 @@ def corpus_suite(
 def _print(result: dict) -> None:
     print(
         f"{result['windows']} windows x {result['tokens']} tokens, {result['layers']} layers x "
-        f"{result['heads']} heads, batch {result['batch_size']}, {result['devices']} device(s)"
+        f"{result['heads']} heads, batch {result['batch_size']}, {result['devices']} device(s), "
+        f"matmul {result['matmul_gflop_per_s']:.0f} GFLOP/s"
     )
     for name, sec in result["seconds"].items():
         print(f"{name:<34} {sec:8.2f} s ({sec / result['total_s']:5.1%})")

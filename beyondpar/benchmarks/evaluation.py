@@ -11,13 +11,15 @@ import jax.numpy as jnp
 from beyondpar import model as model_lib
 from beyondpar import tasks
 from beyondpar.base.timing import timed
+from beyondpar.benchmarks.machine import matmul_flops_per_s
 from beyondpar.study import evaluate, pruning_curves
 
 
 def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dict:
     """Evaluation of one paper-sized checkpoint with every analysis on, part by part; the
     first call includes compilation, the best of `repeats` later calls does not; a line
-    per part as it finishes."""
+    per part as it finishes, after the machine's float32 matmul rate (measured in the same
+    run: it tells a slower or busier day apart)."""
     module = model_lib.Transformer(model_lib.ModelConfig(num_heads=heads))
     params = model_lib.init_params(module, jax.random.PRNGKey(0))
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, 100, 256)
@@ -31,8 +33,11 @@ def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dic
         ),
         "pruning (4 orders)": lambda: _pruning(module, params, examples, spec),
     }
-    devices = len(jax.local_devices())
-    print(f"{heads} heads, {sequences} sequences of 100 tokens, {devices} device(s)")
+    devices, rate = len(jax.local_devices()), matmul_flops_per_s(3)
+    print(
+        f"{heads} heads, {sequences} sequences of 100 tokens, {devices} device(s), "
+        f"matmul {rate / 1e9:.0f} GFLOP/s"
+    )
     cold, warm = {}, {}
     for name, fn in parts.items():
         _, cold[name] = timed(fn)
@@ -50,6 +55,7 @@ def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dic
         "heads": heads,
         "sequences": sequences,
         "devices": devices,
+        "matmul_gflop_per_s": rate / 1e9,
         "seconds_warm": warm,
         "seconds_first_call": cold,
         "total_s": total,

@@ -99,7 +99,7 @@ def _jax_step(cfg, mesh, examples: tasks.Examples):
     return run, update.lower(holder[0], batch, key).compile().as_text()
 
 
-def train_suite(repeats: int = 5, heads=(1, 4, 8, 16), batch: int = 50, t: int = 100):
+def train_suite(repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int = 100):
     """Milliseconds per train step at the paper's size per head count: JAX, PyTorch with
     as many threads as JAX has devices, and both roofline floors; a line per head count,
     then where the smallest and the largest head count's steps go (`step_profile`)."""

@@ -1,12 +1,15 @@
 """The benchmark baselines compute what the kernels compute, and the suites report."""
 
 import dataclasses
+import inspect
+import re
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from beyondpar import graphs, metrics, model, pretrained
+from beyondpar import benchmarks, graphs, metrics, model, pretrained
 from beyondpar.benchmarks import (
     baselines,
     corpus,
@@ -150,18 +153,24 @@ def test_suites_report_their_ratios(capsys):
 
 
 @pytest.mark.slow
-def test_analysis_suites_report_every_part(capsys):
+def test_analysis_suites_report_every_part(capsys, monkeypatch):
 
     tiny = dict(model_type="gpt2", vocab_size=50, n_positions=32, n_embd=16, n_layer=2, n_head=2)
     p = text.pretrained_suite(t=32, config=tiny, gguf=False)
     assert set(p["seconds"]) >= {"load (build + random init)", "forward", "rollout", "report"}
     assert p["speedup_vs_paper_fidelity"] > 0 and p["peak_rss_gb_without_pairwise"] > 0
+    capsys.readouterr()
+    monkeypatch.setattr(evaluation, "matmul_flops_per_s", lambda repeats: 123.4e9)
     s = evaluation.synergy_suite(sequences=2, heads=2)
     assert set(s["seconds_warm"]) == set(s["share"]) and abs(sum(s["share"].values()) - 1) < 1e-9
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"heads": 2')
+    # The machine's rate, measured in the same run, rides with the times (in GFLOP/s).
+    assert s["matmul_gflop_per_s"] == pytest.approx(123.4)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith('{"heads": 2') and out[0].endswith("matmul 123 GFLOP/s")
 
 
-def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys):
+def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch):
+    monkeypatch.setattr(corpus, "matmul_flops_per_s", lambda repeats: 87.6e9)
 
     tiny = dict(SMOLLM2_135M, vocab_size=64, hidden_size=32)
     tiny.update(intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
@@ -174,7 +183,9 @@ def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys):
     )
     assert r["total_s"] == pytest.approx(sum(r["seconds"].values()))
     assert 0 < r["peak_rss_gb"] < 64
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"windows": 5')
+    assert r["matmul_gflop_per_s"] == pytest.approx(87.6)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith('{"windows": 5') and out[0].endswith("matmul 88 GFLOP/s")
 
 
 @needs_smollm2
@@ -268,3 +279,16 @@ def test_train_result_reports_ratios_of_the_measured_steps():
         training._result({"1": rows["1"]}, 2, (2e11, 1e10, 5e9), cfg, 8, 16)["ratio_16_to_1"]
         is None
     )
+
+
+def test_each_suite_repeats_as_the_launchers_usage_says():
+    """`python launch/benchmark.py SUITE` with no --repeats runs each suite's default: the
+    usage lines of the launcher's docstring say how many (a pass of the corpus is one)."""
+    usage = (Path(__file__).parents[2] / "launch" / "benchmark.py").read_text()
+    said = {
+        m.group(1): 1 if m.group(2) == "one pass" else int(m.group(3))
+        for m in re.finditer(r"benchmark\.py (\w+) .*\((one pass|(\d+) repeats?)\)", usage)
+    }
+    assert set(said) == set(benchmarks.SUITES)
+    for name, suite in benchmarks.SUITES.items():
+        assert inspect.signature(suite).parameters["repeats"].default == said[name], name
