@@ -286,6 +286,32 @@ class _Rows(NamedTuple):
     scale: jax.Array
 
 
+def _stacked(groups: list[_Rows], roles: dict) -> tuple[list[_Rows], dict]:
+    """Groups with as many rows as one another as one batch (their matrices one after the
+    other): one product per step instead of one per group, which on CPU halves the small
+    operations each step pays for (the sink signal with the reference walk: 77 to 65 us
+    per operator at T = 100). Groups with other row counts stay apart: padding their rows
+    would cost more products than it saves. Roles (group, row) become (group, part, row),
+    for `_role_rows`."""
+    by_rows: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_rows.setdefault(g.v0.shape[1], []).append(i)
+    merged, where = [], {}
+    for members in by_rows.values():
+        for part, i in enumerate(members):
+            where[i] = (len(merged), part)
+        parts = [groups[i] for i in members]
+        merged.append(_Rows(*(jnp.concatenate(x) for x in zip(*parts, strict=True))))
+    return merged, {role: (*where[g], row) for role, (g, row) in roles.items()}
+
+
+def _role_rows(xs: list, role: tuple[int, int, int], batch: int):
+    """The rows of `role` (group, part, row) out of per-group arrays (parts * batch x rows
+    x ...)."""
+    group, part, row = role
+    return xs[group][part * batch : (part + 1) * batch, row]
+
+
 def _sweep_block(c, *, horizon, walks, max_steps, eps, spectral, signal, causal, tile) -> _Sweep:
     """Advance the sink signal and every walk's survival vector together over a block.
 
@@ -314,7 +340,9 @@ def _sweep_block(c, *, horizon, walks, max_steps, eps, spectral, signal, causal,
     settings = dict(horizon=horizon, walks=walks if max_steps else (), max_steps=max_steps)
     sweep = _dense_sweep if tile is None else functools.partial(_triangular_sweep, tile=tile)
     fidelity, hit, tv, signal_path = (
-        sweep(groups, roles, eps=eps, signal=signal, **settings) if groups else (None,) * 4
+        sweep(*_stacked(groups, roles), batch=b, eps=eps, signal=signal, **settings)
+        if groups
+        else (None,) * 4
     )
     rho = None
     if spectral and walks:
@@ -322,10 +350,10 @@ def _sweep_block(c, *, horizon, walks, max_steps, eps, spectral, signal, causal,
     return _Sweep(fidelity, hit, tv, rho, signal_path)
 
 
-def _triangular_sweep(groups, roles, *, horizon, walks, max_steps, eps, signal, tile):
+def _triangular_sweep(groups, roles, *, batch, horizon, walks, max_steps, eps, signal, tile):
     """(node fidelity, hitting times, TV times, sink signal) from every step's vector."""
     paths = _triangular_paths(groups, max(horizon, max_steps), tile)
-    row = lambda role: paths[roles[role][0]][:, roles[role][1]]
+    row = lambda role: _role_rows(paths, roles[role], batch)
     signal_path = row("signal")[:, 1 : horizon + 1] if horizon else None
     hit = tv = None
     if walks:
@@ -335,10 +363,10 @@ def _triangular_sweep(groups, roles, *, horizon, walks, max_steps, eps, signal, 
     return fidelity, hit, tv, signal_path if signal else None
 
 
-def _dense_sweep(groups, roles, *, horizon, walks, max_steps, eps, signal):
+def _dense_sweep(groups, roles, *, batch, horizon, walks, max_steps, eps, signal):
     """(node fidelity, hitting times, TV times, sink signal), reduced step by step: for
     small T the vectors of every step would cost more to keep than to reduce."""
-    b, t = groups[0].v0.shape[0], groups[0].v0.shape[-1]
+    b, t = batch, groups[0].v0.shape[-1]
     dtype, hp = groups[0].v0.dtype, lax.Precision.HIGHEST
 
     def body(step, carry):
@@ -348,7 +376,7 @@ def _dense_sweep(groups, roles, *, horizon, walks, max_steps, eps, signal):
             for v, g in zip(vs, groups, strict=True)
         )
         if horizon:
-            s = vs[roles["signal"][0]][:, roles["signal"][1]]
+            s = _role_rows(vs, roles["signal"], b)
             best = jnp.where(step <= horizon, jnp.maximum(best, s), best)
             if signal:
                 at = jnp.minimum(step, horizon) - 1
@@ -358,7 +386,7 @@ def _dense_sweep(groups, roles, *, horizon, walks, max_steps, eps, signal):
                 )
         hit, tv = list(hit), list(tv)
         for i, walk in enumerate(walks):
-            survival = vs[roles[walk][0]][:, roles[walk][1]]
+            survival = _role_rows(vs, roles[walk], b)
             hit[i] = hit[i] + jnp.where(step < max_steps, jnp.sum(survival, -1), 0)
             mixed = (jnp.max(survival, -1) <= eps) & (tv[i] > max_steps) & (step <= max_steps)
             tv[i] = jnp.where(mixed, step, tv[i])

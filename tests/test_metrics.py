@@ -720,6 +720,36 @@ def test_fused_metrics_equal_single_kernels(fixture):
     )
 
 
+@pytest.mark.parametrize("path", ["dense", "triangular"])
+def test_the_sink_signal_and_reference_walk_share_products_and_keep_their_numbers(
+    path, monkeypatch
+):
+    """With the reference walk alone, the sink signal (on c) and the walk (on its own
+    matrix) step as one batch; each metric must still be its own kernel's, and the sink
+    signal the one `sink_signal` gives: a mix-up of the two halves shows."""
+    if path == "triangular":
+        monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
+    c = causal(11, (2, 3), 13)
+    horizon, max_steps, eps = 17, 23, 0.35
+    paths = []
+    real = metrics._triangular_paths
+    monkeypatch.setattr(metrics, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    by_walk, signal = metrics.metrics_by_walk(
+        c, horizon, max_steps, eps, ("reference",), signal=True
+    )
+    assert bool(paths) == (path == "triangular")
+    fused = by_walk["reference"]
+    np.testing.assert_allclose(fused.node_fidelity, metrics.node_fidelity(c, horizon), rtol=1e-6)
+    np.testing.assert_allclose(
+        fused.hitting_time, metrics.hitting_time(c, max_steps, "reference"), rtol=1e-6
+    )
+    np.testing.assert_array_equal(
+        fused.tv_mixing_time, metrics.tv_mixing_time(c, eps, max_steps, "reference")
+    )
+    powers = [np.linalg.matrix_power(c, t)[..., -1, :] for t in range(1, horizon + 1)]
+    np.testing.assert_allclose(signal, np.stack(powers, axis=-2), atol=1e-12)
+
+
 def test_a_known_causality_skips_the_check_and_picks_the_path(monkeypatch, short_triangular):
     """`causal` from a caller that checked it (mixes of checked causal heads): no second
     pass over the entries, the triangular path for True and the dense one for False, and
