@@ -327,6 +327,9 @@ def test_narrow_heads_sum_their_gradients_without_products(tokens):
     barrier."""
     over_rows, barriers = _row_sum_products(tokens, model.CONTRACT_BY_SUM_HEAD_DIM)
     assert over_rows == [] and barriers == []
+    paper_16_heads = model.ModelConfig(num_heads=16, max_len=100)
+    head_dim = paper_16_heads.embed_dim // paper_16_heads.num_heads
+    assert _row_sum_products(tokens, head_dim) == ([], [])
 
 
 @pytest.mark.parametrize("head_dim", [3, 4, 6])
