@@ -1,0 +1,27 @@
+"""The test workers' own upkeep: compiled programs released before the kernel's map
+limit is reached (a worker that passed it died inside XLA's compiler)."""
+
+import jax
+import jax.numpy as jnp
+
+from conftest import _memory_maps, release_compiled_programs
+
+
+def _compile(count: int) -> list:
+    programs = [jax.jit(lambda x, i=i: x * i + 1.0) for i in range(count)]
+    for program in programs:
+        program(jnp.ones(3)).block_until_ready()
+    return programs
+
+
+def test_compiled_programs_hold_memory_maps_until_released():
+    held, limit = _memory_maps()
+    assert 0 < held < limit // 2  # this worker is within its budget
+    programs = _compile(200)  # kept alive: only the release drops their executables
+    grown, _ = _memory_maps()
+    assert grown >= held + 200  # at least one map per program's code
+    assert not release_compiled_programs(lambda: (grown, 2 * grown))  # at half: kept
+    assert _memory_maps()[0] >= grown
+    assert release_compiled_programs(lambda: (grown, 2 * grown - 2))  # over half
+    assert _memory_maps()[0] < held + (grown - held) // 4  # most of them unmapped
+    assert [float(p(jnp.ones(1))[0]) for p in programs[:3]] == [1.0, 2.0, 3.0]
