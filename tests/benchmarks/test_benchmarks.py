@@ -175,7 +175,16 @@ def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch)
     tiny = dict(SMOLLM2_135M, vocab_size=64, hidden_size=32)
     tiny.update(intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
     tiny.update(num_key_value_heads=2, max_position_embeddings=64)
+    summarized = []
+    summarize = corpus.statistics.summarize
+    monkeypatch.setattr(
+        corpus.statistics,
+        "summarize",
+        lambda records: summarized.append(records) or summarize(records),
+    )
     r = corpus.corpus_suite(windows=5, tokens=24, batch_size=2, config=tiny)
+    # The timed summary is a user's: every window's record, in window order.
+    assert [[line["window"] for line in records] for records in summarized] == [[0, 1, 2, 3, 4]]
     assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (5, 24, 2, 4)
     parts = {"forward", "rollout", "per-head and mixed metrics", "synergy analyses"}
     assert parts | {"summary (bootstrap intervals)", "report (markdown + plots)"} <= set(
