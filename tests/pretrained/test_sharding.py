@@ -22,10 +22,13 @@ FIXTURES = sorted(
     p.name for p in HF.iterdir() if (p / "expected.npz").is_file() and p.name not in CONFIG_VARIANTS
 )
 MESHES = [(1, 4), (2, 2)]
-# Sharded against one device: float32 sums in another order. Gemma 3's random fixtures
-# (q/k norms, six layers in gemma3-tiny) magnify that round-off the most.
+# Sharded against one device: float32 sums in another order. Two kinds of random fixture
+# magnify that round-off the most: Gemma 3's (q/k norms, six layers in gemma3-tiny) and
+# phi3-longrope (long factors up to 11), whose float32 attention is 8.6e-6 from its float64
+# one on one device and 1.3e-5 sharded (an AMD EPYC; the other fixtures 6e-7 to 8e-7).
 ATOL = {"logits": 2e-5, "attention": 1e-5}
-GEMMA3_ATOL = {"logits": 1e-4, "attention": 5e-5}
+ILL_CONDITIONED = ("gemma3", "phi3-longrope")
+ILL_CONDITIONED_ATOL = {"logits": 1e-4, "attention": 5e-5}
 # (layer module, unit it splits by, split axis of its kernel): a projection that makes
 # heads and an MLP projection of each family.
 PROJECTIONS = {
@@ -41,7 +44,7 @@ def expected(name):
 
 
 def atol(name, what):
-    return (GEMMA3_ATOL if name.startswith("gemma3") else ATOL)[what]
+    return (ILL_CONDITIONED_ATOL if name.startswith(ILL_CONDITIONED) else ATOL)[what]
 
 
 @pytest.fixture(scope="module")
