@@ -595,19 +595,22 @@ def _hitting(c, max_steps: int, walk: str, causal: bool | None = None) -> jax.Ar
     return _threaded(functools.partial(_settled_hitting_jit, max_steps=max_steps, walk=walk), c)
 
 
-@functools.partial(jax.jit, static_argnames=("max_steps", "walk"))
-def _settled_hitting_jit(c, *, max_steps: int, walk: str) -> jax.Array:
-    return map_blocks(functools.partial(_settled_hitting_time, max_steps=max_steps, walk=walk), c)
+@functools.partial(jax.jit, static_argnames=("max_steps", "walk", "settle"))
+def _settled_hitting_jit(c, *, max_steps: int, walk: str, settle: bool = True) -> jax.Array:
+    run = functools.partial(_settled_hitting_time, max_steps=max_steps, walk=walk, settle=settle)
+    return map_blocks(run, c)
 
 
-def _settled_hitting_time(c, *, max_steps: int, walk: str) -> jax.Array:
+def _settled_hitting_time(c, *, max_steps: int, walk: str, settle: bool = True) -> jax.Array:
     """The dense sweep's hitting time of operators `c` (b x T x T), early.
 
     The sum adds the survival mass of each step, which never grows (beyond rounding,
     `growth` per step): once the mass left is under half a unit in the last place of
     every sum, each later step would round away, and the loop stops with the value that
-    all `max_steps` steps of it give. (The full sweep compiles its products and sums in
-    its own order: the two agree to float32 rounding, most often bit for bit.)
+    all `max_steps` steps of it give (`settle` False: it takes them all, in the same
+    arithmetic). The full sweep compiles its products and sums in its own order (the
+    normalised walk as a second row of the signal's product): the two agree to float32
+    rounding, bit for bit with some dot kernels and not with others.
     """
     b, t = c.shape[0], c.shape[-1]
     off_sink = jnp.broadcast_to(1 - jax.nn.one_hot(t - 1, t, dtype=c.dtype), (b, t))
@@ -618,6 +621,8 @@ def _settled_hitting_time(c, *, max_steps: int, walk: str) -> jax.Array:
     growth = jnp.maximum(jnp.max(jnp.sum(mat * scale, axis=-1)), 1)
 
     def done(step, mass, hit):
+        if not settle:
+            return step >= max_steps - 1
         left = mass * growth ** (max_steps - 1 - step) * (1 + _SETTLE_MARGIN)
         return (step >= max_steps - 1) | jnp.all(left < (jnp.nextafter(hit, jnp.inf) - hit) / 2)
 

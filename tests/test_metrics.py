@@ -329,10 +329,11 @@ def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
 @pytest.mark.parametrize("walk", WALKS)
 def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     """The hitting time stops summing once the survival mass left would round away; the
-    value must be that of the full sweep (which also gives the other metrics), bit for
-    bit: mixes of causal heads (their walks reach the sink within a few steps), rows that
-    sum to a little over 1, operators that read later tokens, and a slow chain whose
-    walks are still under way at the last step; from 1 step to 100."""
+    value must be that of every step of the same loop, bit for bit, and the full sweep's
+    (which also gives the other metrics, in its own order of sums) to rounding: mixes of
+    causal heads (their walks reach the sink within a few steps), rows that sum to a
+    little over 1, operators that read later tokens, and a slow chain whose walks are
+    still under way at the last step; from 1 step to 100."""
     heads = causal(7, (6, 4), 30).astype(dtype)
     rng = np.random.default_rng(1)
     cases = [np.einsum("nh,nhij->nij", rng.dirichlet(np.full(4, 0.5), 6), heads)]
@@ -341,8 +342,11 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     cases.append(np.stack([chain(12, 0.95), chain(12, 0.5)]))
     for c, k in zip(cases, (100, 7, 100, 100), strict=True):
         c = np.asarray(c, dtype)
+        early = metrics.hitting_time(c, k, walk, validate=False)
+        every_step = metrics._settled_hitting_jit(c, max_steps=k, walk=walk, settle=False)
+        np.testing.assert_array_equal(early, every_step)
         full = metrics.operator_metrics(c, 5, k, walk=walk, validate=False).hitting_time
-        np.testing.assert_array_equal(metrics.hitting_time(c, k, walk, validate=False), full)
+        np.testing.assert_allclose(early, full, rtol=4 * np.finfo(dtype).eps)
     got = metrics.objective_unchecked(cases[0].astype(dtype), "hitting_time", 5, 1, walk)
     np.testing.assert_allclose(got, np.full(6, 29 / 30), rtol=1e-6)  # S_0 only: (T - 1) / T
     # The slow chain's walks are not done by the last step: every step counts.
