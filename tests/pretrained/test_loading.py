@@ -218,6 +218,28 @@ def test_loaded_config_matches_the_written_shape(qwen2_gguf):
     assert cfg["qkv_bias"] and not cfg["tied"]
 
 
+@pytest.mark.parametrize(
+    "name,attribute",
+    [
+        ("num_hidden_layers", "num_layers"),
+        ("intermediate_size", "mlp_dim"),
+        ("max_position_embeddings", "max_len"),
+        ("vocab_size", "vocab_size"),
+    ],
+)
+def test_a_size_of_zero_in_the_config_is_named_and_one_builds(name, attribute):
+    """Layer, feature, position and token counts describe no model at 0 (a network of no
+    layers would run as an embedding and a head alone): the field is named with its value.
+    1, the smallest size, builds a model of exactly that size."""
+    config = files.read_config(HF / "llama-tiny")
+    with pytest.raises(ValueError, match=rf"'{name}' must be an integer >= 1, got 0"):
+        pretrained.build({**config, name: 0})
+    with pytest.raises(ValueError, match=rf"'{name}' must be an integer >= 1, got -2"):
+        pretrained.build({**config, name: -2})
+    module = pretrained.build({**config, name: 1})
+    assert getattr(module.config, attribute) == 1
+
+
 def test_kernels_are_compiled_only_for_shapes_with_many_values(qwen2_gguf, monkeypatch):
     source = gguf_file.GgufFile(qwen2_gguf)
     assert source._compiled == set()  # 0.2M values in all: NumPy is quicker than compiling
