@@ -259,3 +259,46 @@ def test_the_unknown_token_is_special_like_a_control_token(spm):
     assert unk == 0
     assert ids(spm, "x<unk>y").count(unk) == 1
     assert "<unk>" not in spm.decode(ids(spm, "x<unk>y"))
+
+
+def test_a_merge_is_split_at_the_first_space_after_its_first_character():
+    """llama.cpp cuts a stored merge at the first space after its first byte, so a left
+    token that begins with (or is) a space keeps it."""
+    assert gguf_tokenizer._split_merge("Ġ t") == ("Ġ", "t")
+    assert gguf_tokenizer._split_merge("  x") == (" ", "x")
+    assert gguf_tokenizer._split_merge(" a b") == (" a", "b")
+    assert gguf_tokenizer._split_merge("ab cd") == ("ab", "cd")
+
+
+def test_a_merge_whose_left_token_starts_with_a_space_loads(tmp_path):
+    """A vocabulary with tokens that begin with a literal space, and a merge of them,
+    builds a tokenizer holding that merge as (' a', 'b'); the rest still encodes."""
+    reader = gguf.GGUFReader(BPE)
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    merges = reader.fields["tokenizer.ggml.merges"].contents()
+    path = with_metadata(
+        BPE,
+        tmp_path,
+        tokens=[*tokens, " a", " ab"],
+        token_type=[*types, 1, 1],
+        merges=[*merges, " a b"],
+    )
+    tok = tokenizer(path)
+    assert json.loads(tok.to_str())["model"]["merges"][-1] == [" a", "b"]
+    assert [ids(tok, t) for t in BPE_EXPECTED["texts"]] == BPE_EXPECTED["ids"]["gpt-2"]
+
+
+def test_a_character_without_its_byte_tokens_becomes_the_unknown_token(tmp_path):
+    """Where a character's UTF-8 bytes are not all tokens, it becomes the unknown token:
+    the one `unknown_token_id` names, else id 0 (llama.cpp's default for SentencePiece)."""
+    tokens = list(gguf.GGUFReader(SPM).fields["tokenizer.ggml.tokens"].contents())
+    tokens[tokens.index("<0xF0>")] = "<0xF0>?"  # the first byte of every 4-byte character
+    unsaid = tokenizer(with_metadata(SPM, tmp_path, tokens=tokens, unknown_token_id=None))
+    a, b = unsaid.token_to_id("▁a"), unsaid.token_to_id("b")
+    assert ids(unsaid, "a😀b") == [a, 0, b]
+    assert unsaid.token_to_id("<unk>") == 0
+    named = tokenizer(with_metadata(SPM, tmp_path, tokens=tokens, unknown_token_id=3))
+    assert ids(named, "a😀b") == [a, 3, b]
+    # A character whose bytes are all tokens still becomes them.
+    assert unsaid.encode("xΩ", add_special_tokens=False).tokens == ["▁x", "<0xCE>", "<0xA9>"]
