@@ -1,5 +1,6 @@
 """The paper's checkpoints load and compute the paper's outputs; orbax round trips."""
 
+import json
 import sys
 import types
 
@@ -106,3 +107,25 @@ def test_orbax_round_trip(tmp_path):
     back = checkpoints.restore(mgr, 3, state)
     np.testing.assert_array_equal(back["params"]["w"], 3 * state["params"]["w"])
     assert checkpoints.list_steps(tmp_path / "none") == []
+
+
+def test_restore_newest_readable_prefers_the_latest_and_skips_damaged(tmp_path):
+    """The newest step that verifies is returned; a newer one whose checksum no longer
+    matches is skipped and reported, and an older one is never preferred."""
+    state = {"w": jnp.arange(4.0)}
+    mgr = checkpoints.manager(tmp_path / "ck", save_every=1, keep=5)
+    for step in (10, 20, 30):
+        checkpoints.save(mgr, step, {"w": state["w"] * step})
+    step, back, skipped = checkpoints.restore_newest_readable(mgr, state)
+    assert step == 30 and skipped == []
+    np.testing.assert_array_equal(back["w"], [0.0, 30.0, 60.0, 90.0])
+
+    sums_path = tmp_path / "ck" / checkpoints.CHECKSUMS
+    sums = json.loads(sums_path.read_text())
+    assert sorted(sums) == ["10", "20", "30"]
+    sums["30"] = "0" * 64  # step 30 no longer matches its recorded checksum
+    sums_path.write_text(json.dumps(sums))
+    step, back, skipped = checkpoints.restore_newest_readable(mgr, state)
+    assert step == 20
+    np.testing.assert_array_equal(back["w"], [0.0, 20.0, 40.0, 60.0])
+    assert [s for s, _ in skipped] == [30] and "checksum" in skipped[0][1]

@@ -86,3 +86,15 @@ def test_induction_prefixes_differ_across_rows_and_across_keys():
     assert len(prefixes) == 6  # every row its own random prefix
     assert not (one == other).all(axis=1).any()  # another key, other sequences
     np.testing.assert_array_equal(one[:, :8], one[:, 8:])
+
+
+@pytest.mark.parametrize("name,lag", [("copy", 1), ("cycle", 1), ("shift", 2), ("pair_sum", 3)])
+def test_inputs_use_the_whole_vocabulary(name, lag):
+    """Uniform tokens cover every id in [0, V): 1,000 draws from V = 3 miss none, so the
+    largest id V - 1 must occur and nothing outside the range may."""
+    ex = tasks.make_examples(name, jax.random.PRNGKey(5), 40, 25, 3, lag)
+    x, y = np.asarray(ex.inputs), np.asarray(ex.targets)
+    assert set(np.unique(x).tolist()) == {0, 1, 2}
+    assert y.min() >= 0 and y.max() <= 2
+    counts = np.bincount(x.ravel(), minlength=3)
+    assert counts.min() > 250  # about 1000 / 3 each

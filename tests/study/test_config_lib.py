@@ -1,0 +1,72 @@
+"""The base config, the `key=value` argument parser, and validation of configs."""
+
+import pytest
+
+from beyondpar.study import config_lib
+
+
+def small_config(batch_size=8, num_train=8):
+    config = config_lib.base_config()
+    config.task.seq_len = 12
+    config.model.max_len = 12
+    config.optim.batch_size = batch_size
+    config.task.num_train = num_train
+    return config
+
+
+def test_parse_arg_types_values_like_their_defaults():
+    """Values are converted to the default's type; a bare boolean key or an empty value
+    switches the flag on, and 'no' / 'false' / '0' switch it off."""
+    args = config_lib.parse_arg(
+        "fast=,plots=no,verbose,seed=3,rate=0.5,task=cycle",
+        fast=False,
+        plots=True,
+        verbose=False,
+        quiet=True,
+        seed=0,
+        rate=1.0,
+        task="copy",
+    )
+    assert args.fast is True
+    assert args.plots is False
+    assert args.verbose is True
+    assert args.quiet is True  # untouched default
+    assert args.seed == 3 and isinstance(args.seed, int)
+    assert args.rate == 0.5 and args.task == "cycle"
+    for text, expected in (
+        ("1", True),
+        ("yes", True),
+        ("TRUE", True),
+        ("0", False),
+        ("off", False),
+    ):
+        assert config_lib.parse_arg(f"flag={text}", flag=False).flag is expected
+    with pytest.raises(ValueError, match=r"must be one of \['flag'\], got 'flg'"):
+        config_lib.parse_arg("flg=1", flag=False)
+
+
+def test_run_config_overrides_task_heads_and_seed():
+    """The family arguments land in the right fields; the rest stays the paper's setup."""
+    config = config_lib.run_config("task=cycle,heads=8,seed=7")
+    assert (config.task.name, config.model.num_heads, config.seed) == ("cycle", 8, 7)
+    assert config.model.embed_dim == 64 and config.task.seq_len == 100
+    default = config_lib.run_config()
+    assert (default.task.name, default.model.num_heads, default.seed) == ("copy", 4, 0)
+
+
+def test_validate_accepts_exactly_one_batch_of_training_data():
+    """num_train equal to the batch size makes one full batch per epoch, which is
+    runnable; one example fewer cannot fill a single batch."""
+    config_lib.validate(small_config(batch_size=8, num_train=8))
+    config_lib.validate(small_config(batch_size=8, num_train=9))
+    with pytest.raises(ValueError, match=r"task.num_train must be >= optim.batch_size=8, got 7"):
+        config_lib.validate(small_config(batch_size=8, num_train=7))
+
+
+def test_validate_seq_len_against_max_len():
+    """A sequence as long as the positional table is fine; one longer is not."""
+    config = small_config()
+    config_lib.validate(config)
+    config.task.seq_len = 13
+    with pytest.raises(ValueError, match=r"task.seq_len must be <= model.max_len=12, got 13"):
+        config_lib.validate(config)
