@@ -79,12 +79,29 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
         key, sep, value = item.partition("=")
         if key not in defaults:
             raise ValueError(f"config argument must be one of {sorted(defaults)}, got {key!r}")
-        default = defaults[key]
-        if isinstance(default, bool):
-            out[key] = value.lower() in ("", "1", "true", "yes") if sep else True
-        else:
-            out[key] = type(default)(value)
+        out[key] = _typed(key, value if sep else None, defaults[key])
     return out
+
+
+_TRUE, _FALSE = ("", "1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _typed(key: str, value: str | None, default):
+    """`value` as the type of `default`; a bare boolean key (`value` None) is True. A word
+    that is neither true nor false, or a number that does not parse, is an error: a typo
+    must not silently turn a flag off."""
+    if isinstance(default, bool):
+        word = "" if value is None else value.lower()
+        if word not in _TRUE + _FALSE:
+            raise ValueError(
+                f"config argument {key} must be one of {list(_TRUE + _FALSE)}, got {value!r}"
+            )
+        return word in _TRUE
+    try:
+        return type(default)(value)
+    except (TypeError, ValueError):
+        kind = {int: "an integer", float: "a number"}.get(type(default), type(default).__name__)
+        raise ValueError(f"config argument {key} must be {kind}, got {value!r}") from None
 
 
 def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:

@@ -41,8 +41,32 @@ def test_parse_arg_types_values_like_their_defaults():
         ("off", False),
     ):
         assert config_lib.parse_arg(f"flag={text}", flag=False).flag is expected
+        assert config_lib.parse_arg(f"flag={text}", flag=True).flag is expected
+    assert config_lib.parse_arg("flag=on", flag=False).flag is True
     with pytest.raises(ValueError, match=r"must be one of \['flag'\], got 'flg'"):
         config_lib.parse_arg("flg=1", flag=False)
+
+
+@pytest.mark.parametrize(
+    "arg,message",
+    [
+        ("flag=ture", r"config argument flag must be one of \[.*'off'\], got 'ture'"),
+        ("heads=four", r"config argument heads must be an integer, got 'four'"),
+        ("heads=", r"config argument heads must be an integer, got ''"),
+        ("heads=2.0", r"config argument heads must be an integer, got '2.0'"),
+        ("rate=fast", r"config argument rate must be a number, got 'fast'"),
+    ],
+)
+def test_parse_arg_names_a_value_its_type_cannot_take(arg, message):
+    """A misspelt flag word or a number that does not parse is an error naming the
+    argument and the value: it must not quietly turn a flag off or crash without a name."""
+    with pytest.raises(ValueError, match=message):
+        config_lib.parse_arg(arg, flag=True, heads=4, rate=1.0)
+
+
+def test_run_config_names_a_bad_head_count():
+    with pytest.raises(ValueError, match="config argument heads must be an integer, got 'x'"):
+        config_lib.run_config("heads=x")
 
 
 def test_run_config_overrides_task_heads_and_seed():
