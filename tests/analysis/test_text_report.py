@@ -63,3 +63,30 @@ def test_the_optimum_line_gives_held_out_and_in_sample_values():
     in_sample = 100 * np.mean(layer["optimal"]["in_sample"])
     assert abs(held_out - in_sample) > 1e-3
     assert f"{held_out:.3f}% held out" in line and f"{in_sample:.3f}% in sample" in line
+
+
+def test_learned_mix_columns_are_the_learned_mix_not_the_uniform_one():
+    """With head weights known, the layer row's learned-mix column and its gain are those
+    of the learned mix: all weight on the even-reading head 1 gives that head's 12.5%
+    (1 / T) and no gain over it, against the lower uniform mix beside it."""
+    uniform = np.asarray(graphs.uniform_causal(T))
+    heads = np.stack([np.eye(T), uniform, np.eye(T)]).astype(np.float32)
+    attn = np.stack([heads, heads])  # B x H x T x T
+    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False)
+    layer = measures.analyze_layer(attn, np.array([0.0, 1.0, 0.0]), spec)
+    rec = {**record(spec, attn[:, None]), "layers": {3: layer}}
+    learned = 100 * np.mean(layer["mixes"]["learned"]["fidelity"])
+    mixed = 100 * np.mean(layer["mixes"]["uniform"]["fidelity"])
+    assert learned == pytest.approx(100 / T, abs=1e-3) and mixed < learned - 1
+    row = table_rows(text_report.markdown(rec), "## Layers")["3"]
+    assert row[2:5] == [f"{learned:.3f}", f"{mixed:.3f}", "+0.000"]
+
+
+def test_baseline_row_gives_fidelity_median_and_p10_each_in_its_column(parked):
+    """The baseline row under the layer table: minimax fidelity under the uniform mix,
+    median and 10th percentile under theirs, in percent. Distinct values (a record read
+    back from elsewhere) show which number went where."""
+    base = {**parked["baseline"], "fidelity": 0.3, "fidelity_median": 0.2, "fidelity_p10": 0.1}
+    report = text_report.markdown({**parked, "baseline": base})
+    row = table_rows(report, "## Layers")["baseline: uniform causal"]
+    assert row == ["-", "-", "-", "30.000", "-", "20.000", "10.000", "-", "-", "-"]

@@ -1,0 +1,145 @@
+"""The corpus report on a summary of known numbers: every cell is the summary's value, in
+percent with its 95% interval as [low, high], in its own column."""
+
+import pytest
+
+from beyondpar.analysis import corpus_report
+
+
+def stat(mean: float) -> dict:
+    """A window mean with an asymmetric interval, so that low and high cannot be confused."""
+    return {"mean": mean, "low": mean - 0.01, "high": mean + 0.02}
+
+
+def heads_stat(means: list[float]) -> dict:
+    return {"mean": means, "low": [m - 0.01 for m in means], "high": [m + 0.02 for m in means]}
+
+
+def mix(fidelity: float, gain: float, wins: float) -> dict:
+    return {
+        "fidelity": stat(fidelity),
+        "gain": stat(gain),
+        "wins_share": wins,
+        "fidelity_median": stat(fidelity + 0.1),
+        "fidelity_p10": stat(fidelity + 0.05),
+        "hitting_time_normalized": stat(12.5),
+    }
+
+
+def layer(offset: float) -> dict:
+    # Mixes in sorted (JSON) order: the report puts them as learned, uniform, optimal.
+    return {
+        "mixes": {
+            "learned": mix(0.30 + offset, 0.05, 0.75),
+            "optimal": mix(0.40 + offset, 0.15, 0.5),
+            "uniform": mix(0.20 + offset, -0.05, 0.25),
+        },
+        "best_head": 2,
+        "best_head_fidelity": stat(0.25 + offset),
+        "sink_mass": heads_stat([0.1, 0.2, 0.6]),
+        "heads": {
+            "fidelity": heads_stat([0.1, 0.15, 0.25 + offset]),
+            "fidelity_median": heads_stat([0.2, 0.25, 0.3]),
+            "fidelity_p10": heads_stat([0.12, 0.17, 0.27]),
+            "hitting_time_normalized": heads_stat([20.0, 15.0, 9.0]),
+        },
+    }
+
+
+@pytest.fixture
+def summary() -> dict:
+    return {
+        "source": "tiny",
+        "corpus": "docs",
+        "num_documents": 3,
+        "num_windows": 4,
+        "tokens_per_window": 16,
+        "total_windows": 9,
+        "documents_used": 2,
+        "dropped_tail_tokens": 5,
+        "short_documents": 1,
+        "spec": {"horizon": 20, "max_steps": 30, "sink_tokens": 0},
+        "rollout": {"network_fidelity": stat(0.02), "first_token_share": stat(0.9)},
+        "baseline": {
+            "baseline": {
+                "fidelity": 0.0625,
+                "fidelity_median": 0.08,
+                "fidelity_p10": 0.07,
+                "hitting_time_normalized": 6.5,
+            }
+        },
+        "layers": {"0": layer(0.0), "1": layer(0.01)},
+        "pruning": {
+            "windows": 2,
+            "projection": {
+                "heads_pruned": [0, 3, 6],
+                "loss": [2.0, 2.5, 3.0],
+                "perplexity": [7.389, 12.18, 20.09],
+                "loss_auc": 2.5,
+                "accuracy_auc": 0.4,
+            },
+        },
+    }
+
+
+def cells(report: str, heading: str, block: int = 1) -> dict[str, list[str]]:
+    """The table `block` paragraphs below `heading`, by its first cell."""
+    lines = report[report.index(heading) :].split("\n\n")[block].splitlines()
+    return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in lines[2:]}
+
+
+def test_layer_rows_give_mean_low_high_in_percent_with_mixes_in_report_order(summary):
+    """Mixes read back from JSON come sorted by name; the report shows learned, uniform,
+    then the held-out optimum, each as fidelity, gain over the best head and share of
+    windows won in percent; the sink mass is the mean over heads."""
+    report = corpus_report.markdown(summary)
+    header = report[report.index("## Layers\n") :].splitlines()[2]
+    assert header.index("learned (%)") < header.index("uniform (%)")
+    assert header.index("uniform (%)") < header.index("optimal, held out (%)")
+    rows = cells(report, "## Layers\n")
+    assert rows["1"] == [
+        "2",
+        "26.000 [25.000, 28.000]",
+        "31.000 [30.000, 33.000]",
+        "5.000 [4.000, 7.000]",
+        "75%",
+        "21.000 [20.000, 23.000]",
+        "-5.000 [-6.000, -3.000]",
+        "25%",
+        "41.000 [40.000, 43.000]",
+        "15.000 [14.000, 17.000]",
+        "50%",
+        "0.300",
+    ]
+
+
+def test_baseline_row_fills_the_table_width(summary):
+    """The baseline's fidelity sits under the first mix; every row has as many cells as
+    the header has columns."""
+    report = corpus_report.markdown(summary)
+    table = report[report.index("## Layers\n") :].split("\n\n")[1].splitlines()
+    widths = {line.count("|") for line in table}
+    assert len(widths) == 1
+    assert cells(report, "## Layers\n")["baseline: uniform causal"][:3] == ["-", "-", "6.250"]
+
+
+def test_head_table_gives_hitting_time_in_steps_and_the_baseline_in_percent(summary):
+    """Fidelities in percent with intervals, hitting time unscaled in steps, each head's
+    sink mass from its own entry, and the baseline row in the same units."""
+    rows = cells(corpus_report.markdown(summary), "### Layer 1")
+    assert rows["head 2"] == [
+        "26.000 [25.000, 28.000]",
+        "30.000 [29.000, 32.000]",
+        "27.000 [26.000, 29.000]",
+        "9.00 [8.99, 9.02]",
+        "0.600",
+    ]
+    assert rows["mix: uniform"][3] == "12.50 [12.49, 12.52]"
+    assert rows["baseline: uniform causal"] == ["6.250", "8.000", "7.000", "6.50", "-"]
+
+
+def test_pruning_row_gives_the_curves_first_and_last_points(summary):
+    """Loss with all heads is the curve's first point; loss and perplexity at the last
+    point are its end; the windows entry is no order."""
+    row = cells(corpus_report.markdown(summary), "## Pruning heads", 2)["projection"]
+    assert row == ["2.000", "3.000", "20.1", "2.500", "0.400"]

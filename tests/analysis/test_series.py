@@ -1,0 +1,105 @@
+"""The series summary: per-layer columns read from text records and corpus summaries, and
+series.md ordered by checkpoint step and by layer number."""
+
+import numpy as np
+import pytest
+
+from beyondpar.analysis import series
+
+
+def line(label: str, layers: dict, network: float = 1.0) -> dict:
+    return {"model": label, "label": label, "layers": layers, "network_fidelity_pct": network}
+
+
+def table(report: str, heading: str) -> list[list[str]]:
+    rows = report[report.index(heading) :].split("\n\n")[1].splitlines()
+    return [[c.strip() for c in r.split("|")[1:-1]] for r in rows]
+
+
+def test_layer_columns_follow_layer_numbers_not_their_spelling():
+    """Twelve layers: layer 10 comes after layer 9, not after layer 1, and each cell is its
+    own layer's value; a layer a model lacks is '-'."""
+    first = {str(k): {"sink_mass": k / 100} for k in (11, 2, 10, 0, 1, 9, 3, 4, 5, 6, 7, 8)}
+    second = {"10": {"sink_mass": 0.5}}
+    report = series.markdown([line("a", first), line("b", second)])
+    rows = table(report, "## mean sink mass over heads")
+    assert rows[0][1:] == [f"layer {k}" for k in range(12)]
+    assert rows[2][1:] == [f"{k / 100:.4g}" for k in range(12)]
+    assert rows[3][1:] == ["-"] * 10 + ["0.5", "-"]
+
+
+def layer_stats(scale: float) -> dict:
+    """One layer of a corpus summary: every value {"mean", "low", "high"} over windows."""
+
+    def stat(mean):
+        return {"mean": mean, "low": mean / 2, "high": mean * 2}
+
+    return {
+        "mixes": {
+            "uniform": {
+                "fidelity": stat(0.04 * scale),
+                "fidelity_median": stat(0.05 * scale),
+                "hitting_time_normalized": stat(7.0 * scale),
+            }
+        },
+        "best_head_fidelity": stat(0.03 * scale),
+        "sink_mass": {"mean": [0.2 * scale, 0.4 * scale], "low": [0, 0], "high": [1, 1]},
+        "head_diversity": stat(0.6 * scale),
+    }
+
+
+def test_a_corpus_summary_is_summarised_by_its_means_over_windows():
+    """Fidelities in percent, hitting time in steps, sink mass averaged over heads: each the
+    window mean, never an interval bound."""
+    summary = {"layers": {"0": layer_stats(1.0), "5": layer_stats(0.5)}}
+    out = series.summarize(summary)
+    assert list(out) == ["0", "5"]
+    assert out["0"] == pytest.approx(
+        {
+            "uniform_fidelity_pct": 4.0,
+            "uniform_median_pct": 5.0,
+            "best_head_fidelity_pct": 3.0,
+            "hitting_time_steps": 7.0,
+            "sink_mass": 0.3,
+            "head_diversity": 0.6,
+        }
+    )
+    assert out["5"]["uniform_fidelity_pct"] == pytest.approx(2.0)
+    assert out["5"]["sink_mass"] == pytest.approx(0.15)
+
+
+def test_a_text_record_is_summarised_by_its_means_over_sequences():
+    """Arrays with a sequence axis (and a head axis for sink mass) average to one number."""
+    layer = {
+        "mixes": {
+            "uniform": {
+                "fidelity": np.array([0.1, 0.3]),
+                "fidelity_median": np.array([0.2, 0.4]),
+                "hitting_time_normalized": np.array([3.0, 5.0]),
+            }
+        },
+        "best_head_fidelity": np.array([0.05, 0.15]),
+        "sink_mass": np.array([[0.1, 0.3], [0.5, 0.7]]),
+        "head_diversity": np.array([0.2, 0.2]),
+    }
+    row = series.summarize({"layers": {1: layer}})["1"]
+    assert row["uniform_fidelity_pct"] == pytest.approx(20.0)
+    assert row["uniform_median_pct"] == pytest.approx(30.0)
+    assert row["best_head_fidelity_pct"] == pytest.approx(10.0)
+    assert row["hitting_time_steps"] == pytest.approx(4.0)
+    assert row["sink_mass"] == pytest.approx(0.4)
+
+
+def test_checkpoints_are_labelled_and_ordered_by_step_number():
+    """Steps compare as numbers (step 900 before step 10000); without a step in every label
+    the order given is kept."""
+    assert series.label("runs/ckpt-00900") == "step 900"
+    assert series.label("runs/checkpoint_10000/") == "step 10000"
+    records = [line(series.label(m), {}) for m in ("iter10000", "iter900", "step_2500")]
+    assert [r["label"] for r in series._ordered(records)] == [
+        "step 900",
+        "step 2500",
+        "step 10000",
+    ]
+    mixed = [line("final", {}), line("step 5", {})]
+    assert series._ordered(mixed) == mixed
