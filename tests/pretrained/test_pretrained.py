@@ -623,3 +623,56 @@ def test_mlp_biases_are_llamas_and_neox_reads_its_own_rope_names():
     ) == (0.75, 3.0)
     nulled = {**llama, "partial_rotary_factor": None}
     assert pretrained.build(nulled).config.rope.partial_factor == 1.0
+
+
+def copy_without(name, tmp_path, key):
+    """A copy of a fixture folder whose config.json leaves `key` out."""
+    folder = tmp_path / name
+    shutil.copytree(HF / name, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config[key]
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_gpt2_inverse_layer_scaling_divides_each_layers_scores(tmp_path):
+    """`scale_attn_by_inverse_layer_idx` divides layer l's scores by l + 1. Layer 0 is
+    unchanged, so layer 1 reads the same input as without it and its probabilities are
+    softmax(log p / 2) of the unscaled ones p; going one layer at a time must give each
+    layer its own divisor, as the whole model does."""
+    tokens = expected("gpt2-tiny")["tokens"]
+    module, params, _ = pretrained.load(HF / "gpt2-tiny")
+    _, plain = pretrained.apply_with_attention(module, params, tokens)
+    folder = copy_checkpoint("gpt2-tiny", tmp_path, {"scale_attn_by_inverse_layer_idx": True})
+    module, params, _ = pretrained.load(folder)
+    logits, attn = pretrained.apply_with_attention(module, params, tokens)
+    plain, attn = np.asarray(plain, np.float64), np.asarray(attn)
+    np.testing.assert_allclose(attn[:, 0], plain[:, 0], atol=1e-6)
+    with np.errstate(divide="ignore"):
+        halved = np.exp(np.log(plain[:, 1]) / 2)
+    np.testing.assert_allclose(attn[:, 1], halved / halved.sum(-1, keepdims=True), atol=1e-6)
+    assert np.abs(attn[:, 1] - plain[:, 1]).max() > 1e-2
+    run = pretrained.layer_by_layer(module, params, tokens)
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            layer, got = next(run)
+            np.testing.assert_allclose(got, attn[:, layer], atol=1e-6)
+    np.testing.assert_allclose(stop.value.value, logits, atol=1e-5)
+
+
+def test_neox_residual_is_parallel_when_the_config_does_not_say(tmp_path):
+    """transformers' GPT-NeoX defaults `use_parallel_residual` to true: a config that
+    leaves it out is the parallel model of the fixture (sequential differs by > 1e-2)."""
+    folder = copy_without("neox-tiny", tmp_path, "use_parallel_residual")
+    logits, _ = logits_and_attention(folder, expected("neox-tiny")["tokens"])
+    np.testing.assert_allclose(logits, expected("neox-tiny")["logits"], atol=1e-4)
+
+
+def test_llama_head_is_separate_when_the_config_does_not_say(tmp_path):
+    """Llama's `tie_word_embeddings` is false when absent: the checkpoint's own
+    `lm_head.weight` gives the logits, not the token embedding."""
+    folder = copy_without("llama-tiny", tmp_path, "tie_word_embeddings")
+    module, params, _ = pretrained.load(folder)
+    assert "lm_head" in params
+    logits, _ = pretrained.apply_with_attention(module, params, expected("llama-tiny")["tokens"])
+    np.testing.assert_allclose(logits, expected("llama-tiny")["logits"], atol=1e-4)
