@@ -161,3 +161,34 @@ def test_drop_sink_tokens_renormalises_each_row_over_the_keys_left():
     np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-12)
     assert np.all(np.triu(got, 1) == 0)  # causal attention stays causal
     np.testing.assert_allclose(graphs.drop_sink_tokens(attn, 0), attn, rtol=1e-12)
+
+
+@pytest.mark.parametrize("t", [1, 5, 9])
+def test_sink_mass_of_uniform_causal_attention_has_a_closed_form(t):
+    """Under uniform causal attention query i puts min(i + 1, k) / (i + 1) on the first k
+    keys, so the sink mass is the mean of that over the T queries, for every k."""
+    attn = graphs.uniform_causal(t, dtype=np.float64)
+    for k in range(1, t + 1):
+        want = np.mean([min(i + 1, k) / (i + 1) for i in range(t)])
+        np.testing.assert_allclose(graphs.sink_mass(attn, k), want, rtol=1e-12, err_msg=k)
+    np.testing.assert_allclose(graphs.sink_mass(attn, t), 1.0, rtol=1e-12)
+
+
+def test_sink_mass_sums_the_first_keys_and_averages_the_queries():
+    """Batched heads: each (b, h) reduces to the mean over its queries of the attention on
+    keys 0..k-1, checked against hand-computed rows; sinks beyond T or below 1 are errors."""
+    attn = np.zeros((2, 3, 3))
+    attn[0] = [[1, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]]
+    attn[1] = [[1, 0, 0], [0, 1, 0], [0, 0.4, 0.6]]
+    np.testing.assert_allclose(graphs.sink_mass(attn), [(1 + 0.5 + 0.2) / 3, 1 / 3], rtol=1e-12)
+    np.testing.assert_allclose(
+        graphs.sink_mass(attn, sink_tokens=2), [(1 + 1 + 0.5) / 3, (1 + 1 + 0.4) / 3], rtol=1e-12
+    )
+    heads = graphs.random_causal(3, (2, 4), 6, dtype=np.float64)
+    got = np.asarray(graphs.sink_mass(heads, sink_tokens=3))
+    assert got.shape == (2, 4)
+    np.testing.assert_allclose(got, heads[..., :3].sum(-1).mean(-1), rtol=1e-12)
+    with pytest.raises(ValueError, match="sink_tokens must be at most T=3, got 4"):
+        graphs.sink_mass(attn, 4)
+    with pytest.raises(ValueError, match="sink_tokens must be an integer >= 1, got 0"):
+        graphs.sink_mass(attn, 0)
