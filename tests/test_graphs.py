@@ -1,5 +1,7 @@
 """Head mixing, head importance and DAG operators."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -192,3 +194,15 @@ def test_sink_mass_sums_the_first_keys_and_averages_the_queries():
         graphs.sink_mass(attn, 4)
     with pytest.raises(ValueError, match="sink_tokens must be an integer >= 1, got 0"):
         graphs.sink_mass(attn, 0)
+
+
+@pytest.mark.parametrize("shape", [(), (4,), (2, 3), (5, 4, 3)])
+@pytest.mark.parametrize("function", [graphs.sink_mass, graphs.drop_sink_tokens])
+def test_sink_token_functions_name_attention_that_is_not_square_matrices(function, shape):
+    """A scalar, a vector or rectangular matrices are not attention over T tokens: the
+    error names the argument and the shape it got, not an index past the shape."""
+    attn = np.full(shape, 0.5)
+    with pytest.raises(
+        ValueError, match=re.escape(f"attn must have shape (..., T, T), got {shape}")
+    ):
+        function(attn, 1)
