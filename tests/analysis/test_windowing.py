@@ -1,0 +1,99 @@
+"""Cutting documents into windows of T tokens, and one window's record out of a batch:
+counts and maps checked against hand-built documents and records."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from beyondpar.analysis import corpus, windows
+
+
+@dataclasses.dataclass
+class _Encoding:
+    ids: list[int]
+
+
+class NumberTokenizer:
+    """One token per whitespace-separated number, its id the number itself."""
+
+    def encode(self, text):
+        return _Encoding([int(w) for w in text.split()])
+
+
+def _doc(name, first, length):
+    return corpus.Document(name, " ".join(str(first + k) for k in range(length)))
+
+
+def test_a_document_exactly_one_window_long_gives_a_window_and_is_not_short():
+    """T = 4 over documents of 4, 5 and 3 tokens: the first two give one window each
+    (the second drops 1 token), only the 3-token one is short (its 3 tokens dropped)."""
+    docs = [_doc("a", 0, 4), _doc("b", 100, 5), _doc("c", 200, 3)]
+    w = corpus.make_windows(docs, NumberTokenizer(), 4, None, 16)
+    assert w.tokens.tolist() == [[0, 1, 2, 3], [100, 101, 102, 103]]
+    assert w.document.tolist() == [0, 1]
+    assert w.short_documents == 1
+    assert w.dropped_tail_tokens == 1 + 3
+    assert (w.total_windows, w.documents_used, w.num_documents) == (2, 2, 3)
+
+
+@pytest.mark.parametrize("max_windows,used", [(1, 1), (2, 1), (3, 2), (4, 3), (9, 3)])
+def test_documents_used_are_those_of_the_kept_windows(max_windows, used):
+    """Documents of 8, 4 and 4 tokens at T = 4 give windows of documents 0, 0, 1, 2: the
+    first `max_windows` of them use only the documents they come from, while the total
+    and the dropped and short counts still describe the whole corpus."""
+    docs = [_doc("a", 0, 8), _doc("b", 10, 4), _doc("c", 20, 4)]
+    w = corpus.make_windows(docs, NumberTokenizer(), 4, max_windows, 16)
+    kept = min(max_windows, 4)
+    assert w.document.tolist() == [0, 0, 1, 2][:kept]
+    assert len(w.tokens) == kept and w.total_windows == 4
+    assert w.documents_used == used
+    assert (w.dropped_tail_tokens, w.short_documents) == (0, 0)
+
+
+def test_a_window_as_long_as_the_models_context_is_allowed():
+    """T equal to the context fits the model; one token more is refused."""
+    docs = [_doc("a", 0, 7)]
+    w = corpus.make_windows(docs, NumberTokenizer(), 6, None, 6)
+    assert w.tokens.tolist() == [[0, 1, 2, 3, 4, 5]] and w.dropped_tail_tokens == 1
+    with pytest.raises(ValueError, match="--tokens=7 is longer than the model's context of 6"):
+        corpus.make_windows(docs, NumberTokenizer(), 7, None, 6)
+
+
+def _batch_record():
+    """A batch of 3 windows with 2 heads: window b's head values are 10 b + head, its
+    rollout sink shares over 4 tokens have their smallest value neither first nor last."""
+    heads = np.arange(3)[:, None] * 10.0 + np.arange(2)
+    graph = {
+        "heads": {"fidelity": heads},
+        "mixes": {"uniform": {"fidelity": heads[:, 0] + 0.5, "gain": heads[:, 1] - 0.5}},
+        "best_head_fidelity": heads.max(1),
+        "sink_mass": np.array([0.1, 0.2, 0.3]),
+        "pairwise_synergy": np.ones((2, 2)),
+        "optimal": {"folds": [1, 2]},
+    }
+    layer = {**graph, "without_sink": {**graph, "sink_mass": np.array([0.4, 0.5, 0.6])}}
+    share = np.array([[0.9, 0.3, 0.5, 0.7], [0.2, 0.8, 0.1, 0.6], [0.5, 0.4, 0.45, 0.6]])
+    return {"layers": {0: layer, 3: layer}, "rollout": {"sink_share": share}}
+
+
+@pytest.mark.parametrize("b", [0, 1, 2])
+def test_a_window_record_is_its_row_of_the_batch(b):
+    """Window b's record holds row b of every per-window field, in both graphs, keyed by
+    the layer as a string; the rollout's network fidelity is the smallest sink share over
+    the window's tokens and the first token's share is that of token 0."""
+    line = windows.window_record(_batch_record(), b)
+    assert sorted(line["layers"]) == ["0", "3"]
+    layer = line["layers"]["3"]
+    assert layer["heads"]["fidelity"] == [10.0 * b, 10.0 * b + 1]
+    assert layer["mixes"]["uniform"] == {"fidelity": 10.0 * b + 0.5, "gain": 10.0 * b + 0.5}
+    assert layer["best_head_fidelity"] == 10.0 * b + 1
+    assert layer["sink_mass"] == pytest.approx([0.1, 0.2, 0.3][b])
+    assert layer["without_sink"]["sink_mass"] == pytest.approx([0.4, 0.5, 0.6][b])
+    assert "pairwise_synergy" not in layer and "optimal" not in layer
+    assert "pairwise_synergy" not in layer["without_sink"]
+    fidelity, first = [(0.3, 0.9), (0.1, 0.2), (0.4, 0.5)][b]
+    assert line["rollout"] == {
+        "network_fidelity": pytest.approx(fidelity),
+        "first_token_share": pytest.approx(first),
+    }
