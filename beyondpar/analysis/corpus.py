@@ -113,7 +113,9 @@ def make_windows(
         raise ValueError(
             f"--tokens={num_tokens} is longer than the model's context of {context} tokens"
         )
-    if max_windows is not None and (isinstance(max_windows, bool) or max_windows < 1):
+    if max_windows is not None and (
+        isinstance(max_windows, bool) or not isinstance(max_windows, int) or max_windows < 1
+    ):
         raise ValueError(f"--max_windows must be an integer >= 1, got {max_windows!r}")
     rows, owner, dropped, short, longest = [], [], 0, 0, 0
     for index, doc in enumerate(docs):

@@ -60,6 +60,17 @@ def test_a_window_as_long_as_the_models_context_is_allowed():
         corpus.make_windows(docs, NumberTokenizer(), 7, None, 6)
 
 
+@pytest.mark.parametrize("max_windows", [0, -1, 2.5, "3", True])
+def test_a_window_count_that_is_not_a_positive_integer_is_named(max_windows):
+    """--max_windows takes a count: a fraction or a string fails with the flag's name and
+    value before any document is tokenised, not with a TypeError from a slice."""
+    docs = [_doc("a", 0, 8)]
+    with pytest.raises(
+        ValueError, match=f"--max_windows must be an integer >= 1, got {max_windows!r}"
+    ):
+        corpus.make_windows(docs, NumberTokenizer(), 4, max_windows, 16)
+
+
 def _batch_record():
     """A batch of 3 windows with 2 heads: window b's head values are 10 b + head, its
     rollout sink shares over 4 tokens have their smallest value neither first nor last."""
