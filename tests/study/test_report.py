@@ -197,3 +197,46 @@ def test_report_says_which_tasks_need_attention():
     assert "**cycle does not need attention**" not in text
     rows = report.rows(records)
     assert {r["needs_attention"] for r in rows if r["task"] == "copy"} == {False}
+
+
+def with_necessity(r, needed):
+    r["attention_necessity"] = {
+        "accuracy": 0.8,
+        "accuracy_without_heads": 0.3,
+        "chance": 0.1,
+        "needs_attention": needed,
+    }
+    return r
+
+
+def test_attention_need_is_a_strict_majority_of_runs():
+    """A task needs attention only when more than half of its runs say so: a tie is no
+    majority, so the report must say the task does not need attention; two runs of
+    three are a majority."""
+    tie = [
+        with_necessity(record("a", "copy", 4, 0, 10, 0.0), True),
+        with_necessity(record("b", "copy", 4, 1, 10, 0.0), False),
+    ]
+    found = report.necessity_by_task(tie)["copy"]
+    assert found["needs_attention"] is False and found["runs"] == 2
+    assert "| copy | 2 | 80.0 | 30.0 | 10.00 | no |" in report.necessity_table({"copy": found})
+    assert "**copy does not need attention**" in report.markdown(tie)
+    two_of_three = [*tie, with_necessity(record("c", "copy", 4, 2, 10, 0.0), True)]
+    assert report.necessity_by_task(two_of_three)["copy"]["needs_attention"] is True
+    assert "does not need attention" not in report.markdown(two_of_three)
+
+
+def test_amplification_counts_only_strict_gains_as_wins():
+    """'Combined beats the best single head' counts (heads, layer) cells whose gain is
+    positive: a cell where heads combined only tie the best head (gain exactly 0) is no
+    win, and a negative gain is none either."""
+    r = record("a", "copy", 4, 0, 10, 0.0)
+    r["metrics"]["gain"]["mean"] = [0.0, 0.002]
+    s = record("b", "copy", 2, 0, 10, 0.0)
+    s["metrics"]["gain"]["mean"] = [-0.001, 0.0]
+    text = report.markdown([r, s, record("c", "copy", 1, 0, 10, 0.0)])
+    assert "Combined beats the best single head in 1 of 4 (heads, layer) cells." in text
+    # heads 4, layer 1: best 4.00 - 0.10, combined 4.00, gain +0.00, combined wins 100%
+    assert "| 4 | 1 | 3.90 | 4.00 | +0.00 | 100% |" in text
+    assert "| 4 | 2 | 4.30 | 4.20 | +0.20 | 0% |" in text
+    assert "| 2 | 1 | 1.90 | 2.00 | -0.10 | 100% |" in text
