@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import graphs, metrics, synergy
+from beyondpar import graphs, metrics, pretrained, synergy
 from beyondpar.analysis import measures
+from beyondpar.analysis import text as text_lib
+from conftest import DATA
 
 WALKS = metrics.WALKS
 SPEC = measures.AnalysisSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)
@@ -246,3 +248,31 @@ def test_bad_mix_weights_are_named_by_their_argument():
         measures.analyze_layer(attn, np.zeros(4), SPEC)
     with pytest.raises(ValueError, match=r"extra\['mine'\] must be non-negative, got minimum -1"):
         measures.analyze_layer(attn, None, SPEC, extra={"mine": [1.0, -1.0, 1.0, 1.0]})
+
+
+def test_rollout_of_a_model_weighs_the_residual_and_multiplies_later_layers_on_the_left():
+    """The rollout kept while a model runs layer by layer is R = A~_L ... A~_1 with
+    A~_l = r I + (1 - r) C_l (C_l the layer's learned mix): checked in float64 against
+    the sink's row of that product, at r = 0.2, where swapping r and 1 - r shows."""
+    model = DATA / "hf" / "gpt2-tiny"
+    module, params, _ = pretrained.load(model)
+    ids = np.asarray([[5, 17, 3, 42, 8, 11, 29, 2, 7]])
+    residual = 0.2
+    spec = measures.AnalysisSpec(
+        horizon=10, max_steps=10, pairwise=False, layers=(0,), residual=residual
+    )
+    record = text_lib.analyze_tokens(module, params, ids, spec)
+    _, attn = pretrained.apply_with_attention(module, params, ids)
+    attn = np.asarray(attn, np.float64)[0]  # L x H x T x T
+    t = ids.shape[-1]
+    product = np.eye(t)
+    for layer in range(module.config.num_layers):
+        kernel = np.asarray(params[f"h_{layer}"]["c_proj"]["kernel"])
+        w = np.asarray(graphs.head_importance(kernel, module.config.num_heads), np.float64)
+        mixed = np.einsum("h,hij->ij", w / w.sum(), attn[layer])
+        product = (residual * np.eye(t) + (1 - residual) * mixed) @ product
+    want = product[-1]
+    np.testing.assert_allclose(want.sum(), 1.0, rtol=1e-6)
+    got = record["rollout"]["sink_share"][0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(record["rollout"]["network_fidelity"][0], want.min(), rtol=1e-4)

@@ -34,3 +34,28 @@ def test_weights_searched_on_other_windows_of_the_same_folds_are_refused(tmp_pat
         optimum.corpus_optimum(module, None, corpus_windows, spec, fewer, tmp_path)
     same = windows.CorpusSpec(tokens=8, search_windows=3)
     assert optimum.corpus_optimum(module, None, corpus_windows, spec, same, tmp_path) == stored
+
+
+def test_each_window_is_measured_with_the_weights_of_its_own_folds_search():
+    """Cross-fitting: the windows of fold f take fold f's weights (searched on windows
+    outside f), layers never searched get uniform weights, and a plan that does not
+    cover every window is refused."""
+    found = {
+        "folds": [[0, 2], [2, 5], [5, 6]],
+        "layers": [1, 3],
+        # F x L' x H: fold f, searched layer l -> weights marked by (f, l)
+        "weights": [
+            [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]],
+            [[0.0, 1.0, 0.0], [0.0, 0.5, 0.5]],
+            [[0.0, 0.0, 1.0], [0.5, 0.0, 0.5]],
+        ],
+    }
+    got = optimum.per_window(found, "weights", 6, 4)
+    assert got.shape == (6, 4, 3)
+    want_fold = [0, 0, 1, 1, 1, 2]
+    searched = np.asarray(found["weights"], np.float32)
+    for window, fold in enumerate(want_fold):
+        np.testing.assert_array_equal(got[window, [1, 3]], searched[fold])
+        np.testing.assert_allclose(got[window, [0, 2]], np.full((2, 3), 1 / 3), rtol=1e-6)
+    with pytest.raises(ValueError, match="must cover 7 windows, got 6"):
+        optimum.per_window(found, "weights", 7, 4)
