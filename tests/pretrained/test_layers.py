@@ -109,3 +109,26 @@ def test_rotary_powers_are_float64_powers_rounded_once(theta, dim):
     got = layers.rotary_powers(theta, dim)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.25])
+def test_rmsnorm_normalises_in_float32_and_rounds_before_the_scale(eps):
+    """Llama's RMSNorm: x / sqrt(mean(x^2) + eps) computed in float32 whatever the input
+    dtype, rounded to that dtype, then times the weight. A bfloat16 input normalised in
+    bfloat16 would differ in the last bits; the large epsilon (inputs of rms ~0.4) shows
+    that the module's own epsilon is the one added."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 64)) * 0.4).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, 64).astype(np.float32)
+    norm = layers.RMSNorm(eps)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        xin = jnp.asarray(x, dtype)
+        x32 = np.asarray(xin, np.float32).astype(np.float64)
+        normed = x32 / np.sqrt((x32 * x32).mean(-1, keepdims=True) + eps)
+        rounded = np.asarray(jnp.asarray(normed.astype(np.float32), dtype), np.float32)
+        out = np.asarray(norm.apply({"params": {"scale": jnp.asarray(w)}}, xin), np.float32)
+        np.testing.assert_allclose(out, w * rounded, rtol=2e-6, atol=1e-7)
+    # the epsilon matters at this scale: eps 0.25 shrinks every output by over a quarter
+    plain = x / np.sqrt((x * x).mean(-1, keepdims=True))
+    if eps > 0.1:
+        assert np.all(np.abs(out) < 0.8 * np.abs(w * plain) + 1e-6)

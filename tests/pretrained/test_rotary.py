@@ -175,3 +175,25 @@ def test_a_null_share_falls_back_to_the_next_place_that_gives_one():
     assert rotary.partial_rotary_factor({name: None}, {name: 0.5}, name) == 0.5
     assert rotary.partial_rotary_factor({}, {name: None}, name) == 1.0
     assert rotary.partial_rotary_factor({name: 0.25}, {name: 0.5}, name) == 0.25
+
+
+def test_a_partial_share_rounds_the_rotating_features_down():
+    """int(head_dim * share), as transformers rounds it: a share of 0.4 of 12 features
+    turns 4 of them (2 rates over a rotary dimension of 4), not 5."""
+    rope = rotary.Rope(theta=500.0, partial_factor=0.4)
+    np.testing.assert_allclose(rope.inverse_frequencies(12), default_rates(500.0, 4), rtol=1e-6)
+    rope = rotary.Rope(theta=500.0, partial_factor=0.7)  # 7.7 of 11 features: 7, so 3 rates
+    np.testing.assert_allclose(rope.inverse_frequencies(11), default_rates(500.0, 7), rtol=1e-6)
+
+
+def test_longrope_original_length_is_4096_when_the_config_gives_none():
+    """Transformers' Phi-3 config takes 4096 as the original context when
+    original_max_position_embeddings is absent: with 16384 positions the scale is 4,
+    the attention factor sqrt(1 + ln 4 / ln 4096), and 4096 tokens still use the short
+    factors while 4097 use the long ones."""
+    rope = rotary.Rope.from_params(LONGROPE, {"max_position_embeddings": 16384}, ("longrope",))
+    assert rope.original_max_len == 4096
+    assert rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(4096)))
+    base = default_rates(10000.0, 4)
+    np.testing.assert_allclose(rope.inverse_frequencies(4, 4096), base / [1.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(rope.inverse_frequencies(4, 4097), base / [3.0, 5.0], rtol=1e-6)
