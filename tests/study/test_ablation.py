@@ -1,5 +1,6 @@
 """Ablations: the grid, dry runs, resumption without retraining, the CLI."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,30 @@ def test_ablate_cli(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"wrote {tmp_path / 'report' / 'report.md'}" in result.stdout
     assert "## Task: cycle" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_run_reports_training_and_evaluation_failures_together(tmp_path, monkeypatch):
+    """A run whose training raises is named with the first line of its error, the other
+    runs still train, and a run left without a checkpoint is reported by evaluation: both
+    kinds of failure come back from `run`, training's first."""
+    study = ablation_config.get_config()
+    study.levels.task = ("cycle",)
+    study.levels.heads = (1, 2)
+    study.levels.seed = (3,)
+    trained = []
+
+    def fake_train(config, workdir):
+        trained.append((config.model.num_heads, config.seed, Path(workdir).name))
+        if config.model.num_heads == 1:
+            raise RuntimeError("loss is NaN at step 7\nTraceback details")
+        (Path(workdir) / "checkpoints").mkdir(parents=True)
+        (Path(workdir) / "config.json").write_text(json.dumps(config.to_dict()))
+
+    monkeypatch.setattr(train, "train_and_evaluate", fake_train)
+    written, failures = ablation.run(study, tmp_path, progress=False)
+    assert trained == [(1, 3, "heads-1_seed-3_task-cycle"), (2, 3, "heads-2_seed-3_task-cycle")]
+    assert written == []
+    assert failures == [
+        ("heads-1_seed-3_task-cycle", "RuntimeError: loss is NaN at step 7"),
+        ("heads-2_seed-3_task-cycle@?", "FileNotFoundError: no checkpoint saved"),
+    ]
