@@ -168,21 +168,13 @@ def _rollout_sink(ops_LxTxT):
     return jax.lax.scan(step, sink, ops)[0]
 
 
-def _square_matrices(name: str, x) -> jax.Array:
-    """`x` as a float array of T x T matrices (a query's row over the same tokens' keys)."""
-    a = checks.as_float_array(name, x)
-    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
-        raise ValueError(f"{name} must have shape (..., T, T), got {a.shape}")
-    return a
-
-
 def sink_mass(attn_xTxT, sink_tokens: int = 1) -> jax.Array:
     """(...): mean over queries of the attention on the first `sink_tokens` keys.
 
     Trained language models park attention on the first token (an attention sink);
     a head whose sink mass is near 1 moves almost nothing between the other tokens.
     """
-    a = _square_matrices("attn", attn_xTxT)
+    a = checks.square_matrices("attn", attn_xTxT)
     k = checks.positive_int("sink_tokens", sink_tokens)
     if k > a.shape[-1]:
         raise ValueError(f"sink_tokens must be at most T={a.shape[-1]}, got {k}")
@@ -193,7 +185,7 @@ def drop_sink_tokens(attn_xTxT, sink_tokens: int) -> jax.Array:
     """(..., T - k, T - k): the graph without the first k tokens, each row renormalised over
     the keys that remain. A row that put all its attention on the dropped tokens keeps
     its own token (a self-loop), so every row still sums to 1."""
-    a = _square_matrices("attn", attn_xTxT)
+    a = checks.square_matrices("attn", attn_xTxT)
     t = a.shape[-1]
     if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int):
         raise ValueError(f"sink_tokens must be an integer, got {sink_tokens!r}")

@@ -99,9 +99,7 @@ def _spread(c):
 
 def check_operator(c, name: str = "c") -> jax.Array:
     """`c` as a float array after checking it is a batch of row-stochastic T x T operators."""
-    c = checks.as_float_array(name, c)
-    if c.ndim < 2 or c.shape[-1] != c.shape[-2]:
-        raise ValueError(f"{name} must have shape (..., T, T) with square matrices, got {c.shape}")
+    c = checks.square_matrices(name, c)
     if c.shape[-1] < 2:
         raise ValueError(f"{name} must have at least T=2 tokens, got T={c.shape[-1]}")
     if c.size and checks.is_concrete(c):

@@ -203,6 +203,7 @@ def test_sink_token_functions_name_attention_that_is_not_square_matrices(functio
     error names the argument and the shape it got, not an index past the shape."""
     attn = np.full(shape, 0.5)
     with pytest.raises(
-        ValueError, match=re.escape(f"attn must have shape (..., T, T), got {shape}")
+        ValueError,
+        match=re.escape(f"attn must have shape (..., T, T) with square matrices, got {shape}"),
     ):
         function(attn, 1)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from beyondpar.base import checks
+
 _BLANK_LINES = re.compile(r"\n[ \t]*\n")
 
 
@@ -113,10 +115,8 @@ def make_windows(
         raise ValueError(
             f"--tokens={num_tokens} is longer than the model's context of {context} tokens"
         )
-    if max_windows is not None and (
-        isinstance(max_windows, bool) or not isinstance(max_windows, int) or max_windows < 1
-    ):
-        raise ValueError(f"--max_windows must be an integer >= 1, got {max_windows!r}")
+    if max_windows is not None:
+        max_windows = checks.positive_int("--max_windows", max_windows)
     rows, owner, dropped, short, longest = [], [], 0, 0, 0
     for index, doc in enumerate(docs):
         ids = tokenizer.encode(doc.text).ids

@@ -41,6 +41,15 @@ def as_float_array(name: str, x) -> jax.Array:
     return jnp.asarray(x)
 
 
+def square_matrices(name: str, x) -> jax.Array:
+    """`x` as a float array of T x T matrices: operators and attention over one set of
+    tokens, a row per query over the same tokens as keys."""
+    a = as_float_array(name, x)
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"{name} must have shape (..., T, T) with square matrices, got {a.shape}")
+    return a
+
+
 def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
