@@ -2,10 +2,12 @@
 
 import re
 
+import jax
 import numpy as np
 import pytest
 
 from beyondpar import graphs
+from beyondpar.base import checks
 from conftest import DATA
 
 
@@ -207,3 +209,29 @@ def test_sink_token_functions_name_attention_that_is_not_square_matrices(functio
         match=re.escape(f"attn must have shape (..., T, T) with square matrices, got {shape}"),
     ):
         function(attn, 1)
+
+
+def test_drop_sink_tokens_takes_k_from_0_to_t_minus_2_and_nothing_else():
+    """At most T - 2 tokens go (two must stay for a graph with a sink and one more
+    token); a negative count, T - 1, or a boolean is an error naming the argument."""
+    attn = np.asarray(graphs.uniform_causal(4, np.float64))
+    kept = np.asarray(graphs.drop_sink_tokens(attn, 2))
+    np.testing.assert_allclose(kept, [[1.0, 0.0], [0.5, 0.5]], rtol=1e-12)
+    for k in (-1, 3, 4):
+        with pytest.raises(
+            ValueError, match=re.escape(f"sink_tokens must be in [0, 3) for T=4 tokens, got {k}")
+        ):
+            graphs.drop_sink_tokens(attn, k)
+    with pytest.raises(ValueError, match="sink_tokens must be an integer, got True"):
+        graphs.drop_sink_tokens(attn, True)
+
+
+def test_float64_attention_in_float32_mode_is_named_before_it_is_rounded(monkeypatch):
+    """In JAX's float32 mode a float64 array is computed in float32: the sink-token
+    functions say so, naming the argument, as every operator entry point does."""
+    with jax.enable_x64(False):
+        for function in (graphs.sink_mass, graphs.drop_sink_tokens):
+            monkeypatch.setattr(checks, "_warned_float64", False)  # said once per process
+            with pytest.warns(UserWarning, match="attn is float64 but JAX runs in float32 mode"):
+                out = function(np.eye(3), 1)
+            assert out.dtype == np.float32

@@ -2,6 +2,7 @@
 counts and maps checked against hand-built documents and records."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -108,3 +109,14 @@ def test_a_window_record_is_its_row_of_the_batch(b):
         "network_fidelity": pytest.approx(fidelity),
         "first_token_share": pytest.approx(first),
     }
+
+
+@pytest.mark.parametrize("tokens", [1, 0, 4.0, True])
+def test_a_window_length_that_is_not_an_integer_of_two_or_more_is_named(tokens):
+    """A window needs a sink and at least one token before it: --tokens below 2, or not
+    an integer, fails with the flag's name and value before any document is cut."""
+    docs = [_doc("a", 0, 8)]
+    with pytest.raises(
+        ValueError, match=re.escape(f"--tokens must be an integer >= 2, got {tokens!r}")
+    ):
+        corpus.make_windows(docs, NumberTokenizer(), tokens, None, 16)
