@@ -2,6 +2,7 @@
 loading."""
 
 import atexit
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -14,11 +15,19 @@ from pathlib import Path
 # of its MLIR emitters, which build a new MLIR context with every dialect for each
 # program (a quarter off the whole suite). `test_code_generation.py` checks that the
 # paper's model gives the same numbers with XLA's defaults. Subprocesses inherit them; a
-# flag the user's XLA_FLAGS already sets is left as the user set it.
-QUICK_COMPILE = (
-    "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true "
-    "--xla_cpu_use_fusion_emitters=false"
-)
+# flag the user's XLA_FLAGS already sets is left as the user set it. XLA stops the process
+# at a flag it does not know, and jaxlib 0.11 no longer has the emitter switch (its fusion
+# emitters are the only ones): it is set only where jaxlib has it.
+
+
+def quick_compile_flags(jaxlib_version: str) -> str:
+    """The quick code-generation flags that `jaxlib_version`'s XLA knows."""
+    flags = "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true"
+    major_minor = tuple(int(part) for part in jaxlib_version.split(".")[:2])
+    return flags + (" --xla_cpu_use_fusion_emitters=false" if major_minor < (0, 11) else "")
+
+
+QUICK_COMPILE = quick_compile_flags(importlib.metadata.version("jaxlib"))
 for _flag in QUICK_COMPILE.split():
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()

@@ -79,3 +79,20 @@ def test_suite_settings_give_the_numbers_of_xlas_defaults(tmp_path):
     # an approximating setting, fast-math with inexact functions, moves them by about 2e-5.
     for name, value in quick.items():
         np.testing.assert_allclose(value, default[name], rtol=1e-6, atol=1e-10, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("jaxlib", "with_emitter_flag"),
+    [("0.10.2", True), ("0.9.0", True), ("0.11.2", False), ("0.12.0", False), ("1.0.0", False)],
+)
+def test_quick_flags_name_only_flags_the_installed_xla_knows(jaxlib, with_emitter_flag):
+    """XLA aborts the process on an unknown flag; jaxlib 0.11's XLA has no emitter switch
+    (seen: `Unknown flag in XLA_FLAGS: --xla_cpu_use_fusion_emitters=false`)."""
+    from conftest import quick_compile_flags
+
+    flags = quick_compile_flags(jaxlib).split()
+    assert ("--xla_cpu_use_fusion_emitters=false" in flags) is with_emitter_flag
+    assert flags[:2] == [
+        "--xla_backend_optimization_level=1",
+        "--xla_llvm_disable_expensive_passes=true",
+    ]
