@@ -28,7 +28,11 @@ from beyondpar import graphs, metrics
 from beyondpar.base import parallel
 from beyondpar.base.timing import best_time
 from beyondpar.benchmarks.baselines import numpy_exact, paper_method
-from beyondpar.benchmarks.machine import cache_bytes_per_s, matmul_flops_per_s
+from beyondpar.benchmarks.machine import (
+    cache_bytes_per_s,
+    in_cache_yardsticks_apply,
+    matmul_flops_per_s,
+)
 
 T = K = 100  # the paper's sequence length and horizon
 MATRICES_READ = {"fused": 2, "fused_normalized_walk": 1}  # per step: c (+ the walk's own)
@@ -89,7 +93,8 @@ def metrics_suite(
     timings = _kernel_times(host, batch, repeats)
     product_s = product_recursion_s(batch, repeats)
     paper_s, numpy_s = _baseline_times(host, repeats)
-    rate, cache = matmul_flops_per_s(repeats), cache_bytes_per_s(repeats)
+    rate = matmul_flops_per_s(repeats)
+    cache = cache_bytes_per_s(repeats) if in_cache_yardsticks_apply() else None
     us = {name: 1e6 * v / n for name, v in timings.items()}
     us["product_recursion"] = 1e6 * product_s / n
     us.update(paper_method=1e6 * paper_s, numpy_exact=1e6 * numpy_s)
@@ -100,7 +105,7 @@ def metrics_suite(
         "us_per_matrix": us,
         "speedup_vs_paper": paper_s / (timings["fused"] / n),
         "speedup_vs_numpy_exact": numpy_s / (timings["fused"] / n),
-        "cache_gb_per_s": cache / 1e9,
+        "cache_gb_per_s": None if cache is None else cache / 1e9,
         **_rates_and_bounds(timings, product_s, n, rate, cache),
     }
     if plain_session:
@@ -111,27 +116,20 @@ def metrics_suite(
     return result
 
 
-def _rates_and_bounds(timings: dict, product_s: float, n: int, rate: float, cache: float):
+def _rates_and_bounds(
+    timings: dict, product_s: float, n: int, rate: float, cache: float | None
+) -> dict:
     """The kernels' flop rates over `n` operators against the matmul `rate`, and their
-    shares of the cache-bandwidth and XLA-product bounds."""
+    shares of the XLA-product bound and, where `cache` (bytes/s) is given, of the
+    cache-bandwidth bound."""
     flop = 2 * 2 * K * T * T * n  # two metrics, 2 K T^2 each
-    bounds = {
-        name: bandwidth_bound(flop, n * recursion_bytes(T, K, reads), cache, rate)
-        for name, reads in MATRICES_READ.items()
-    }
     products = {
         name: product_bound(flop, product_s, reads, rate) for name, reads in MATRICES_READ.items()
     }
-    return {
+    result = {
         "effective_gflops": flop / timings["fused"] / 1e9,
         "fraction_of_matmul": flop / timings["fused"] / rate,
         "fraction_of_matmul_normalized_walk": flop / timings["fused_normalized_walk"] / rate,
-        "bandwidth_bound_fraction_of_matmul": {
-            name: b["fraction_of_matmul"] for name, b in bounds.items()
-        },
-        "fraction_of_bandwidth_bound": {
-            name: b["seconds"] / timings[name] for name, b in bounds.items()
-        },
         "product_bound_fraction_of_matmul": {
             name: b["fraction_of_matmul"] for name, b in products.items()
         },
@@ -139,6 +137,18 @@ def _rates_and_bounds(timings: dict, product_s: float, n: int, rate: float, cach
             name: b["seconds"] / timings[name] for name, b in products.items()
         },
     }
+    if cache is not None:
+        bounds = {
+            name: bandwidth_bound(flop, n * recursion_bytes(T, K, reads), cache, rate)
+            for name, reads in MATRICES_READ.items()
+        }
+        result["bandwidth_bound_fraction_of_matmul"] = {
+            name: b["fraction_of_matmul"] for name, b in bounds.items()
+        }
+        result["fraction_of_bandwidth_bound"] = {
+            name: b["seconds"] / timings[name] for name, b in bounds.items()
+        }
+    return result
 
 
 def _kernel_times(host: np.ndarray, batch: jax.Array, repeats: int) -> dict:
@@ -187,13 +197,16 @@ def _print_metrics(r: dict) -> None:
     print(f"effective rate         {r['effective_gflops']:10.1f} GFLOP/s")
     print(f"fraction of matmul     {r['fraction_of_matmul']:10.1%}")
     print(f"  (normalised walk)    {r['fraction_of_matmul_normalized_walk']:10.1%}")
-    print(f"cache bandwidth        {r['cache_gb_per_s']:10.1f} GB/s (read + write, in cache)")
-    bound, share = r["bandwidth_bound_fraction_of_matmul"], r["fraction_of_bandwidth_bound"]
-    for name in MATRICES_READ:
-        print(
-            f"  {name}: bandwidth bound {bound[name]:6.1%} of matmul; "
-            f"kernel at {share[name]:6.1%} of that bound"
-        )
+    if r["cache_gb_per_s"] is None:
+        print("cache bandwidth        no bound off the CPU (machine.in_cache_yardsticks_apply)")
+    else:
+        print(f"cache bandwidth        {r['cache_gb_per_s']:10.1f} GB/s (read + write, in cache)")
+        bound, share = r["bandwidth_bound_fraction_of_matmul"], r["fraction_of_bandwidth_bound"]
+        for name in MATRICES_READ:
+            print(
+                f"  {name}: bandwidth bound {bound[name]:6.1%} of matmul; "
+                f"kernel at {share[name]:6.1%} of that bound"
+            )
     bound, share = r["product_bound_fraction_of_matmul"], r["fraction_of_product_bound"]
     for name in MATRICES_READ:
         print(

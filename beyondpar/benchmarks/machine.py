@@ -45,6 +45,15 @@ def cache_bytes_per_s(repeats: int, kilobytes: int = 800, passes: int = 256) -> 
     return 2 * passes * block.nbytes / seconds
 
 
+def in_cache_yardsticks_apply() -> bool:
+    """Whether `cache_bytes_per_s` and `exp_per_s` bound anything on this backend. They
+    time passes inside one call over a cache-resident block, which is how a CPU core runs
+    the metric recursions and the softmax. On a GPU each pass of their loop is a kernel
+    launch (an H200 gave 7.8 G exp/s and 161 GB/s, launch rates, not the chip's), and the
+    softmax's exponentials are fused into passes the copy bandwidth already counts."""
+    return jax.default_backend() == "cpu"
+
+
 def exp_per_s(repeats: int, kilobytes: int = 256, passes: int = 64) -> float:
     """Exponentials per second over all local devices: `passes` passes of x -> exp(-x)
     over a cache-resident float32 block of `kilobytes` per device, inside one call. The

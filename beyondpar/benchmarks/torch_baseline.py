@@ -24,8 +24,17 @@ def available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def init_params(cfg, seed: int = 0) -> dict:
-    """Parameters of the paper's model (`model.ModelConfig` sizes) as torch tensors."""
+def device_for(jax_backend: str) -> str:
+    """The torch device matching JAX's backend: a GPU run is compared with PyTorch on the
+    same GPU (CUDA), anything else with PyTorch on the CPU."""
+    import torch
+
+    return "cuda" if jax_backend == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def init_params(cfg, seed: int = 0, device: str = "cpu") -> dict:
+    """Parameters of the paper's model (`model.ModelConfig` sizes) as torch tensors on
+    `device` (drawn on the CPU, so every device starts from the same values)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -47,7 +56,7 @@ def init_params(cfg, seed: int = 0) -> dict:
             p[f"{i}.{name}.w"], p[f"{i}.{name}.b"] = linear(d, d)
         p[f"{i}.mlp1.w"], p[f"{i}.mlp1.b"] = linear(d, f)
         p[f"{i}.mlp2.w"], p[f"{i}.mlp2.b"] = linear(f, d)
-    return {k: v.requires_grad_() for k, v in p.items()}
+    return {k: v.to(device).requires_grad_() for k, v in p.items()}
 
 
 def forward(p: dict, tokens, cfg, training: bool = True):
@@ -58,7 +67,7 @@ def forward(p: dict, tokens, cfg, training: bool = True):
     b, t = tokens.shape
     h, d = cfg.num_heads, cfg.embed_dim
     rate = cfg.dropout_rate if training else 0.0
-    future = ~torch.ones(t, t, dtype=torch.bool).tril()
+    future = ~torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
     x = p["tok"][tokens] + p["pos"][:t]
     for i in range(cfg.num_layers):
         y = F.rms_norm(x, (d,), p[f"{i}.ln1"])
@@ -76,17 +85,21 @@ def forward(p: dict, tokens, cfg, training: bool = True):
     return F.linear(x, p["head.w"], p["head.b"])
 
 
-def step_seconds(cfg, inputs: np.ndarray, targets: np.ndarray, repeats: int, threads: int):
-    """Best wall time of one Adam step on the batch, after two warm-up steps, with
-    `threads` intra-op threads (the cores the JAX step runs on)."""
+def step_seconds(
+    cfg, inputs: np.ndarray, targets: np.ndarray, repeats: int, threads: int, device="cpu"
+):
+    """Best wall time of one Adam step on the batch on `device`, after two warm-up steps,
+    with `threads` intra-op threads (the cores the JAX step runs on). Each step ends by
+    reading its loss, which waits for the device."""
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    p = init_params(cfg)
+    p = init_params(cfg, device=device)
     opt = torch.optim.Adam(p.values(), lr=1e-3)
-    tokens, labels = torch.from_numpy(np.array(inputs)), torch.from_numpy(np.array(targets))
+    tokens = torch.from_numpy(np.array(inputs)).to(device)
+    labels = torch.from_numpy(np.array(targets)).to(device)
 
     def step():
         opt.zero_grad(set_to_none=True)

@@ -4,6 +4,8 @@ replaced by fixed numbers so that every expected figure is exact."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -106,6 +108,22 @@ def test_rates_and_bounds_from_fixed_timings():
     )
 
 
+def test_rates_and_bounds_without_a_cache_rate_keep_the_product_bound():
+    """Off the CPU no cache rate is measured: no bandwidth-bound figures, the same rest."""
+    timings = {"fused": 0.01, "fused_normalized_walk": 0.02}
+    with_cache = kernels._rates_and_bounds(timings, 0.004, 3, rate=1e10, cache=1e11)
+    without = kernels._rates_and_bounds(timings, 0.004, 3, rate=1e10, cache=None)
+    bandwidth = {"bandwidth_bound_fraction_of_matmul", "fraction_of_bandwidth_bound"}
+    assert set(with_cache) - set(without) == bandwidth
+    assert without == {k: v for k, v in with_cache.items() if k not in bandwidth}
+
+
+@pytest.mark.parametrize(("backend", "applies"), [("cpu", True), ("gpu", False), ("tpu", False)])
+def test_in_cache_yardsticks_apply_on_the_cpu_only(monkeypatch, backend, applies):
+    monkeypatch.setattr(machine.jax, "default_backend", lambda: backend)
+    assert machine.in_cache_yardsticks_apply() is applies
+
+
 def test_product_recursion_is_ones_times_matrix_power():
     """v c^steps from v = 1, for each operator of a small block."""
     rng = np.random.default_rng(3)
@@ -162,6 +180,36 @@ def test_metrics_suite_figures_from_fixed_timings(monkeypatch, capsys):
     assert r["effective_gflops"] == pytest.approx(0.8)  # 8e6 FLOP in 0.01 s
     assert r["plain_session_vs_launcher"] == pytest.approx(2.5)  # 5000 us vs 2000 us
     assert "600x" in capsys.readouterr().out
+
+
+def test_metrics_suite_off_the_cpu_measures_no_cache_rate(monkeypatch, capsys):
+    """On a GPU the in-cache pass loop times kernel launches: it is not run, and the
+    summary says there is no bandwidth bound instead of printing one."""
+    timings = {
+        "fused": 0.01,
+        "fused_from_one_device": 0.012,
+        "fused_normalized_walk": 0.02,
+        "fidelity": 0.004,
+        "hitting_time": 0.006,
+    }
+    monkeypatch.setattr(kernels, "in_cache_yardsticks_apply", lambda: False)
+    monkeypatch.setattr(kernels, "_kernel_times", lambda host, batch, repeats: dict(timings))
+    monkeypatch.setattr(kernels, "product_recursion_s", lambda batch, repeats: 0.004)
+    monkeypatch.setattr(kernels, "_baseline_times", lambda host, repeats: (3.0, 0.002))
+    monkeypatch.setattr(kernels, "matmul_flops_per_s", lambda repeats: 1e10)
+
+    def no_cache_rate(repeats):
+        raise AssertionError("cache_bytes_per_s measured off the CPU")
+
+    monkeypatch.setattr(kernels, "cache_bytes_per_s", no_cache_rate)
+    r = kernels.metrics_suite(repeats=1, sequences=1, layers=1, operators=2, plain_session=False)
+    assert r["cache_gb_per_s"] is None and "fraction_of_bandwidth_bound" not in r
+    assert r["fraction_of_product_bound"] == pytest.approx(
+        {"fused": 0.8, "fused_normalized_walk": 0.2}
+    )
+    out = capsys.readouterr().out
+    assert "no bound off the CPU" in out and "bandwidth bound" not in out
+    assert json.loads(out.splitlines()[-1])["cache_gb_per_s"] is None
 
 
 # training: FLOPs, attention traffic and the floors ----------------------------------
@@ -224,6 +272,43 @@ def test_result_line_ratios_and_units():
     assert r["ratio_16_to_1"] == pytest.approx(3.0)
     assert r["torch_ms_per_step"] == {"1": 25.0, "16": 45.0}
     assert r["speedup_vs_torch"] == pytest.approx({"1": 2.5, "16": 1.5})
+
+
+def test_result_line_without_an_exp_rate():
+    """Off the CPU the exponentials bound nothing: no rate, and the second floor is the
+    first (rows built by `roofline_ms` without `exps_per_s`)."""
+    cfg = model_lib.ModelConfig(**SMALL)
+    rows = {"1": {"jax": 10.0, "roofline": 4.0, "roofline_with_exp": 4.0}}
+    r = training._result(rows, 1, (1e9, 1e9, None), cfg, 2, 7)
+    assert r["exp_g_per_s"] is None
+    assert r["x_roofline_with_exp"] == r["x_roofline"] == pytest.approx({"1": 2.5})
+    json.dumps(r)
+
+
+def test_train_suite_off_the_cpu_has_one_floor(monkeypatch, capsys):
+    """On a GPU the exp rate is not measured (its pass loop times kernel launches there),
+    so the floor with exponentials is the floor of FLOPs and attention passes."""
+    monkeypatch.setattr(training, "in_cache_yardsticks_apply", lambda: False)
+
+    def no_exp_rate(repeats):
+        raise AssertionError("exp_per_s measured off the CPU")
+
+    monkeypatch.setattr(training, "exp_per_s", no_exp_rate)
+    monkeypatch.setattr(training, "matmul_flops_per_s", lambda repeats: STEP_FLOPS / 0.002)
+    monkeypatch.setattr(training, "copy_bytes_per_s", lambda repeats: 25872 / 0.002)
+    monkeypatch.setattr(training, "jax_step_ms", lambda cfg, mesh, examples, repeats: 10.0)
+    monkeypatch.setattr(training, "step_profile_ms", lambda cfg, mesh, examples: {"all": 1.0})
+    monkeypatch.setattr(training.torch_baseline, "available", lambda: False)
+    monkeypatch.setattr(training.model_lib, "ModelConfig", _small_config)
+    r = training.train_suite(repeats=1, heads=(3,), batch=2, t=7)
+    assert r["exp_g_per_s"] is None
+    assert r["roofline_ms"] == r["roofline_with_exp_ms"] == pytest.approx({"3": 4.0})
+    assert "exp: no floor off the CPU" in capsys.readouterr().out
+
+
+def _small_config(num_heads=3, max_len=7, config=model_lib.ModelConfig):
+    """The suite's configs at SMALL's sizes (the suite builds them by head count)."""
+    return config(**(SMALL | {"num_heads": num_heads, "max_len": max_len}))
 
 
 def test_result_line_without_both_head_counts_or_torch():
