@@ -64,3 +64,39 @@ def test_tokens_split_along_data_by_batch_not_length():
     assert {s.data.shape for s in split.addressable_shards} == {(2, 3)}
     whole = pretrained.place_tokens(params, np.arange(12, dtype=np.int32).reshape(3, 4))
     assert {s.data.shape for s in whole.addressable_shards} == {(3, 4)}
+
+
+def _attention(batch: int, heads: int = 4, t: int = 3) -> np.ndarray:
+    return np.arange(batch * heads * t * t, dtype=np.float32).reshape(batch, heads, t, t)
+
+
+def test_gather_heads_brings_a_layers_heads_together_per_sequence():
+    """Heads split over a model=4 mesh reach the kernels with every head of a sequence on
+    one device: split along the batch over the local devices when it divides, else whole
+    on the mesh's first device. Values never change."""
+    mesh = parallel.model_mesh(data=1, model=4, devices=jax.devices()[:4])
+    by_head = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, parallel.MODEL))
+    for batch, shard_shape in [(4, (1, 4, 3, 3)), (3, (3, 4, 3, 3))]:
+        attn = jax.device_put(_attention(batch), by_head)
+        assert {s.data.shape for s in attn.addressable_shards} == {(batch, 1, 3, 3)}
+        gathered = pretrained.gather_heads(attn, mesh)
+        assert {s.data.shape for s in gathered.addressable_shards} == {shard_shape}
+        np.testing.assert_array_equal(np.asarray(gathered), _attention(batch))
+    assert pretrained.gather_heads(attn, mesh).devices() == {mesh.devices.flat[0]}
+
+
+def test_gather_heads_leaves_a_batch_split_over_every_device_alone():
+    """On a data-only mesh over every local device the batch is already split with whole
+    heads: the same array comes back, as it does without a mesh or on one device."""
+    mesh = parallel.model_mesh(data=4, model=1, devices=jax.devices()[:4])
+    attn = jax.device_put(_attention(4), parallel.batch_sharded(mesh))
+    assert pretrained.gather_heads(attn, mesh) is attn
+    assert pretrained.gather_heads(attn, None) is attn
+    single = jax.device_put(_attention(2), jax.devices()[1])
+    assert pretrained.gather_heads(single, mesh) is single
+    mixed = parallel.model_mesh(data=2, model=2, devices=jax.devices()[:4])
+    both = jax.sharding.PartitionSpec(parallel.DATA, parallel.MODEL)
+    attn = jax.device_put(_attention(4), jax.sharding.NamedSharding(mixed, both))
+    gathered = pretrained.gather_heads(attn, mixed)
+    assert {s.data.shape for s in gathered.addressable_shards} == {(1, 4, 3, 3)}
+    np.testing.assert_array_equal(np.asarray(gathered), _attention(4))
