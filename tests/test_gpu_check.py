@@ -72,6 +72,8 @@ def test_gpu_check_names_failed_steps_and_tabulates_the_rest(tmp_path):
     ]
     assert list(rows.values())[:3] == ["2.50", "1234x", "3.1%"]
     assert rows["2,000-step run: eval accuracy"] == "0.9876"  # the run's last line
+    # 2,000 steps over the run step's wall time, which is under the whole script's 60 s
+    assert float(rows["2,000-step run: steps/s (wall)"]) > 2000 / 60
     table = (out / "table.txt").read_text().splitlines()
     assert done.stdout.splitlines()[-len(table) :] == table
 
