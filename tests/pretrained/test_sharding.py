@@ -3,6 +3,8 @@ and attention as on one device for every fixture, parameters really split along 
 their layout asks for (Phi-3's fused projections by whole groups), one layer's attention
 gathered over `model` at a time."""
 
+from types import SimpleNamespace
+
 import gguf
 import jax
 import numpy as np
@@ -191,3 +193,70 @@ def test_default_is_one_device_and_tokens_follow_the_parameters(tmp_path, monkey
     assert tokens.sharding.device_set == {jax.local_devices()[0]}
     logits = pretrained.layer_by_layer(module, params, tokens)
     assert next(logits)[1].shape == (2, 4, 64, 64)
+
+
+def test_gpt2_output_projection_embeddings_and_biases_follow_the_megatron_layout():
+    """gpt2-untied on 2 devices: the attention output projection reads split heads, so
+    each device holds its heads' input rows of the checkpoint's kernel and the whole bias;
+    the fused qkv bias splits with its output features; the token embedding and the
+    untied output head each split their 300 vocabulary rows, 150 per device, as stored."""
+    stored = load_file(HF / "gpt2-untied" / "model.safetensors")
+    _, params, _ = pretrained.load(HF / "gpt2-untied", mesh=parallel.model_mesh(1, 2))
+    layer = params["h_1"]
+    proj = layer["c_proj"]["kernel"]
+    assert proj.sharding.spec == P("model", None)
+    for shard in proj.addressable_shards:
+        assert shard.data.shape == (16, 32)
+        np.testing.assert_array_equal(
+            shard.data, stored["transformer.h.1.attn.c_proj.weight"][shard.index]
+        )
+    assert layer["c_proj"]["bias"].sharding.spec == P()
+    qkv_bias = layer["c_attn"]["bias"]
+    assert qkv_bias.sharding.spec == P("model")
+    assert {s.data.shape for s in qkv_bias.addressable_shards} == {(48,)}
+    for part, key in (("wte", "transformer.wte.weight"), ("lm_head", "lm_head.weight")):
+        table = params[part]["embedding"]
+        assert table.sharding.spec == P("model", None), part
+        starts = []
+        for shard in table.addressable_shards:
+            assert shard.data.shape == (150, 32), part
+            np.testing.assert_array_equal(shard.data, stored[key][shard.index])
+            starts.append(shard.index[0].start)
+        assert sorted(starts) == [0, 150], part
+
+
+def test_partition_specs_of_each_kind_of_parameter_on_three_devices():
+    """A hand-made config on a model axis of 3: 6 heads, 3 kv heads, 9 MLP features and 12
+    vocabulary rows all divide; a kernel that makes heads splits its last (output) axis
+    however many axes it has, one that reads them its first; biases split only with
+    output features; embeddings split rows; units that do not divide, norms, unknown
+    modules and a single device keep the parameter whole."""
+    cfg = SimpleNamespace(num_heads=6, num_kv_heads=3, mlp_dim=9, vocab_size=12)
+    cases = {
+        (("layers_0", "q_proj", "kernel"), 3): P(None, None, "model"),
+        (("layers_0", "k_proj", "kernel"), 2): P(None, "model"),
+        (("layers_0", "q_proj", "bias"), 1): P("model"),
+        (("layers_0", "o_proj", "kernel"), 3): P("model", None, None),
+        (("layers_0", "o_proj", "bias"), 1): P(),
+        (("layers_0", "down_proj", "kernel"), 2): P("model", None),
+        (("h_0", "c_proj", "kernel"), 2): P("model", None),
+        (("h_0", "c_proj", "bias"), 1): P(),
+        (("h_0", "c_fc", "bias"), 1): P("model"),
+        (("embed_tokens", "embedding"), 2): P("model", None),
+        (("lm_head", "embedding"), 2): P("model", None),
+        (("layers_0", "input_layernorm", "scale"), 1): P(),
+        (("layers_0", "mystery", "kernel"), 2): P(),
+        (("embedding",), 2): P(),
+    }
+    for (keys, ndim), spec in cases.items():
+        assert sharding.partition_spec(keys, ndim, cfg, 3) == spec, keys
+    assert sharding.partition_spec(("q_proj", "kernel"), 2, cfg, 1) == P()
+    # 7 features, 13 vocabulary rows, 4 heads: none divides by 3
+    odd = SimpleNamespace(num_heads=4, num_kv_heads=3, mlp_dim=7, vocab_size=13)
+    for keys in (("up_proj", "kernel"), ("wte", "embedding"), ("c_attn", "kernel")):
+        assert sharding.partition_spec(keys, 2, odd, 3) == P(), keys
+    assert sharding.partition_spec(("v_proj", "kernel"), 2, odd, 3) == P(None, "model")
+    # no kv head count (GPT-2, GPT-NeoX): keys and values count as many as the queries
+    gpt2 = SimpleNamespace(num_heads=6, mlp_dim=7, vocab_size=13)
+    assert sharding.partition_spec(("k_proj", "kernel"), 2, gpt2, 3) == P(None, "model")
+    assert sharding.units(gpt2) == {"heads": 6, "kv_heads": 6, "features": 7, "vocab": 13}
