@@ -1,0 +1,186 @@
+"""The launchers' flags and exit status: what analyze.py's flags turn into (the analysis spec,
+the layers, the source to analyse), which combinations are refused, and ablate.py's status
+when a run fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+# Loads launch/analyze.py once and, for each command line, reports the source chosen and
+# the AnalysisSpec built from the flags, or the ValueError a flag rule raised. One process
+# serves every command line: absl's flags are reset to their defaults between them.
+_PROBE = """
+import dataclasses, json, sys, runpy
+from absl import flags
+mod = runpy.run_path(sys.argv[1], run_name="analyze_flags")
+for argv in json.loads(sys.argv[2]):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["analyze.py", *argv])
+    try:
+        out = {"what": mod["check_flag_rules"](), "spec": dataclasses.asdict(mod["spec"]())}
+    except ValueError as err:
+        out = {"error": str(err)}
+    print(json.dumps(out))
+for path in json.loads(sys.argv[3]):
+    try:
+        print(json.dumps({"text": mod["read_text_file"](path)}))
+    except ValueError as err:
+        print(json.dumps({"error": str(err)}))
+"""
+
+COMMAND_LINES = {
+    "defaults": ["--attention=a.npz"],
+    "walk_flags": [
+        "--model=m",
+        "--text=x",
+        "--horizon=7",
+        "--max_steps=9",
+        "--residual=0.25",
+        "--layers=0,5,11",
+        "--sink_tokens=1",
+        "--folds=3",
+        "--nopairwise",
+        "--optimal_weights",
+    ],
+    "pruning_on_text": ["--model=m", "--text=x", "--pruning"],
+    "batch_on_text_file": ["--model=m", "--text_file=t.txt", "--batch_size=4"],
+    "attention_with_corpus": ["--attention=a.npz", "--corpus=c.txt"],
+    "attention_with_text_file": ["--attention=a.npz", "--text_file=t.txt"],
+    "corpus": ["--model=m", "--corpus=c.txt", "--tokens=64", "--pruning", "--max_windows=3"],
+}
+
+
+@pytest.fixture(scope="module")
+def analyze(tmp_path_factory):
+    """(the outcome of each of COMMAND_LINES, the outcome of reading each text file)."""
+    folder = tmp_path_factory.mktemp("texts")
+    utf8 = folder / "utf8.txt"
+    utf8.write_bytes("naïve café – 東京\n".encode())
+    latin1 = folder / "latin1.txt"
+    latin1.write_bytes("naïve café\n".encode("latin-1"))
+    names = list(COMMAND_LINES)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PROBE,
+            str(ROOT / "launch" / "analyze.py"),
+            json.dumps([COMMAND_LINES[n] for n in names]),
+            json.dumps([str(utf8), str(latin1), str(folder / "missing.txt")]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == len(names) + 3, result.stderr[-2000:]
+    return dict(zip(names, lines[: len(names)], strict=True)), lines[len(names) :]
+
+
+def test_analyze_defaults_are_the_documented_spec(analyze):
+    """Without walk flags, the spec is the documented one: horizon K=100, a 100-step cap,
+    residual share 1/2, every layer, pairwise synergy on, no weight search, no sink
+    tokens dropped, 2 folds."""
+    outcome = analyze[0]["defaults"]
+    assert outcome["what"] == "attention"
+    assert outcome["spec"] == {
+        "horizon": 100,
+        "max_steps": 100,
+        "eps": 0.25,
+        "residual": 0.5,
+        "layers": None,
+        "pairwise": True,
+        "optimal_weights": False,
+        "sink_tokens": 0,
+        "folds": 2,
+    }
+
+
+def test_analyze_each_walk_flag_reaches_its_own_field(analyze):
+    """Each flag sets its own field of the spec, with values chosen all different from the
+    defaults and from one another so that a flag read into the wrong field shows; layers
+    are numbered from 0 as typed."""
+    outcome = analyze[0]["walk_flags"]
+    assert outcome["what"] == "text"
+    assert outcome["spec"] == {
+        "horizon": 7,
+        "max_steps": 9,
+        "eps": 0.25,
+        "residual": 0.25,
+        "layers": [0, 5, 11],
+        "pairwise": False,
+        "optimal_weights": True,
+        "sink_tokens": 1,
+        "folds": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("pruning_on_text", "--pruning: for --corpus only, got --text"),
+        ("batch_on_text_file", "--batch_size: for --corpus only, got --text_file"),
+        ("attention_with_corpus", "--attention takes no text or corpus, got --corpus"),
+        ("attention_with_text_file", "--attention takes no text or corpus, got --text_file"),
+    ],
+)
+def test_analyze_refuses_flags_that_would_be_ignored(analyze, name, message):
+    """A corpus-only flag beside a text, or a text or corpus beside --attention, would be
+    silently ignored; each is refused, naming the flag and the source it came with."""
+    assert analyze[0][name] == {"error": message}
+
+
+def test_analyze_corpus_flags_are_accepted_with_a_corpus(analyze):
+    """The corpus-only flags are accepted once the source is a corpus."""
+    assert analyze[0]["corpus"]["what"] == "corpus"
+
+
+def test_analyze_text_file_is_read_as_utf8(analyze):
+    """A --text_file is UTF-8: accents and CJK come back as written; a Latin-1 file (its
+    'ï' is byte 0xEF, not valid UTF-8 there) and a missing file are errors naming them."""
+    utf8, latin1, missing = analyze[1]
+    assert utf8 == {"text": "naïve café – 東京\n"}
+    assert "is not UTF-8 text (byte 2: invalid continuation byte)" in latin1["error"]
+    assert "latin1.txt" in latin1["error"]
+    assert "missing.txt cannot be read" in missing["error"]
+
+
+def test_ablate_exits_1_when_a_run_fails(tmp_path):
+    """A grid whose only run cannot be read (a torn config.json from an earlier, killed
+    process) trains nothing, names both failures (the run, then its missing checkpoint),
+    counts them, and exits with status 1, so a script or CI job running the grid stops."""
+    run = tmp_path / "heads-1_seed-0_task-copy"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text('{"model": ')
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "ablate.py"),
+            "--config=configs/ablation.py:base=smoke",
+            "--config.levels.heads=(1,)",
+            "--config.levels.task=('copy',)",
+            f"--workdir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    # the launcher's closing list: the run, then its checkpoint
+    assert [line.split(":")[0] for line in failed[-2:]] == [
+        "FAILED heads-1_seed-0_task-copy",
+        "FAILED heads-1_seed-0_task-copy@?",
+    ]
+    assert "config.json is not valid JSON" in failed[-2]
+    assert "2 run(s) or checkpoint(s) failed; the report lists them" in result.stdout
+    assert list((run / "checkpoints").iterdir()) == []  # nothing was trained
