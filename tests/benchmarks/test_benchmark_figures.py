@@ -135,9 +135,9 @@ def test_product_recursion_is_ones_times_matrix_power():
     np.testing.assert_allclose(out[:, 0], expected, rtol=1e-5)
 
 
-def test_metrics_suite_figures_from_fixed_timings(monkeypatch, capsys):
-    """Per-matrix microseconds, speed-ups and rates in GFLOP/s and GB/s over n = 2
-    operators, from fixed kernel seconds (for all n) and baseline seconds (per matrix)."""
+def _fixed_kernel_timings(monkeypatch):
+    """Fixed seconds for the metric suite's kernels (for all n), its product recursion,
+    its baselines (per matrix) and a matmul rate of 1e10 FLOP/s."""
     timings = {
         "fused": 0.01,
         "fused_from_one_device": 0.012,
@@ -145,11 +145,17 @@ def test_metrics_suite_figures_from_fixed_timings(monkeypatch, capsys):
         "fidelity": 0.004,
         "hitting_time": 0.006,
     }
-    calls = []
     monkeypatch.setattr(kernels, "_kernel_times", lambda host, batch, repeats: dict(timings))
     monkeypatch.setattr(kernels, "product_recursion_s", lambda batch, repeats: 0.004)
     monkeypatch.setattr(kernels, "_baseline_times", lambda host, repeats: (3.0, 0.002))
     monkeypatch.setattr(kernels, "matmul_flops_per_s", lambda repeats: 1e10)
+
+
+def test_metrics_suite_figures_from_fixed_timings(monkeypatch, capsys):
+    """Per-matrix microseconds, speed-ups and rates in GFLOP/s and GB/s over n = 2
+    operators, from fixed kernel seconds (for all n) and baseline seconds (per matrix)."""
+    calls = []
+    _fixed_kernel_timings(monkeypatch)
     monkeypatch.setattr(kernels, "cache_bytes_per_s", lambda repeats: 1e11)
 
     def plain(*args):
@@ -185,18 +191,8 @@ def test_metrics_suite_figures_from_fixed_timings(monkeypatch, capsys):
 def test_metrics_suite_off_the_cpu_measures_no_cache_rate(monkeypatch, capsys):
     """On a GPU the in-cache pass loop times kernel launches: it is not run, and the
     summary says there is no bandwidth bound instead of printing one."""
-    timings = {
-        "fused": 0.01,
-        "fused_from_one_device": 0.012,
-        "fused_normalized_walk": 0.02,
-        "fidelity": 0.004,
-        "hitting_time": 0.006,
-    }
     monkeypatch.setattr(kernels, "in_cache_yardsticks_apply", lambda: False)
-    monkeypatch.setattr(kernels, "_kernel_times", lambda host, batch, repeats: dict(timings))
-    monkeypatch.setattr(kernels, "product_recursion_s", lambda batch, repeats: 0.004)
-    monkeypatch.setattr(kernels, "_baseline_times", lambda host, repeats: (3.0, 0.002))
-    monkeypatch.setattr(kernels, "matmul_flops_per_s", lambda repeats: 1e10)
+    _fixed_kernel_timings(monkeypatch)
 
     def no_cache_rate(repeats):
         raise AssertionError("cache_bytes_per_s measured off the CPU")
