@@ -143,3 +143,24 @@ def test_pruning_row_gives_the_curves_first_and_last_points(summary):
     point are its end; the windows entry is no order."""
     row = cells(corpus_report.markdown(summary), "## Pruning heads", 2)["projection"]
     assert row == ["2.000", "3.000", "20.1", "2.500", "0.400"]
+
+
+def test_table_without_sink_has_its_own_baseline_and_values(summary):
+    """With one sink token, a second layer table reads each layer from its graph without
+    the sink and closes with that graph's own uniform causal baseline; the sink mass is
+    the full graph's, and the first table keeps the full baseline."""
+    summary["spec"]["sink_tokens"] = 1
+    summary["baseline"]["baseline_without_sink"] = {
+        "fidelity": 0.075,
+        "fidelity_median": 0.09,
+        "fidelity_p10": 0.085,
+        "hitting_time_normalized": 5.5,
+    }
+    for name, full in summary["layers"].items():
+        full["without_sink"] = layer(0.05 + 0.01 * int(name))
+    report = corpus_report.markdown(summary)
+    rows = cells(report, "## Layers without the first 1 token(s)")
+    assert rows["baseline: uniform causal"][:3] == ["-", "-", "7.500"]
+    assert rows["1"][:3] == ["2", "31.000 [30.000, 33.000]", "36.000 [35.000, 38.000]"]
+    assert rows["1"][-1] == "0.300"
+    assert cells(report, "## Layers\n")["baseline: uniform causal"][2] == "6.250"

@@ -1,6 +1,8 @@
 """The series summary: per-layer columns read from text records and corpus summaries, and
 series.md ordered by checkpoint step and by layer number."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -103,3 +105,39 @@ def test_checkpoints_are_labelled_and_ordered_by_step_number():
     ]
     mixed = [line("final", {}), line("step 5", {})]
     assert series._ordered(mixed) == mixed
+
+
+def test_a_rerun_shows_only_the_models_asked_for_and_analyses_only_new_ones(tmp_path):
+    """series.jsonl keeps every model analysed into the folder; series.md and the returned
+    records hold only the models of this call, in step order, and a model already
+    recorded with the same settings is not analysed again."""
+    analysed = []
+
+    def analyse(model, folder):
+        analysed.append(model)
+        step = int(model.rsplit("-", 1)[1])
+        return {"0": {"sink_mass": step / 1000}}, step / 10000
+
+    wanted = {"spec": {"horizon": 20}}
+    models = ["ckpt-300", "ckpt-100", "ckpt-200"]
+    series._series(models, wanted, analyse, tmp_path, "one text", False)
+    shown, written = series._series(
+        ["ckpt-200", "ckpt-100", "ckpt-400"], wanted, analyse, tmp_path, "one text", False
+    )
+    assert analysed == [*models, "ckpt-400"]
+    assert [r["label"] for r in shown] == ["step 100", "step 200", "step 400"]
+    report = written.read_text()
+    assert report.count("model(s)") == 1 and "3 model(s), one text" in report
+    network = report.split("\n\n")[2].splitlines()[2:]
+    assert [[c.strip() for c in r.split("|")[1:-1]] for r in network] == [
+        ["step 100", "1.0000"],
+        ["step 200", "2.0000"],
+        ["step 400", "4.0000"],
+    ]
+    assert [r[1] for r in table(report, "## mean sink mass over heads")[2:]] == [
+        "0.1",
+        "0.2",
+        "0.4",
+    ]
+    recorded = [json.loads(x)["model"] for x in (tmp_path / series.SERIES_FILE).open()]
+    assert recorded == [*models, "ckpt-400"]

@@ -90,3 +90,37 @@ def test_baseline_row_gives_fidelity_median_and_p10_each_in_its_column(parked):
     report = text_report.markdown({**parked, "baseline": base})
     row = table_rows(report, "## Layers")["baseline: uniform causal"]
     assert row == ["-", "-", "-", "30.000", "-", "20.000", "10.000", "-", "-", "-"]
+
+
+def test_best_head_is_the_one_most_sequences_pick_not_the_first_sequences():
+    """Sequence 0 reads evenly only with head 0, sequences 1 and 2 only with head 2: the
+    layer row names head 2, the best head of two sequences out of three."""
+    uniform = np.asarray(graphs.uniform_causal(T))
+    eye = np.eye(T)
+    first = np.stack([uniform, eye, eye])
+    others = np.stack([eye, eye, uniform])
+    attn = np.stack([first, others, others]).astype(np.float32)[:, None]
+    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False)
+    rec = record(spec, attn)
+    assert rec["layers"][0]["best_head"].tolist() == [0, 2, 2]
+    assert table_rows(text_report.markdown(rec), "## Layers")["0"][0] == "2"
+
+
+def test_table_without_sink_has_its_own_baseline_and_values():
+    """With one sink token, the second layer table reads every layer from the graph
+    without it and closes with the baseline of uniform causal attention on T - 1 tokens;
+    the sink mass stays the one of the full graph."""
+    attn = np.asarray(graphs.random_causal(3, (2, 1, 3), T))  # B x L x H x T x T
+    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    rec = record(spec, attn)
+    full, inner = rec["baseline"]["fidelity"], rec["baseline_without_sink"]["fidelity"]
+    assert abs(full - inner) > 1e-3
+    report = text_report.markdown(rec)
+    rows = table_rows(report, "## Layers without sink")
+    assert rows["baseline: uniform causal"][3] == f"{100 * inner:.3f}"
+    assert table_rows(report, "## Layers")["baseline: uniform causal"][3] == f"{100 * full:.3f}"
+    layer = rec["layers"][0]
+    best = 100 * np.mean(layer["without_sink"]["best_head_fidelity"])
+    assert abs(best - 100 * np.mean(layer["best_head_fidelity"])) > 1e-3
+    assert rows["0"][1] == f"{best:.3f}"
+    assert rows["0"][7] == f"{np.mean(layer['sink_mass']):.3f}"

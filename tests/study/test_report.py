@@ -240,3 +240,34 @@ def test_amplification_counts_only_strict_gains_as_wins():
     assert "| 4 | 1 | 3.90 | 4.00 | +0.00 | 100% |" in text
     assert "| 4 | 2 | 4.30 | 4.20 | +0.20 | 0% |" in text
     assert "| 2 | 1 | 1.90 | 2.00 | -0.10 | 100% |" in text
+
+
+def test_best_head_columns_take_the_most_faithful_and_the_fastest_head():
+    """Per layer, the best head's fidelity is the largest of the heads' means and its
+    hitting time the smallest, whichever heads those are."""
+    r = record("r", "copy", 4, 0, 10, 0.0)
+    r["metrics"]["fidelity_per_head"]["mean"] = [[0.1, 0.3, 0.2, 0.05], [0.4, 0.1, 0.15, 0.2]]
+    r["metrics"]["hitting_time_per_head"]["mean"] = [[7.0, 3.0, 5.0, 9.0], [2.0, 6.0, 4.0, 8.0]]
+    rows = [line.split("|")[1:-1] for line in synergy_report.optimal_table([r], "copy")[2:]]
+    assert [(row[5].strip(), row[9].strip()) for row in rows] == [
+        ("30.00", "3.00"),
+        ("40.00", "2.00"),
+    ]
+
+
+def diversity_run(heads, diversity, gain):
+    metrics = {"head_diversity": {"mean": diversity}, "gain": {"mean": gain}}
+    return {"heads": heads, "metrics": metrics}
+
+
+def test_diversity_correlation_needs_three_points_of_multi_head_runs():
+    """Spearman's rho of diversity against gain over (run, layer) points of runs with more
+    than one head. Ranks (1, 2, 3) against (1, 3, 2) give rho = 1/2, and with n = 3 its
+    t statistic 1/sqrt(3) on one degree of freedom gives p = 1 - (2/pi) atan(1/sqrt(3))
+    = 2/3. Two points carry no rank correlation to report."""
+    single = diversity_run(1, [0.9, 0.0], [0.5, -0.5])
+    runs = [diversity_run(2, [0.1, 0.2], [0.01, 0.03]), diversity_run(3, [0.3], [0.02]), single]
+    (line,) = synergy_report.diversity_summary(runs)
+    assert line.startswith("Over 3 (run, layer) points")
+    assert "rho = +0.500 (p = 0.667)" in line
+    assert synergy_report.diversity_summary([runs[0], single]) == []
