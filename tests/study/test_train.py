@@ -378,3 +378,64 @@ def test_runs_of_the_same_model_share_one_compiled_update(tmp_path):
         jax.monitoring.unregister_event_duration_listener(listener)
     assert first >= 2 and again == 0
     assert other >= 1  # the learning rate is part of the compiled update
+
+
+def test_evaluation_set_is_its_own_stream_of_the_seed():
+    """The evaluation sequences come from the seed's `eval_data` stream, not from the
+    training one: none of them is a training sequence."""
+    config = smoke.get_config()
+    train_set, evaluation = train.make_datasets(config)
+    k = train.keys(config.seed)
+    assert len({str(np.asarray(key)) for key in k.values()}) == len(k)
+    t = config.task
+    expected = tasks.make_examples(
+        t.name, k["eval_data"], t.num_eval, t.seq_len, config.model.vocab_size, t.lag
+    )
+    for got, want in zip(evaluation, expected, strict=True):
+        np.testing.assert_array_equal(got, np.asarray(want))
+    assert evaluation.inputs.shape == (t.num_eval, t.seq_len)
+    seen = {row.tobytes() for row in train_set.examples.inputs}
+    assert not any(row.tobytes() in seen for row in evaluation.inputs)
+
+
+def test_log_eval_and_checkpoint_cadence(tmp_path, monkeypatch):
+    """Six updates, logged every 2, evaluated and saved every 4: lines at 2, 4 and 6, the
+    evaluation at 4 and at the last step (not a multiple of 4), which is also saved; each
+    line's train/loss is the mean of the losses since the previous line, and the last
+    evaluation is that of the saved parameters."""
+    config = smoke.get_config()
+    config.task.num_train = 64  # two updates an epoch
+    config.optim.num_epochs = 3
+    config.update(log_every_steps=2, eval_every_steps=4, checkpoint_every_steps=4)
+    assert train.total_steps(config) == 6
+    losses = []
+    real = train.make_train_step
+
+    def recording(*args):
+        step_fn = real(*args)
+
+        def wrapped(state, batch):
+            state, loss = step_fn(state, batch)
+            losses.append(float(loss))
+            return state, loss
+
+        return wrapped
+
+    monkeypatch.setattr(train, "make_train_step", recording)
+    train.train_and_evaluate(config, str(tmp_path))
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [2, 4, 6]
+    evaluated = [any(name.startswith("eval/") for name in r) for r in records]
+    assert evaluated == [False, True, True]
+    assert len(losses) == 6 and len(set(losses)) == 6
+    for r, (lo, hi) in zip(records, [(0, 2), (2, 4), (4, 6)], strict=True):
+        np.testing.assert_allclose(r["train/loss"], np.mean(losses[lo:hi]), rtol=1e-6)
+    assert checkpoints.list_steps(tmp_path / "checkpoints") == [4, 6]
+    step, params = final_params(tmp_path)
+    assert step == 6
+    mesh = parallel.data_mesh()
+    module = model_lib.Transformer(config_lib.model_config(config))
+    _, evaluation = train.make_datasets(config)
+    got = train.evaluate_split(train.make_eval_step(module, mesh), params, evaluation, 32, mesh)
+    for name, value in got.items():
+        np.testing.assert_allclose(records[-1][f"eval/{name}"], value, rtol=1e-6)
