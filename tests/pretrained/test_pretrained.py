@@ -625,6 +625,40 @@ def test_mlp_biases_are_llamas_and_neox_reads_its_own_rope_names():
     assert pretrained.build(nulled).config.rope.partial_factor == 1.0
 
 
+def test_attention_bias_gives_each_family_its_own_projection_biases():
+    """`attention_bias` biases Llama's and Qwen3's q/k/v and output projections; Qwen2
+    has q/k/v biases whatever it says and never an output bias (its o_proj is built
+    without one); Mistral has none. The initialised parameters carry exactly those."""
+    llama = json.loads((HF / "llama-tiny" / "config.json").read_text())
+    wanted = {"llama": (True, True), "qwen3": (True, True), "qwen2": (True, False)}
+    wanted["mistral"] = (False, False)
+    tokens = jnp.zeros((1, 3), jnp.int32)
+    for kind, (qkv, out) in wanted.items():
+        model = pretrained.build({**llama, "model_type": kind, "attention_bias": True})
+        assert (model.config.qkv_bias, model.config.out_bias) == (qkv, out), kind
+        block = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)["params"]["layers_1"]
+        assert ("bias" in block["q_proj"], "bias" in block["o_proj"]) == (qkv, out), kind
+    qwen2 = pretrained.build({**llama, "model_type": "qwen2", "attention_bias": False}).config
+    assert (qwen2.qkv_bias, qwen2.out_bias) == (True, False)
+
+
+def test_qwen_windows_start_at_layer_28_when_max_window_layers_is_absent_or_null():
+    """With `use_sliding_window`, Qwen slides the layers from `max_window_layers` on:
+    28 when the config leaves it out or writes null (null counts as absent), so of 30
+    layers the last two slide; a given value moves the first sliding layer."""
+    config = json.loads((HF / "qwen3-tiny" / "config.json").read_text())
+    config = {**config, "num_hidden_layers": 30, "use_sliding_window": True, "sliding_window": 5}
+    config.pop("layer_types", None)
+    config.pop("max_window_layers", None)
+    last_two = (None,) * 28 + (5, 5)
+    assert pretrained.build(config).config.layer_windows == last_two
+    nulled = {**config, "max_window_layers": None}
+    assert pretrained.build(nulled).config.layer_windows == last_two
+    from_three = pretrained.build({**config, "max_window_layers": 3}).config
+    assert from_three.layer_windows == (None,) * 3 + (5,) * 27
+    assert [from_three.window(i) for i in (2, 3, 29)] == [None, 5, 5]
+
+
 def copy_without(name, tmp_path, key):
     """A copy of a fixture folder whose config.json leaves `key` out."""
     folder = tmp_path / name

@@ -168,6 +168,27 @@ def test_yarn_rates_and_attention_factor(params, config, dim, factor, attention)
     assert rope.attention_factor == pytest.approx(attention, rel=1e-12)
 
 
+def test_yarn_ramp_ends_are_clamped_to_the_rotary_dimension_not_the_rate_count():
+    """Transformers clamps the ramp's upper end to rotary dim - 1 (15 for 16 features),
+    not to the last of the 8 rates. Base 100 over 4096 tokens puts the ends at
+    floor(5.24) = 5 and ceil(11.26) = 12: rates 6 and 7 are 1/7 and 2/7 of the way to
+    the interpolated ones, so with factor 4 they are 1 - 3/28 and 1 - 6/28 of the
+    unscaled rates, the first six unchanged. Base 10 puts both ends past the rates (10
+    and 15): every rate is kept."""
+    params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    rope = rotary.Rope.from_params(params, {}, ("yarn",), 100.0)
+    ratio = rope.inverse_frequencies(16) / default_rates(100.0, 16)
+    np.testing.assert_allclose(ratio, [1.0] * 6 + [25 / 28, 22 / 28], rtol=1e-6)
+    np.testing.assert_allclose(
+        rope.inverse_frequencies(16), yarn_rates(100.0, 16, 4.0, 4096), rtol=1e-6
+    )
+    rope = rotary.Rope.from_params(params, {}, ("yarn",), 10.0)
+    np.testing.assert_allclose(rope.inverse_frequencies(16), default_rates(10.0, 16), rtol=1e-6)
+    np.testing.assert_allclose(
+        rope.inverse_frequencies(16), yarn_rates(10.0, 16, 4.0, 4096), rtol=1e-6
+    )
+
+
 def test_a_null_share_falls_back_to_the_next_place_that_gives_one():
     """Null counts as absent: the rope dict's null share falls back to the top-level one,
     a null top-level one to a whole head."""
