@@ -1,6 +1,8 @@
 """Phi-3 beyond the parity fixtures: the fused projections against Llama's separate ones,
 longrope at both lengths, older config names, and bad values named."""
 
+import json
+
 import numpy as np
 import pytest
 from hf_fixtures import HF, config_of, copy_checkpoint, expected, logits_and_attention
@@ -130,3 +132,17 @@ def test_a_missing_norm_epsilon_is_transformers_default():
     assert pretrained.build(config).config.eps == 1e-5
     llama = {**config, "model_type": "llama", "rope_parameters": None}
     assert pretrained.build(llama).config.eps == 1e-6
+
+
+def test_head_is_separate_when_the_config_does_not_say(tmp_path):
+    """Phi3Config's `tie_word_embeddings` is false when absent: the checkpoint's own
+    `lm_head.weight` gives the logits, not the token embedding."""
+    folder = copy_checkpoint("phi3-tiny", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    (folder / "config.json").write_text(json.dumps(config))
+    module, params, _ = pretrained.load(folder)
+    assert not module.config.tied and "lm_head" in params
+    tokens = expected("phi3-tiny")["tokens"]
+    logits, _ = pretrained.apply_with_attention(module, params, tokens)
+    np.testing.assert_allclose(logits, expected("phi3-tiny")["logits"], atol=1e-4)
