@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf_export import export
+from hf_fixtures import copy_checkpoint, expected
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
@@ -259,3 +260,19 @@ def test_parameters_split_along_the_model_axis_only(data, model):
     kernel = params["layers_0"]["q_proj"]["kernel"]
     assert kernel.sharding.spec == (P(None, "model") if model > 1 else P())
     assert kernel.sharding.mesh.shape == {"data": data, "model": model}
+
+
+def test_a_qwen2_gguf_with_a_sliding_window_windows_every_layer(tmp_path):
+    """A Qwen2 GGUF records `qwen2.attention.sliding_window` but no max_window_layers, and
+    llama.cpp windows every layer with it: each query of every layer, the first included,
+    reads itself and the window - 1 keys before it (a window of 5, not the fixture's 8)."""
+    folder = copy_checkpoint("qwen2-tiny", tmp_path, config={"sliding_window": 5})
+    module, params, _ = pretrained.load(export(folder, tmp_path / "q.gguf"), progress=False)
+    cfg = module.config
+    assert [cfg.window(layer) for layer in range(cfg.num_layers)] == [5] * cfg.num_layers
+    _, attn = pretrained.apply_with_attention(module, params, expected("qwen2-tiny")["tokens"])
+    attn = np.asarray(attn)
+    i, j = np.indices(attn.shape[-2:])
+    assert attn.shape[1] == 2
+    assert not attn[..., i - j >= 5].any()
+    assert (attn[..., i - j == 4] > 0).all()
