@@ -3,6 +3,7 @@
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -146,6 +147,19 @@ def test_uniform_causal_rows_sum_to_one_and_spread_evenly(t):
     for i in range(t):
         np.testing.assert_allclose(a[i, : i + 1], 1.0 / (i + 1), rtol=1e-6)
         assert not a[i, i + 1 :].any()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64])
+def test_uniform_causal_is_built_in_the_dtype_asked_for(dtype):
+    """A baseline read against a head in low precision must be in that precision: the
+    result has the requested dtype and holds 1 / (i + 1) rounded to it, not a float32 or
+    float64 value that would promote whatever it is combined with."""
+    a = graphs.uniform_causal(6, dtype)
+    assert a.dtype == dtype
+    want = np.tril(np.ones((6, 6))) / np.arange(1, 7)[:, None]
+    np.testing.assert_array_equal(
+        np.asarray(a, np.float64), np.asarray(want.astype(dtype), np.float64)
+    )
 
 
 def test_drop_sink_tokens_renormalises_each_row_over_the_keys_left():

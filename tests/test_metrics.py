@@ -565,6 +565,27 @@ def test_monte_carlo_counts_every_step_of_a_capped_chain(walk):
 
 
 @pytest.mark.parametrize("walk", WALKS)
+def test_monte_carlo_standard_error_is_unbiased_with_two_walks(walk):
+    """Two tokens, each column half and half: from token 0 both walks stay or reach the
+    sink with probability 1/2, so capped at 2 steps a walk takes 1 or 2 steps (variance
+    1/4) and the sink takes 0. With n = 2 walks the estimate (mean over T = 2 starts) has
+    variance 1/4 / n / T^2 = 1/32; the squared standard error must be unbiased for it
+    (a variance without Bessel's correction would average 1/64), and the spread of the
+    estimates over independent copies must agree."""
+    copies = 4000
+    c = np.full((copies, 2, 2), 0.5)
+    mean, stderr = metrics.monte_carlo_hitting_time(
+        jax.random.PRNGKey(3), c, num_walks=2, max_steps=2, walk=walk, return_stderr=True
+    )
+    mean, stderr = np.asarray(mean, np.float64), np.asarray(stderr, np.float64)
+    assert mean.shape == stderr.shape == (copies,)
+    assert set(np.unique(stderr**2 * 16).round(12)) <= {0.0, 1.0}  # (x1 - x2)^2 / 2 / n / T^2
+    np.testing.assert_allclose(np.mean(mean), 0.75, atol=0.01)  # (1.5 + 0) / 2
+    np.testing.assert_allclose(np.mean(stderr**2), 1 / 32, rtol=0.1)
+    np.testing.assert_allclose(np.var(mean, ddof=1), 1 / 32, rtol=0.15)
+
+
+@pytest.mark.parametrize("walk", WALKS)
 def test_monte_carlo_on_random_causal(walk):
     c = causal(11, (3,), 30)
     monte_carlo_agrees(jax.random.PRNGKey(1), c, walk)
