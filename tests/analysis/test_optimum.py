@@ -59,3 +59,49 @@ def test_each_window_is_measured_with_the_weights_of_its_own_folds_search():
         np.testing.assert_allclose(got[window, [0, 2]], np.full((2, 3), 1 / 3), rtol=1e-6)
     with pytest.raises(ValueError, match="must cover 7 windows, got 6"):
         optimum.per_window(found, "weights", 7, 4)
+
+
+def test_the_corpus_search_scores_its_mix_at_the_analysis_horizon(tmp_path, monkeypatch):
+    """A chain 0 -> 1 -> 2 with self-loops: token 0 reaches the sink's state only at step
+    2 (share 1/4) and at step 3 holds 1/2, so the minimax fidelity of any mix of two
+    copies of this head is 1/4 at horizon 2 and 1/2 at the default horizon of 100. The
+    search must use the analysis' horizon, not the default."""
+    chain = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.5, 0.5]], np.float32)
+    attn = np.broadcast_to(chain, (4, 2, 3, 3))  # B x H x T x T, both heads alike
+
+    def layer_by_layer(module, params, tokens):
+        yield 0, attn[: len(tokens)]
+
+    monkeypatch.setattr(optimum.pretrained, "layer_by_layer", layer_by_layer)
+    monkeypatch.setattr(optimum.pretrained, "place_tokens", lambda params, tokens: tokens)
+    monkeypatch.setattr(
+        optimum.pretrained, "head_importances", lambda module, params: np.ones((1, 2))
+    )
+    module, corpus_windows = stub_model(4, 1)
+    cspec = windows.CorpusSpec(tokens=3, search_windows=2)
+    for horizon, want in ((2, 0.25), (100, 0.5)):
+        spec = measures.AnalysisSpec(horizon=horizon, optimal_weights=True, folds=2)
+        out = tmp_path / str(horizon)
+        out.mkdir()
+        found = optimum.corpus_optimum(module, None, corpus_windows, spec, cspec, out, False)
+        np.testing.assert_allclose(found["in_sample"], [[want], [want]], rtol=1e-5)
+
+
+def test_the_summary_gives_each_layer_its_folds_values_and_weights():
+    """Two folds and two searched layers (a square F x L' that a wrong axis would not
+    trip over): per layer the in-sample mean over folds, each fold's value in fold order,
+    and each fold's weights."""
+    found = {
+        "folds": [[0, 3], [3, 6]],
+        "search_windows": [[3, 5], [0, 2]],
+        "held_out": True,
+        "layers": [1, 3],
+        "in_sample": [[0.1, 0.2], [0.3, 0.6]],  # F x L'
+        "weights": [[[1.0, 0.0], [0.25, 0.75]], [[0.0, 1.0], [0.5, 0.5]]],  # F x L' x H
+    }
+    got = optimum.summary(found)
+    assert got["folds"] == [[0, 3], [3, 6]] and got["held_out"] is True
+    assert got["in_sample"] == pytest.approx({"1": 0.2, "3": 0.4})
+    assert got["in_sample_by_fold"] == {"1": [0.1, 0.3], "3": [0.2, 0.6]}
+    assert got["weights"] == {"1": [[1.0, 0.0], [0.0, 1.0]], "3": [[0.25, 0.75], [0.5, 0.5]]}
+    assert "in_sample_without_sink" not in got

@@ -2,12 +2,13 @@
 counts and maps checked against hand-built documents and records."""
 
 import dataclasses
+import json
 import re
 
 import numpy as np
 import pytest
 
-from beyondpar.analysis import corpus, windows
+from beyondpar.analysis import corpus, measures, windows
 
 
 @dataclasses.dataclass
@@ -120,3 +121,53 @@ def test_a_window_length_that_is_not_an_integer_of_two_or_more_is_named(tokens):
         ValueError, match=re.escape(f"--tokens must be an integer >= 2, got {tokens!r}")
     ):
         corpus.make_windows(docs, NumberTokenizer(), tokens, None, 16)
+
+
+@pytest.mark.parametrize(
+    "name", ["batch_size", "pruning_windows", "pruning_points", "search_windows"]
+)
+@pytest.mark.parametrize("value", [0, -2, 1.5, True])
+def test_a_corpus_count_that_is_not_a_positive_integer_is_named(name, value):
+    with pytest.raises(ValueError, match=rf"--{name} must be an integer >= 1, got {value!r}"):
+        windows.CorpusSpec(tokens=8, **{name: value})
+    assert getattr(windows.CorpusSpec(tokens=8, **{name: 1}), name) == 1
+
+
+def _settings(tmp_path, **changes):
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("1 2 3 4\n")
+    cspec = windows.CorpusSpec(**{"tokens": 4, **changes})
+    return windows._settings("model", corpus_file, cspec, measures.AnalysisSpec(), None)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("batch_size", 3),
+        ("pruning", True),
+        ("pruning_windows", 5),
+        ("pruning_points", 7),
+        ("max_windows", 2),
+    ],
+)
+def test_a_rerun_may_change_what_does_not_change_a_windows_numbers(tmp_path, field, value):
+    """Batching, the pruning curves and the window cap leave every recorded window as it
+    is: a rerun that changes one of them is accepted and its settings are kept."""
+    windows._check_settings(tmp_path, _settings(tmp_path))
+    changed = _settings(tmp_path, **{field: value})
+    windows._check_settings(tmp_path, changed)
+    kept = json.loads((tmp_path / windows.SETTINGS_FILE).read_text())
+    assert kept["corpus_spec"][field] == value
+
+
+@pytest.mark.parametrize("field,value", [("search_windows", 3), ("tokens", 6)])
+def test_a_rerun_that_changes_a_windows_numbers_is_refused(tmp_path, field, value):
+    """The optimum's search windows and the window length change the numbers already
+    recorded: a rerun with another value is refused, naming the field and both values."""
+    first = _settings(tmp_path)
+    windows._check_settings(tmp_path, first)
+    old = first["corpus_spec"][field]
+    changed = _settings(tmp_path, **{field: value})
+    with pytest.raises(ValueError, match=rf"corpus_spec\.{field}: {old} -> {value}"):
+        windows._check_settings(tmp_path, changed)
+    assert json.loads((tmp_path / windows.SETTINGS_FILE).read_text()) == first
