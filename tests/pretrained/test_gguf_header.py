@@ -85,6 +85,35 @@ def test_every_value_type_and_nested_arrays(tmp_path):
         assert header.metadata[f"test.{kind.name.lower()}"] == pytest.approx(value)
 
 
+@pytest.mark.parametrize("alignment,pad", [(128, 3), (256, 11), (1024, 40)])
+def test_tensor_data_starts_at_the_files_own_alignment(tmp_path, alignment, pad):
+    """GGUF puts the tensor data at the first multiple of general.alignment after the
+    tensor table, and each tensor at a multiple of it from there: with an alignment other
+    than the default 32 (and metadata of a few lengths, so the table ends off any
+    multiple), both tensors read back the values written."""
+    path = tmp_path / "aligned.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_custom_alignment(alignment)
+    writer.add_string("test.pad", "p" * pad)
+    first = np.arange(10, dtype=np.float32).reshape(2, 5) - 4.5
+    second = np.array([[7, -1, 2.5]], dtype=np.float32)
+    writer.add_tensor("a", first)
+    writer.add_tensor("b", second)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    header = gguf_header.read(path)
+    data = path.read_bytes()
+    for name, want in (("a", first), ("b", second)):
+        info = header.tensors[name]
+        assert info.data_offset % alignment == 0
+        np.testing.assert_array_equal(header.raw(info).view(np.float32), want)
+        stored = np.frombuffer(data, np.float32, want.size, info.data_offset)
+        np.testing.assert_array_equal(stored.reshape(want.shape), want)
+    assert header.tensors["b"].data_offset - header.tensors["a"].data_offset == alignment
+
+
 @needs_smollm2
 def test_the_packaged_model_reads_as_the_package_reads_it():
     assert_same_as_the_package(SMOLLM2_GGUF)

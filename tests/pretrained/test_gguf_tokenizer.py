@@ -117,6 +117,17 @@ def test_add_space_prefix_false_puts_no_space_before_the_text(tmp_path, spm):
     assert ids(unsaid, "Hello world") == ids(spm, "Hello world")  # llama.cpp's default
 
 
+def test_add_space_prefix_false_decodes_a_leading_space_back(tmp_path, spm):
+    """Without the space prefix nothing was put before the text, so decoding takes
+    nothing off: a text that begins with spaces decodes to itself, spaces and all,
+    while with the prefix the one space put in front is taken off again."""
+    plain = tokenizer(with_metadata(SPM, tmp_path, add_space_prefix=False))
+    for text in (" Hello world", "  Hello", " a b"):
+        assert plain.decode(ids(plain, text)) == text
+    assert spm.decode(ids(spm, " Hello world")) == " Hello world"
+    assert spm.decode(ids(spm, "Hello")) == "Hello"
+
+
 def test_control_and_user_defined_tokens_stay_whole(spm):
     control, user = spm.token_to_id("<|end|>"), spm.token_to_id("<tool>")
     assert ids(spm, "x<|end|>y").count(control) == 1
@@ -244,6 +255,13 @@ def test_bpe_special_and_user_defined_tokens_stay_whole(bpe):
         ),
         (SPM, {"scores": [0.0, 1.0]}, "tokenizer.ggml.scores must have one score per token"),
         (SPM, {"bos_token_id": 10**6}, r"bos_token_id must be a token id in \[0, 640\), got"),
+        # one past the last id (the vocabulary holds 640 tokens)
+        (SPM, {"bos_token_id": 640}, r"bos_token_id must be a token id in \[0, 640\), got 640"),
+        (
+            SPM,
+            {"add_eos_token": True, "eos_token_id": 640},
+            r"eos_token_id must be a token id in \[0, 640\), got 640",
+        ),
     ],
 )
 def test_unsupported_tokenizers_are_one_line_errors(tmp_path, path, change, message):
