@@ -385,3 +385,73 @@ def test_surrogate_descent_improves_the_exact_objective_from_uniform(objective):
         assert after > before * 1.02
     else:
         assert after < before * 0.98
+
+
+def test_per_fold_below_one_is_rejected_not_an_empty_search():
+    """A fold searched on no set has no optimum: per_fold = 0 is a ValueError naming the
+    argument, from search_sets and from cross_fitted, not an empty or NaN result."""
+    with pytest.raises(ValueError, match="per_fold"):
+        weighting.search_sets(6, 2, per_fold=0)
+    attn = np.broadcast_to(np.eye(3, dtype=np.float32), (4, 2, 3, 3)).copy()
+    attn[..., 2, :] = 1.0 / 3  # four sets of two heads whose sink reads every token
+    with pytest.raises(ValueError, match="per_fold"):
+        weighting.cross_fitted(attn, num_folds=2, per_fold=0, random_starts=2, local_rounds=0)
+
+
+@pytest.mark.parametrize("random_starts", [1, 5, 7])
+def test_start_pool_holds_every_requested_random_start_for_odd_counts(random_starts):
+    """The pool is uniform, each head, each 50/50 pair and then exactly `random_starts`
+    random mixes, odd counts included (dense and sparse halves differ by one): 1 + 3 + 3 +
+    r rows for three heads, every row a distribution over the heads."""
+    pool = np.asarray(weighting.start_pool(3, None, (), jnp.float32, random_starts, 1))
+    assert pool.shape == (1 + 3 + 3 + random_starts, 3)
+    np.testing.assert_allclose(pool.sum(-1), 1.0, rtol=1e-6)
+    assert (pool >= 0).all()
+    np.testing.assert_allclose(pool[1:4], np.eye(3))
+    np.testing.assert_allclose(pool[4:7], [[0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]])
+
+
+def test_start_pool_normalises_unnormalised_learned_weights():
+    """Learned importances (e.g. projection norms 2, 1, 1) enter the pool as the mix
+    (1/2, 1/4, 1/4), right after uniform: a start is a convex mix, whatever init's scale."""
+    init = np.array([2.0, 1.0, 1.0], np.float32)
+    pool = np.asarray(weighting.start_pool(3, init, (2,), jnp.float32, 4, 0))
+    assert pool.shape == (2, 1 + 1 + 3 + 3 + 4, 3)
+    np.testing.assert_allclose(pool[:, 1], [[0.5, 0.25, 0.25]] * 2, rtol=1e-6)
+    np.testing.assert_allclose(pool.sum(-1), 1.0, rtol=1e-6)
+
+
+def test_optimal_weights_with_unnormalised_init_returns_a_convex_mix():
+    """Two causal heads whose sink reads token 0 with weight p = 1/5 and 3/5: a mix has
+    p = (w0 + 3 w1) / 5 and minimax fidelity min(1 - (1 - p)^K, 1 - p) = 1 - p, best at
+    head 0 alone (4/5). Learned weights (3, 1) given unnormalised and the search off: the
+    answer is still a mix summing to 1, head 0, with the exact value 4/5."""
+    a = np.array([[[1, 0], [0.2, 0.8]], [[1, 0], [0.6, 0.4]]], np.float32)
+    w, value = weighting.optimal_weights(
+        a, init=np.array([3.0, 1.0], np.float32), random_starts=0, local_rounds=0, horizon=50
+    )
+    np.testing.assert_allclose(float(jnp.sum(w)), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(w, [1.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(float(value), 0.8, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "walk, expected",
+    [
+        # normalised walk: token 0 moves to the sink w.p. 1/3 per step, S_t[0] = (2/3)^t
+        ("normalized", 0.5 * 3 * (1 - (2 / 3) ** 5)),
+        # reference walk: column 0 holds 1 at token 0, so token 0 never leaves: K / T
+        ("reference", 5 / 2),
+    ],
+    ids=["normalized", "reference"],
+)
+def test_hitting_time_surrogate_is_exact_at_a_short_horizon(walk, expected):
+    """The hitting-time loss of the descent is the exact mean hitting time (it needs no
+    smoothing): for C = 1/2 [[1, 0], [1, 0]] + 1/2 [[1, 0], [0, 1]] = [[1, 0], [1/2, 1/2]]
+    and K = 5 steps, h = (1/T) sum_{t<K} S_t[0], whatever the temperature."""
+    attn = jnp.asarray([[[[1, 0], [1, 0]], [[1, 0], [0, 1]]]], jnp.float32)
+    mix = jnp.asarray([[0.5, 0.5]], jnp.float32)
+    loss = weighting._surrogate(
+        attn, mix, 1e-2, objective="hitting_time", walk=walk, horizon=7, max_steps=5
+    )
+    np.testing.assert_allclose(np.asarray(loss), [expected], rtol=1e-5)
