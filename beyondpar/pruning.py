@@ -27,7 +27,7 @@ import numpy as np
 import optax
 
 from beyondpar import graphs, metrics
-from beyondpar.base import parallel
+from beyondpar.base import checks, parallel
 
 ORDERS = ("projection", "gradient", "fidelity", "random")
 
@@ -145,6 +145,7 @@ def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
 
 def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> list[list]:
     """Per layer, [(fidelity lost, layer, head), ...] in greedy removal order."""
+    horizon = checks.positive_int("horizon", horizon)
     # Checked once: every candidate below is a convex mix of these rows.
     attn = metrics.check_operator(attn_NxLxHxTxT, "attn_NxLxHxTxT")
     causal = metrics.is_causal(attn)  # and so is every mix: not checked again each round

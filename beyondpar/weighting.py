@@ -84,6 +84,7 @@ def optimal_weights(
     ):
         checks.non_negative_int(name, value)
     local_starts = checks.positive_int("local_starts", local_starts)
+    learning_rate = checks.positive_number("learning_rate", learning_rate)
     search_sequences = checks.positive_int("search_sequences", search_sequences)
     a = _check_attn(attn)
     settings = dict(objective=objective, walk=walk, horizon=horizon, max_steps=max_steps)

@@ -200,3 +200,14 @@ def test_greedy_sequences_check_causality_once(reference, monkeypatch):
     monkeypatch.setattr(metrics, "is_causal", lambda c: seen.append(c.shape) or real(c))
     pruning.greedy_sequences(attn, weights, horizon=20)
     assert seen == [attn.shape]
+
+
+@pytest.mark.parametrize("horizon", [0, -1, 2.5, True])
+@pytest.mark.parametrize("order", [pruning.greedy_sequences, pruning.fidelity_order])
+def test_greedy_orders_reject_a_horizon_below_one(order, horizon):
+    """A fidelity within no step is 0 for every mix, so every removal would look free: a
+    horizon that is not an integer >= 1 is an error naming it, not a zero-loss order."""
+    heads = np.array([[[1, 0], [0.2, 0.8]], [[1, 0], [0.6, 0.4]]], np.float32)
+    attn = heads[None, None]  # one sequence, one layer, two heads of two tokens
+    with pytest.raises(ValueError, match=rf"horizon must be an integer >= 1, got {horizon!r}"):
+        order(attn, np.ones((1, 2)), horizon=horizon)

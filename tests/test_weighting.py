@@ -455,3 +455,15 @@ def test_hitting_time_surrogate_is_exact_at_a_short_horizon(walk, expected):
         attn, mix, 1e-2, objective="hitting_time", walk=walk, horizon=7, max_steps=5
     )
     np.testing.assert_allclose(np.asarray(loss), [expected], rtol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, float("nan"), float("inf"), "0.1", True])
+def test_a_learning_rate_that_is_not_a_positive_number_is_rejected(rate):
+    """The surrogate descent steps against its loss's gradient by the learning rate: zero
+    never moves, a negative rate climbs the loss and NaN or infinity ruins every start, so
+    each is an error naming the argument before any search runs."""
+    a = np.array([[[1, 0], [0.2, 0.8]], [[1, 0], [0.6, 0.4]]], np.float32)
+    with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0, got"):
+        weighting.optimal_weights(a, steps=3, learning_rate=rate)
+    with pytest.raises(ValueError, match="learning_rate must be a finite number > 0"):
+        weighting.cross_fitted(np.stack([a, a]), num_folds=2, steps=3, learning_rate=rate)

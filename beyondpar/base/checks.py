@@ -5,6 +5,7 @@ Each raises ValueError naming the argument, what it must be and what it got.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import jax
@@ -60,6 +61,14 @@ def non_negative_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return int(value)
+
+
+def positive_number(name: str, value) -> float:
+    """A finite real number > 0 (a rate or a scale): bools, strings, NaN and infinity fail."""
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not (real and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 def open_unit_interval(name: str, value) -> float:
