@@ -274,3 +274,18 @@ def test_a_gemma3_wrapper_ties_its_head_by_its_own_flag(outer):
     if outer is not None:
         config["tie_word_embeddings"] = outer
     assert pretrained.build(config).config.tied is (outer is not False)
+
+
+def test_gemma2_default_rope_turns_every_feature_whatever_the_share_says(tmp_path):
+    """Gemma 2's default rope has no partial rotary: a `partial_rotary_factor` of 0.5 at
+    the top level and in `rope_parameters` still turns all 16 features of each head (8
+    rates 1e4^(-2i/16)), so gemma2-tiny's logits and attention stay the fixture's."""
+    rope = {**GEMMA2["rope_parameters"], "partial_rotary_factor": 0.5}
+    change = {"partial_rotary_factor": 0.5, "rope_parameters": rope}
+    cfg = pretrained.build({**GEMMA2, **change}).config
+    want = 1 / 1e4 ** (np.arange(0, 16, 2) / 16)
+    for layer_rope in cfg.layer_ropes:
+        np.testing.assert_allclose(layer_rope.inverse_frequencies(16), want, rtol=1e-6)
+    logits, attn = run(copy_checkpoint("gemma2-tiny", tmp_path, change), "gemma2-tiny")
+    np.testing.assert_allclose(logits, expected("gemma2-tiny")["logits"], atol=1e-4)
+    np.testing.assert_allclose(attn, expected("gemma2-tiny")["attention"], atol=1e-5)

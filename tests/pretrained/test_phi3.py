@@ -3,6 +3,7 @@ longrope at both lengths, older config names, and bad values named."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 from hf_fixtures import HF, config_of, copy_checkpoint, expected, logits_and_attention
@@ -146,3 +147,30 @@ def test_head_is_separate_when_the_config_does_not_say(tmp_path):
     tokens = expected("phi3-tiny")["tokens"]
     logits, _ = pretrained.apply_with_attention(module, params, tokens)
     np.testing.assert_allclose(logits, expected("phi3-tiny")["logits"], atol=1e-4)
+
+
+def test_a_missing_kv_head_count_means_one_kv_head_per_query_head():
+    """Phi3Config's `num_key_value_heads` defaults to `num_attention_heads` (plain
+    multi-head attention): phi3-tiny without the field (4 heads of 8 features, hidden 32)
+    has a fused qkv projection of 4 + 2 * 4 heads, 96 output features, not the 48 of its
+    stored 2 kv heads."""
+    config = {k: v for k, v in config_of("phi3-tiny").items() if k != "num_key_value_heads"}
+    module = pretrained.build(config)
+    assert (module.config.num_heads, module.config.num_kv_heads) == (4, 4)
+    variables = module.init(jax.random.key(0), np.zeros((1, 5), np.int32))
+    kernel = variables["params"]["layers_0"]["qkv_proj"]["kernel"]
+    assert kernel.shape == (32, 96)
+
+
+def test_an_explicit_head_dim_wins_over_hidden_over_heads():
+    """A `head_dim` of 16 (hidden 32 over 4 heads would give 8) sets every head's width:
+    the fused qkv projection has (4 + 2 * 2) * 16 = 128 outputs, the output projection
+    64 inputs, and half of each head (8 features, 4 rates) rotates."""
+    module = pretrained.build({**config_of("phi3-tiny"), "head_dim": 16})
+    assert module.config.head_dim == 16
+    variables = module.init(jax.random.key(0), np.zeros((1, 5), np.int32))
+    layer = variables["params"]["layers_0"]
+    assert layer["qkv_proj"]["kernel"].shape == (32, 128)
+    assert layer["o_proj"]["kernel"].shape == (64, 32)
+    want = 1 / 1e4 ** (np.arange(0, 8, 2) / 8)
+    np.testing.assert_allclose(module.config.rope.inverse_frequencies(16), want, rtol=1e-6)

@@ -218,3 +218,74 @@ def test_longrope_original_length_is_4096_when_the_config_gives_none():
     base = default_rates(10000.0, 4)
     np.testing.assert_allclose(rope.inverse_frequencies(4, 4096), base / [1.0, 2.0], rtol=1e-6)
     np.testing.assert_allclose(rope.inverse_frequencies(4, 4097), base / [3.0, 5.0], rtol=1e-6)
+
+
+def test_a_top_level_original_length_wins_over_the_rope_dicts_own():
+    """Transformers standardises a scaled rope's pretraining context from the top-level
+    `original_max_position_embeddings` first, the rope dict's only when that is absent.
+    With the top-level 16 (the dict says 64) llama3 keeps wavelengths below 16 / 4 = 4,
+    blends those between 4 and 16 and divides the rest by the factor: on 16 features the
+    first rate (wavelength 2 pi) is blended with s = (16 / (2 pi) - 1) / 3 and the other
+    seven are divided by 8. YaRN's ramp ends move with the same length."""
+    params = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    config = {"original_max_position_embeddings": 16, "max_position_embeddings": 1024}
+    rope = rotary.Rope.from_params(params, config, ("llama3",))
+    assert rope.original_max_len == 16
+    inv = default_rates(10000.0, 16)
+    smooth = (16 / (2 * np.pi) - 1.0) / 3.0
+    want = np.concatenate([[(1 - smooth) / 8.0 + smooth], inv[1:] / 8.0])
+    np.testing.assert_allclose(rope.inverse_frequencies(16), want, rtol=1e-6)
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    config = {"original_max_position_embeddings": 4096, "max_position_embeddings": 16384}
+    rope = rotary.Rope.from_params(yarn, config, ("yarn",), 1e4)
+    want = yarn_rates(1e4, 16, 4.0, 4096)
+    assert not np.allclose(want, yarn_rates(1e4, 16, 4.0, 32), rtol=1e-3)
+    np.testing.assert_allclose(rope.inverse_frequencies(16), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("given", [{"mscale": 2.0}, {"mscale_all_dim": 0.5}])
+def test_yarn_with_only_one_mscale_takes_the_plain_attention_factor(given):
+    """Transformers takes the ratio of two mscales only when both `mscale` and
+    `mscale_all_dim` are set; with one of them alone the attention factor is the plain
+    0.1 ln(s) + 1 (s = 8 here)."""
+    params = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, **given}
+    rope = rotary.Rope.from_params(params, {}, ("yarn",), 1e4)
+    assert rope.attention_factor == pytest.approx(0.1 * math.log(8) + 1, rel=1e-12)
+
+
+def test_yarn_ramp_whose_ends_meet_is_widened_not_divided_by_zero():
+    """Over an original length of 8 the rate that turns beta_slow = 2 times has index
+    16 ln(8 / (4 pi)) / (2 ln 1e4) < 0, so both ramp ends clamp to 0; transformers then
+    widens the ramp by 0.001: the first rate (index 0) is kept, the seven others are
+    divided by the factor 4, and no rate is NaN."""
+    params = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "beta_slow": 2.0,
+        "original_max_position_embeddings": 8,
+    }
+    rope = rotary.Rope.from_params(params, {}, ("yarn",), 1e4)
+    inv = default_rates(1e4, 16)
+    got = rope.inverse_frequencies(16)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, np.concatenate([inv[:1], inv[1:] / 4.0]), rtol=1e-6)
+
+
+def test_a_rope_dicts_own_share_wins_over_the_top_level_one():
+    """The rope dict's `partial_rotary_factor` (0.25) wins over the top-level one (0.5):
+    4 of 16 features turn, 2 rates 1e4^(-2i/4); the top-level share only fills in when
+    the dict names none (8 features, 4 rates)."""
+    name = "partial_rotary_factor"
+    both = {"rope_parameters": {"rope_type": "default", name: 0.25}, name: 0.5}
+    rope = rotary.Rope.from_hf(both, ("default",))
+    np.testing.assert_allclose(rope.inverse_frequencies(16), default_rates(1e4, 4), rtol=1e-6)
+    outer = {"rope_parameters": {"rope_type": "default"}, name: 0.5}
+    rope = rotary.Rope.from_hf(outer, ("default",))
+    np.testing.assert_allclose(rope.inverse_frequencies(16), default_rates(1e4, 8), rtol=1e-6)
