@@ -129,3 +129,21 @@ def test_restore_newest_readable_prefers_the_latest_and_skips_damaged(tmp_path):
     assert step == 20
     np.testing.assert_array_equal(back["w"], [0.0, 20.0, 40.0, 60.0])
     assert [s for s, _ in skipped] == [30] and "checksum" in skipped[0][1]
+
+
+def test_set_aside_keeps_every_damaged_copy_of_a_step(tmp_path):
+    """A step damaged, saved again and damaged again is set aside under a new name each
+    time (step7, step7-2, step7-3), so no earlier copy is overwritten or lost, and the
+    manager no longer lists the step."""
+    directory = tmp_path / "ck"
+    mgr = checkpoints.manager(directory, save_every=1, keep=5)
+    targets = []
+    for k in (1, 2, 3):
+        checkpoints.save(mgr, 7, {"w": jnp.full((3,), float(k))})
+        targets.append(checkpoints.set_aside(mgr, 7))
+        assert checkpoints.list_steps(directory) == []
+    damaged = tmp_path / checkpoints.DAMAGED_DIR
+    assert [t.name for t in targets] == ["step7", "step7-2", "step7-3"]
+    assert sorted(p.name for p in damaged.iterdir()) == ["step7", "step7-2", "step7-3"]
+    # Each copy is its own save: the three folders are distinct and none is empty.
+    assert all(any(t.iterdir()) for t in targets)

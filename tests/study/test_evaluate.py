@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -272,3 +273,55 @@ def test_attention_necessity_masks_each_layer_in_turn(monkeypatch):
         np.testing.assert_array_equal(masks[2 + layer], want)
     assert necessity["accuracy_without_layer"] == pytest.approx([0.2, 0.3, 0.4, 0.5])
     assert necessity["accuracy"] == 0 and necessity["accuracy_without_heads"] == pytest.approx(0.1)
+
+
+def test_eval_examples_follow_the_runs_task_lag_seed_and_count():
+    """Held-out sequences of a run are its task at its own lag: for `shift` with lag 3,
+    target[i] = x[i - 3] and only positions >= 3 are predictable; the count and the seed
+    come from the evaluation spec (the same seed gives the same sequences)."""
+    config = ml_collections.ConfigDict(
+        {"task": {"name": "shift", "seq_len": 12, "lag": 3}, "model": {"vocab_size": 11}}
+    )
+    spec = evaluate.EvalSpec(num_sequences=5, seed=7)
+    ex = evaluate.eval_examples(config, spec)
+    x, y, mask = (np.asarray(a) for a in ex)
+    assert x.shape == y.shape == mask.shape == (5, 12)
+    assert x.min() >= 0 and x.max() < 11
+    np.testing.assert_array_equal(y[:, 3:], x[:, :-3])
+    np.testing.assert_array_equal(mask, np.broadcast_to(np.arange(12) >= 3, (5, 12)))
+    again = evaluate.eval_examples(config, spec)
+    np.testing.assert_array_equal(np.asarray(again.inputs), x)
+    other = evaluate.eval_examples(config, evaluate.EvalSpec(num_sequences=5, seed=8))
+    assert not np.array_equal(np.asarray(other.inputs), x)
+
+
+def test_reference_evaluation_at_a_shorter_length():
+    """`seq_len` below the checkpoint's maximum length evaluates sequences of that length:
+    the record says so, and the paper's cycle model still predicts them."""
+    spec = evaluate.EvalSpec(
+        num_sequences=3, horizon=20, max_steps=20, optimal_weights=False, pruning=False
+    )
+    record = evaluate.evaluate_reference(DATA / "1_heads_cycle.npz", spec, seq_len=8)
+    assert (record["seq_len"], record["num_sequences"]) == (8, 3)
+    assert record["evaluation"]["horizon"] == 20
+    # Reference walk on causal attention: token 0 never reaches the sink, so it counts
+    # the full 20 steps, the sink counts 0 and every other start at most 20:
+    # 20 / 8 <= h <= 20 * 7 / 8.
+    for h in record["metrics"]["hitting_time"]["mean"]:
+        assert 20 / 8 - 1e-6 <= h <= 20 * 7 / 8 + 1e-6
+
+
+def test_reference_files_prefer_npz_and_keep_a_lone_pt(tmp_path):
+    """A .pt beside its .npz is the same weights and is listed once (as the .npz); a .pt
+    with no .npz beside it is listed; expected-output files and other names are not."""
+    for name in (
+        "4_heads_copy.npz",
+        "4_heads_copy.pt",
+        "8_heads_cycle.pt",
+        "4_heads_copy.expected.npz",
+        "notes.txt",
+        "model.npz",
+    ):
+        (tmp_path / name).write_bytes(b"")
+    names = [p.name for p in evaluate.reference_files(tmp_path)]
+    assert names == ["4_heads_copy.npz", "8_heads_cycle.pt"]

@@ -271,3 +271,19 @@ def test_diversity_correlation_needs_three_points_of_multi_head_runs():
     assert line.startswith("Over 3 (run, layer) points")
     assert "rho = +0.500 (p = 0.667)" in line
     assert synergy_report.diversity_summary([runs[0], single]) == []
+
+
+def test_rows_carry_each_metrics_own_std_per_layer():
+    """Every CSV/JSON row holds, for its layer, the mean and the standard deviation that the
+    record stores for that metric: the two columns differ wherever the record's do."""
+    r = record("copy-h4-s3", "copy", 4, 3, 30, 0.0)
+    r["metrics"]["hitting_time"] = {"mean": [7.0, 5.0], "std": [0.25, 0.75]}
+    r["metrics"]["fidelity"] = {"mean": [0.2, 0.3], "std": [0.01, 0.04]}
+    table = report.rows([r])
+    assert [row["layer"] for row in table] == [1, 2]
+    expected = zip([0.25, 0.75], [0.01, 0.04], [0.2, 0.3], strict=True)
+    for row, (ht_std, fid_std, fid_mean) in zip(table, expected, strict=True):
+        assert row["hitting_time_steps_std"] == ht_std
+        assert row["fidelity_fraction_std"] == fid_std
+        assert row["fidelity_fraction_mean"] == fid_mean
+        assert row["run"] == "copy-h4-s3" and row["step"] == 30 and row["seed"] == 3
