@@ -93,19 +93,21 @@ def test_a_wrong_number_of_longrope_factors_is_named():
         rope.inverse_frequencies(8, 64)
 
 
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
 def test_llama3_keeps_short_wavelengths_slows_long_ones_and_blends_between():
     """Wavelengths below original / high_freq_factor (16) keep their rate, those above
     original / low_freq_factor (64) are divided by the factor, and between them the
     rate is inv * ((1 - s) / factor + s) with s = (original / wavelength - low) /
     (high - low)."""
-    params = {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
-    rope = rotary.Rope.from_params(params, {}, ("llama3",))
+    rope = rotary.Rope.from_params(LLAMA3, {}, ("llama3",))
     inv = default_rates(10000.0, 16)
     wavelength = 2 * np.pi / inv
     smooth = (64 / wavelength - 1.0) / 3.0
@@ -227,15 +229,8 @@ def test_a_top_level_original_length_wins_over_the_rope_dicts_own():
     blends those between 4 and 16 and divides the rest by the factor: on 16 features the
     first rate (wavelength 2 pi) is blended with s = (16 / (2 pi) - 1) / 3 and the other
     seven are divided by 8. YaRN's ramp ends move with the same length."""
-    params = {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
     config = {"original_max_position_embeddings": 16, "max_position_embeddings": 1024}
-    rope = rotary.Rope.from_params(params, config, ("llama3",))
+    rope = rotary.Rope.from_params(LLAMA3, config, ("llama3",))
     assert rope.original_max_len == 16
     inv = default_rates(10000.0, 16)
     smooth = (16 / (2 * np.pi) - 1.0) / 3.0
