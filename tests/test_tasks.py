@@ -98,3 +98,17 @@ def test_inputs_use_the_whole_vocabulary(name, lag):
     assert y.min() >= 0 and y.max() <= 2
     counts = np.bincount(x.ravel(), minlength=3)
     assert counts.min() > 250  # about 1000 / 3 each
+
+
+def test_induction_accepts_a_vocabulary_exactly_as_large_as_the_prefix():
+    """With V = T / 2 the prefix of distinct tokens is a permutation of the whole
+    vocabulary: the smallest vocabulary that still makes the task, so it must be accepted
+    (and one token fewer must not)."""
+    ex = tasks.make_examples("induction", jax.random.PRNGKey(3), 4, 10, 5)
+    x = np.asarray(ex.inputs)
+    for row in x:
+        assert sorted(row[:5].tolist()) == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(x[:, 5:], x[:, :5])
+    tasks.check("induction", 10, 5)
+    with pytest.raises(ValueError, match=r"must be >= seq_len / 2 = 5 .*got 4"):
+        tasks.check("induction", 10, 4)

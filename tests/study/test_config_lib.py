@@ -94,3 +94,31 @@ def test_validate_seq_len_against_max_len():
     config.task.seq_len = 13
     with pytest.raises(ValueError, match=r"task.seq_len must be <= model.max_len=12, got 13"):
         config_lib.validate(config)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "optim.learning_rate",
+        "optim.batch_size",
+        "optim.num_epochs",
+        "task.num_eval",
+        "eval_every_steps",
+        "log_every_steps",
+        "checkpoint_every_steps",
+        "keep_checkpoints",
+    ],
+)
+def test_validate_rejects_zero_for_settings_that_must_be_positive(path):
+    """A zero learning rate never moves the weights, and a zero batch, epoch count,
+    evaluation size, interval or checkpoint count leaves nothing to run or keep: each is
+    refused with its name, while the small config itself is valid."""
+    config = small_config()
+    config_lib.validate(config)
+    *parents, leaf = path.split(".")
+    node = config
+    for name in parents:
+        node = node[name]
+    node[leaf] = type(node[leaf])(0)
+    with pytest.raises(ValueError, match=rf"{path} must be > 0, got 0"):
+        config_lib.validate(config)

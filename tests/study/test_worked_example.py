@@ -60,3 +60,24 @@ def test_figure_keeps_the_legend_off_the_curves_and_ticks_t1():
     legend = ax.get_legend().get_window_extent()
     assert legend.x0 >= ax.get_window_extent().x1  # right of the plotting area
     plt.close(fig)
+
+
+# Example 2's heads built by hand: rows are receivers, each row averages the node's own
+# self-loop and the senders that feed it.
+HEAD1 = np.array([[1, 0, 0, 0], [1 / 2, 1 / 2, 0, 0], [0, 1 / 2, 1 / 2, 0], [0, 0, 1 / 2, 1 / 2]])
+HEAD2 = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0], [0, 1 / 3, 1 / 3, 1 / 3]])
+
+
+@pytest.mark.parametrize("mix", [(1.0, 0.0), (0.0, 1.0), (0.25, 0.75)])
+def test_mixture_weights_apply_to_heads_in_order(mix):
+    """The first mixture weight scales head 1 and the second head 2: an all-on-one-head
+    mix reproduces that head (37.5% or 25% minimax fidelity), and an uneven mix is the
+    weighted sum of the two hand-built operators."""
+    ops = worked_example.operators(mix)
+    np.testing.assert_allclose(ops["head1"], HEAD1, rtol=1e-12)
+    np.testing.assert_allclose(ops["head2"], HEAD2, rtol=1e-12)
+    np.testing.assert_allclose(ops["mixed"], mix[0] * HEAD1 + mix[1] * HEAD2, rtol=1e-12)
+    if mix[1] == 0.0:
+        assert float(metrics.minimax_fidelity(ops["mixed"], 100)) == pytest.approx(0.375)
+    if mix[0] == 0.0:
+        assert float(metrics.minimax_fidelity(ops["mixed"], 100)) == pytest.approx(0.25)
