@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from beyondpar.analysis import series
+from beyondpar.analysis import corpus_report, measures, series, windows
 
 
 def line(label: str, layers: dict, network: float = 1.0) -> dict:
@@ -141,3 +141,36 @@ def test_a_rerun_shows_only_the_models_asked_for_and_analyses_only_new_ones(tmp_
     ]
     recorded = [json.loads(x)["model"] for x in (tmp_path / series.SERIES_FILE).open()]
     assert recorded == [*models, "ckpt-400"]
+
+
+def test_a_corpus_series_refuses_a_rerun_with_another_window_count(tmp_path, monkeypatch):
+    """The number of windows decides which windows the means are over, so a corpus series
+    recorded over 3 windows refuses a rerun over 5 (naming the field) instead of mixing
+    the two in one series.md; the same settings resume without analysing anything."""
+    analysed = []
+
+    def fake_run(model, corpus_path, cspec, spec, folder, *args):
+        analysed.append((model, cspec.max_windows))
+        return {
+            "layers": {"0": layer_stats(1.0)},
+            "rollout": {"network_fidelity": {"mean": 0.25}},
+        }, None
+
+    monkeypatch.setattr(windows, "run", fake_run)
+    monkeypatch.setattr(corpus_report, "write", lambda summary, folder: [])
+    text = tmp_path / "corpus.txt"
+    text.write_text("one two three four five six seven eight nine ten\n")
+    spec = measures.AnalysisSpec(horizon=30, max_steps=40)
+    out = tmp_path / "out"
+    three = windows.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
+    shown, _ = series.run_corpus(["ckpt-7"], text, three, spec, out, progress=False)
+    assert analysed == [("ckpt-7", 3)]
+    assert shown[0]["network_fidelity_pct"] == pytest.approx(25.0)
+    recorded = json.loads((out / series.SERIES_FILE).read_text())["settings"]
+    assert (recorded["tokens"], recorded["max_windows"]) == (16, 3)
+    series.run_corpus(["ckpt-7"], text, three, spec, out, progress=False)
+    assert analysed == [("ckpt-7", 3)]
+    five = windows.CorpusSpec(tokens=16, max_windows=5, batch_size=2)
+    with pytest.raises(ValueError, match=r"other settings \(max_windows: 3 -> 5\)"):
+        series.run_corpus(["ckpt-7", "ckpt-9"], text, five, spec, out, progress=False)
+    assert analysed == [("ckpt-7", 3)]

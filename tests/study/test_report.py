@@ -287,3 +287,27 @@ def test_rows_carry_each_metrics_own_std_per_layer():
         assert row["fidelity_fraction_std"] == fid_std
         assert row["fidelity_fraction_mean"] == fid_mean
         assert row["run"] == "copy-h4-s3" and row["step"] == 30 and row["seed"] == 3
+
+
+def test_optimal_table_gives_each_weighting_its_own_column():
+    """Optimal, learned and uniform weights and the best head each fill their own column,
+    for fidelity (%) and hitting time (steps): with a distinct number in every field a
+    column that showed another weighting's value would not match."""
+    r = record("r", "copy", 2, 0, 10, 0.0)
+    m = r["metrics"]
+    m["fidelity_optimal"]["mean"] = [0.41, 0.42]
+    m["fidelity"]["mean"] = [0.31, 0.32]
+    m["fidelity_uniform"]["mean"] = [0.21, 0.22]
+    m["fidelity_per_head"]["mean"] = [[0.11, 0.13], [0.17, 0.12]]
+    m["hitting_time_optimal"]["mean"] = [1.5, 2.5]
+    m["hitting_time"]["mean"] = [3.5, 4.5]
+    m["hitting_time_uniform"]["mean"] = [5.5, 6.5]
+    m["hitting_time_per_head"]["mean"] = [[8.0, 7.5], [9.5, 9.0]]
+    rows = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in synergy_report.optimal_table([r], "copy")[2:]
+    ]
+    assert rows == [
+        ["2", "1", "41.00", "31.00", "21.00", "13.00", "1.50", "3.50", "5.50", "7.50"],
+        ["2", "2", "42.00", "32.00", "22.00", "17.00", "2.50", "4.50", "6.50", "9.00"],
+    ]
