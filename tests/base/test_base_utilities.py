@@ -3,7 +3,10 @@ one-flag rule of the command lines: small utilities every study script relies on
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -38,6 +41,16 @@ def test_non_negative_int_accepts_zero_but_not_bool():
         checks.positive_int("steps", True)
 
 
+def test_open_unit_interval_excludes_both_ends():
+    """A probability strictly between 0 and 1: the ends themselves are refused, naming the
+    argument, while values just inside them pass through as floats."""
+    for bad in (0.0, 0, 1.0, 1, -0.5, 1.5):
+        with pytest.raises(ValueError, match=r"^dropout must be in the open interval \(0, 1\)"):
+            checks.open_unit_interval("dropout", bad)
+    assert checks.open_unit_interval("dropout", 1e-9) == 1e-9
+    assert checks.open_unit_interval("dropout", np.float32(0.25)) == 0.25
+
+
 # ------------------------------------------------------------------ command lines
 
 
@@ -70,6 +83,58 @@ def test_atomic_path_failure_leaves_target_and_folder_untouched(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["result.json"]
 
 
+def test_atomic_path_interrupted_by_ctrl_c_leaves_nothing_behind(tmp_path):
+    """Ctrl-C (KeyboardInterrupt, not an Exception) inside the block still removes the
+    temporary file, and a target that did not exist is not created."""
+    target = tmp_path / "metrics.npz"
+    with pytest.raises(KeyboardInterrupt), files.atomic_path(target) as tmp:
+        tmp.write_bytes(b"partial")
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_json_lines_ignores_a_torn_last_line_but_names_a_bad_middle_one(tmp_path):
+    """A half-written last line is what a killed writer leaves: it is dropped quietly. A
+    broken line with records after it is damage, reported with its line number; a JSON
+    value that lacks a key is reported as not a record."""
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"step": 1}\n{"ste\n[3]\n{"step": 4, "x": 2}\n{"step": 5, "x"')
+    problems = []
+    records = files.read_json_lines(path, ["step"], problems)
+    assert records == [{"step": 1}, {"step": 4, "x": 2}]
+    assert problems == [
+        f"{path}:2: not valid JSON; skipped",
+        f"{path}:3: not a record (no step); skipped",
+    ]
+    assert files.read_json_lines(tmp_path / "absent.jsonl", ["step"], problems) == []
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from beyondpar.base import files
+path = sys.argv[1]
+files.append_json_line(path, {"step": 1, "loss": 0.5})
+with open(path, "a") as f:
+    f.write('{"step": 2, "lo')
+    f.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_append_after_a_killed_writer_starts_on_a_new_line(tmp_path):
+    """A writer killed mid-record leaves a torn line; the next append must start on a
+    fresh line, so its record is read back whole and only the torn one is lost."""
+    path = tmp_path / "metrics.jsonl"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], check=False)
+    assert killed.returncode == -9
+    files.append_json_line(path, {"step": 3, "loss": 0.25})
+    problems = []
+    records = files.read_json_lines(path, ["step", "loss"], problems)
+    assert records == [{"step": 1, "loss": 0.5}, {"step": 3, "loss": 0.25}]
+    assert problems == [f"{path}:2: not valid JSON; skipped"]
+    assert path.read_text().splitlines()[2] == json.dumps({"step": 3, "loss": 0.25})
+
+
 # ------------------------------------------------------------------ locks
 
 
@@ -85,6 +150,36 @@ def test_lock_is_reentrant_under_relative_and_absolute_names(tmp_path, monkeypat
             pass
     with locks.lock(tmp_path / "work"):
         pass
+
+
+_HOLDER = """
+import sys
+from beyondpar.base import locks
+with locks.lock(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_second_process_finds_the_folder_busy_until_the_first_ends(tmp_path):
+    """While another process holds the folder, taking it here fails at once naming that
+    process's pid; once the holder exits, the folder can be taken."""
+    folder = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(locks.FolderBusy, match=rf"\(pid {holder.pid}\)"), locks.lock(folder):
+            pass
+    finally:
+        holder.communicate("", timeout=30)
+    assert holder.returncode == 0
+    with locks.lock(folder):
+        assert (folder / locks.LOCK_FILE).read_text() == str(os.getpid())
 
 
 # ------------------------------------------------------------------ settings
