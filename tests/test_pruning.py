@@ -204,7 +204,7 @@ def test_greedy_sequences_check_causality_once(reference, monkeypatch):
 
 @pytest.mark.parametrize("horizon", [0, -1, 2.5, True])
 @pytest.mark.parametrize("order", [pruning.greedy_sequences, pruning.fidelity_order])
-def test_greedy_orders_reject_a_horizon_below_one(order, horizon):
+def test_greedy_orders_reject_a_horizon_that_is_not_a_positive_integer(order, horizon):
     """A fidelity within no step is 0 for every mix, so every removal would look free: a
     horizon that is not an integer >= 1 is an error naming it, not a zero-loss order."""
     heads = np.array([[[1, 0], [0.2, 0.8]], [[1, 0], [0.6, 0.4]]], np.float32)

@@ -421,12 +421,16 @@ def test_start_pool_normalises_unnormalised_learned_weights():
     np.testing.assert_allclose(pool.sum(-1), 1.0, rtol=1e-6)
 
 
+# Two causal heads of two tokens whose sink reads token 0 with weight 1/5 and 3/5.
+TWO_CAUSAL_HEADS = np.array([[[1, 0], [0.2, 0.8]], [[1, 0], [0.6, 0.4]]], np.float32)
+
+
 def test_optimal_weights_with_unnormalised_init_returns_a_convex_mix():
     """Two causal heads whose sink reads token 0 with weight p = 1/5 and 3/5: a mix has
     p = (w0 + 3 w1) / 5 and minimax fidelity min(1 - (1 - p)^K, 1 - p) = 1 - p, best at
     head 0 alone (4/5). Learned weights (3, 1) given unnormalised and the search off: the
     answer is still a mix summing to 1, head 0, with the exact value 4/5."""
-    a = np.array([[[1, 0], [0.2, 0.8]], [[1, 0], [0.6, 0.4]]], np.float32)
+    a = TWO_CAUSAL_HEADS
     w, value = weighting.optimal_weights(
         a, init=np.array([3.0, 1.0], np.float32), random_starts=0, local_rounds=0, horizon=50
     )
@@ -445,16 +449,19 @@ def test_optimal_weights_with_unnormalised_init_returns_a_convex_mix():
     ],
     ids=["normalized", "reference"],
 )
-def test_hitting_time_surrogate_is_exact_at_a_short_horizon(walk, expected):
+@pytest.mark.parametrize("temperature", [1e-2, 1.0])
+def test_hitting_time_surrogate_is_exact_at_a_short_horizon(walk, expected, temperature):
     """The hitting-time loss of the descent is the exact mean hitting time (it needs no
     smoothing): for C = 1/2 [[1, 0], [1, 0]] + 1/2 [[1, 0], [0, 1]] = [[1, 0], [1/2, 1/2]]
     and K = 5 steps, h = (1/T) sum_{t<K} S_t[0], whatever the temperature."""
     attn = jnp.asarray([[[[1, 0], [1, 0]], [[1, 0], [0, 1]]]], jnp.float32)
     mix = jnp.asarray([[0.5, 0.5]], jnp.float32)
     loss = weighting._surrogate(
-        attn, mix, 1e-2, objective="hitting_time", walk=walk, horizon=7, max_steps=5
+        attn, mix, temperature, objective="hitting_time", walk=walk, horizon=7, max_steps=5
     )
     np.testing.assert_allclose(np.asarray(loss), [expected], rtol=1e-5)
+    exact = metrics.hitting_time(jnp.einsum("nh,nhij->nij", mix, attn), 5, walk)
+    np.testing.assert_allclose(np.asarray(exact), [expected], rtol=1e-5)
 
 
 @pytest.mark.parametrize("rate", [0.0, -1.0, float("nan"), float("inf"), "0.1", True])
@@ -462,7 +469,7 @@ def test_a_learning_rate_that_is_not_a_positive_number_is_rejected(rate):
     """The surrogate descent steps against its loss's gradient by the learning rate: zero
     never moves, a negative rate climbs the loss and NaN or infinity ruins every start, so
     each is an error naming the argument before any search runs."""
-    a = np.array([[[1, 0], [0.2, 0.8]], [[1, 0], [0.6, 0.4]]], np.float32)
+    a = TWO_CAUSAL_HEADS
     with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0, got"):
         weighting.optimal_weights(a, steps=3, learning_rate=rate)
     with pytest.raises(ValueError, match="learning_rate must be a finite number > 0"):

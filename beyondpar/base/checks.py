@@ -5,7 +5,6 @@ Each raises ValueError naming the argument, what it must be and what it got.
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import jax
@@ -64,11 +63,13 @@ def non_negative_int(name: str, value) -> int:
 
 
 def positive_number(name: str, value) -> float:
-    """A finite real number > 0 (a rate or a scale): bools, strings, NaN and infinity fail."""
-    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    if not (real and math.isfinite(value) and value > 0):
+    """A finite real number > 0 (a rate or a scale), as a float: Python, NumPy or 0-d JAX
+    numbers pass; bools, strings, arrays, NaN and infinity fail."""
+    array = np.asarray(value) if not isinstance(value, (str, bytes)) else np.asarray(None)
+    real = array.ndim == 0 and array.dtype.kind in "iuf"
+    if not (real and np.isfinite(array) and array > 0):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+    return float(array)
 
 
 def open_unit_interval(name: str, value) -> float:

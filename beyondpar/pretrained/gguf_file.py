@@ -146,7 +146,9 @@ class GgufFile:
             config["sliding_window"] = window
             config["model_type"] = "mistral" if self.arch == "llama" else self.arch
             config["use_sliding_window"] = True
-            config["max_window_layers"] = 0  # every layer, as llama.cpp windows them
+            # A GGUF file keeps no max_window_layers: a recorded window is read as every
+            # layer's (llama.cpp windows no Qwen2 layer at all: it ignores the key).
+            config["max_window_layers"] = 0
         if config["partial_rotary_factor"] != 1 and config["rope_scaling"] is None:
             # llama.cpp turns `rope.dimension_count` features; transformers' Llama and Qwen
             # read a partial factor only beside a scaled rope: linear by 1 is the default.

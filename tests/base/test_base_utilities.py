@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -27,6 +28,48 @@ def test_positive_int_rejects_zero_and_names_the_argument():
     assert checks.positive_int("num_heads", 1) == 1
     out = checks.positive_int("num_heads", np.int32(7))
     assert out == 7 and type(out) is int
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        0,
+        0.0,
+        -1e-9,
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        True,
+        np.bool_(True),
+        "0.1",
+        None,
+        [0.1],
+        np.array([0.1]),
+        10**400,
+    ],
+)
+def test_positive_number_refuses_what_is_not_a_finite_number_above_zero(bad):
+    """A rate must be a real number strictly above 0 and finite: zero, negatives, NaN,
+    infinities, bools, strings, lists, 1-element arrays and an int too large for a float
+    are each refused naming the argument."""
+    with pytest.raises(ValueError, match=r"^learning_rate must be a finite number > 0, got "):
+        checks.positive_number("learning_rate", bad)
+
+
+@pytest.mark.parametrize(
+    "good, want",
+    [
+        (3, 3.0),
+        (1e-12, 1e-12),
+        (np.int64(2), 2.0),
+        (np.float32(0.5), 0.5),
+        (jnp.float32(0.25), 0.25),
+    ],
+)
+def test_positive_number_returns_a_plain_float(good, want):
+    """Python, NumPy and 0-d JAX numbers above 0 come back as the same value, a float."""
+    out = checks.positive_number("learning_rate", good)
+    assert out == want and type(out) is float
 
 
 def test_non_negative_int_accepts_zero_but_not_bool():
@@ -175,8 +218,11 @@ def test_a_second_process_finds_the_folder_busy_until_the_first_ends(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(locks.FolderBusy, match=rf"\(pid {holder.pid}\)"), locks.lock(folder):
             pass
-    finally:
         holder.communicate("", timeout=30)
+    finally:
+        if holder.poll() is None:  # a holder that never answered is not left running
+            holder.kill()
+            holder.wait()
     assert holder.returncode == 0
     with locks.lock(folder):
         assert (folder / locks.LOCK_FILE).read_text() == str(os.getpid())

@@ -201,9 +201,9 @@ def test_a_gguf_with_a_sliding_window_keeps_it(tmp_path):
 
 
 def test_a_qwen2_gguf_with_a_sliding_window_windows_every_layer(tmp_path):
-    """llama.cpp windows every layer of a Qwen2 file that records
-    qwen2.attention.sliding_window (it keeps no max_window_layers): the first layer too,
-    which the Hugging Face copy (max_window_layers 1) leaves full. No query reads a key 8
+    """A Qwen2 file that records qwen2.attention.sliding_window keeps no
+    max_window_layers, so the window is read as every layer's: the first layer too, which
+    the Hugging Face copy (max_window_layers 1) leaves full. No query reads a key 8
     or more positions back in any layer, and each reads the one 7 back."""
     module, params, _ = pretrained.load(export(HF / "qwen2-tiny", tmp_path / "q.gguf"))
     cfg = module.config

@@ -297,7 +297,8 @@ def test_eval_examples_follow_the_runs_task_lag_seed_and_count():
 
 def test_reference_evaluation_at_a_shorter_length():
     """`seq_len` below the checkpoint's maximum length evaluates sequences of that length:
-    the record says so, and the paper's cycle model still predicts them."""
+    the record says so, and every layer's hitting time lies within the bounds that
+    length gives."""
     spec = evaluate.EvalSpec(
         num_sequences=3, horizon=20, max_steps=20, optimal_weights=False, pruning=False
     )
