@@ -77,11 +77,8 @@ def optimal_weights(
     walk = checks.one_of("walk", walk, metrics.WALKS)
     horizon = checks.positive_int("horizon", horizon)
     max_steps = checks.positive_int("max_steps", max_steps)
-    for name, value in (
-        ("steps", steps),
-        ("random_starts", random_starts),
-        ("local_rounds", local_rounds),
-    ):
+    counts = dict(steps=steps, random_starts=random_starts, local_rounds=local_rounds)
+    for name, value in counts.items():
         checks.non_negative_int(name, value)
     local_starts = checks.positive_int("local_starts", local_starts)
     learning_rate = checks.positive_number("learning_rate", learning_rate)
