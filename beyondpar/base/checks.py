@@ -65,7 +65,7 @@ def non_negative_int(name: str, value) -> int:
 def positive_number(name: str, value) -> float:
     """A finite real number > 0 (a rate or a scale), as a float: Python, NumPy or 0-d JAX
     numbers pass; bools, strings, arrays, NaN and infinity fail."""
-    array = np.asarray(value) if not isinstance(value, (str, bytes)) else np.asarray(None)
+    array = np.asarray(value)  # strings and bytes become text arrays, refused below
     real = array.ndim == 0 and array.dtype.kind in "iuf"
     if not (real and np.isfinite(array) and array > 0):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
