@@ -474,3 +474,24 @@ def test_a_learning_rate_that_is_not_a_positive_number_is_rejected(rate):
         weighting.optimal_weights(a, steps=3, learning_rate=rate)
     with pytest.raises(ValueError, match="learning_rate must be a finite number > 0"):
         weighting.cross_fitted(np.stack([a, a]), num_folds=2, steps=3, learning_rate=rate)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "bound"),
+    [
+        ("max_steps", 0, ">= 1"),
+        ("search_sequences", 0, ">= 1"),
+        ("random_starts", -1, ">= 0"),
+        ("steps", -2, ">= 0"),
+        ("local_rounds", -1, ">= 0"),
+    ],
+)
+def test_optimal_weights_rejects_counts_out_of_range_by_name(argument, value, bound):
+    """A walk of no steps, a search over no sets and a negative number of starts, steps or
+    rounds describe no search at all: each is an error that names the argument and its
+    bound, raised before anything is scored, not an empty or silently shortened search."""
+    settings = dict(horizon=7, max_steps=5, local_rounds=0, random_starts=2)
+    settings[argument] = value
+    message = rf"{argument} must be an integer {bound}, got {value}"
+    with pytest.raises(ValueError, match=message):
+        weighting.optimal_weights(TWO_CAUSAL_HEADS, "hitting_time", **settings)
