@@ -329,3 +329,32 @@ def test_largest_shares_name_the_tokens_in_order():
     assert [t["position"] for t in top] == np.argsort(-share)[:10].tolist()
     assert top[0]["token"] == record["token_labels"][top[0]["position"]]
     assert top[0]["share"] == pytest.approx(share.max())
+
+
+@pytest.mark.parametrize("keep_bytes", [None, 0])
+def test_sink_rollout_kept_or_carried_is_the_rollouts_sink_row(keep_bytes):
+    # None: every layer's mix fits and is kept; 0: none fits, the running product is carried.
+    rng = np.random.default_rng(3)
+    attn = np.tril(rng.random((2, 3, 4, 7, 7))) + np.eye(7)  # B x L x H x T x T, causal
+    attn /= attn.sum(-1, keepdims=True)
+    weights = rng.dirichlet(np.ones(4), size=3)
+    rollout = text_lib.SinkRollout(3, 0.3, keep_bytes)
+    for layer in range(3):
+        rollout.add(graphs.combine_heads(attn[:, layer].astype(np.float32), weights[layer]))
+    assert (len(rollout.kept), rollout.product is None) == (
+        (3, True) if keep_bytes is None else (0, False)
+    )
+    share = rollout.sink_share()
+    full = np.asarray(graphs.rollout(attn, weights, 0.3))
+    np.testing.assert_allclose(share, full[:, -1], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(share.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_sink_rollout_keeps_mixes_only_while_all_layers_fit():
+    mixed = np.full((2, 5, 5), 0.2, np.float32)  # 200 bytes a layer
+    fits, too_big = text_lib.SinkRollout(4, 0.5, 800), text_lib.SinkRollout(4, 0.5, 799)
+    for rollout in (fits, too_big):
+        rollout.add(mixed)
+    assert len(fits.kept) == 1 and fits.product is None
+    assert not too_big.kept and too_big.product is not None
+    assert text_lib.SinkRollout(4, 0.5).keep_bytes == text_lib.ROLLOUT_KEEP_BYTES == 2**30
