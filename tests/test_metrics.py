@@ -95,6 +95,32 @@ def test_transition_matrix_follows_the_definition(walk, t):  # exact, padded, un
         )
 
 
+def test_normalized_walk_sends_an_unread_token_to_the_sink():
+    """A token no query reads has an all-zero column, so the normalised walk has no way on
+    from it: its row of P must be the sink's indicator (rows of P stay stochastic), while
+    the other rows are their columns of c over the column mass."""
+    c = np.array(
+        [
+            [1.0, 0.0, 0.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0],  # token 1 reads only token 0; nobody reads token 1
+            [0.5, 0.0, 0.5, 0.0],
+            [0.25, 0.0, 0.25, 0.5],
+        ]
+    )
+    expected = np.array(
+        [
+            [1 / 2.75, 1 / 2.75, 0.5 / 2.75, 0.25 / 2.75],
+            [0.0, 0.0, 0.0, 1.0],
+            [0.0, 0.0, 2 / 3, 1 / 3],
+            [0.0, 0.0, 0.0, 1.0],
+        ]
+    )
+    p = np.asarray(metrics.transition_matrix(np.stack([c, c]), "normalized"))
+    assert p.shape == (2, 4, 4)
+    np.testing.assert_allclose(p, np.stack([expected, expected]), atol=1e-12)
+    np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-12)
+
+
 def test_sink_signal_is_last_row_of_powers():
     c = causal(1, (), 9)
     got = metrics.sink_signal(c, 5)
