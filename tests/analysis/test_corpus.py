@@ -74,6 +74,46 @@ def test_windows_are_consecutive_counted_and_cut_in_order():
         corpus.make_windows(docs, WordTokenizer(), 4, 0, 100)
 
 
+def test_a_line_of_only_spaces_or_tabs_separates_documents(tmp_path):
+    """A blank line is one with nothing but spaces or tabs on it: each such line between
+    two paragraphs of a .txt corpus ends a document, so three paragraphs are three
+    documents, each window of them owned by its own paragraph."""
+    txt = tmp_path / "c.txt"
+    txt.write_text("1 2 3 4\n \n5 6 7 8\n\t \n9 10 11 12\nstill third\n")
+    docs = corpus.read_documents(txt)
+    assert [d.text for d in docs] == ["1 2 3 4", "5 6 7 8", "9 10 11 12\nstill third\n"]
+    assert {d.source for d in docs} == {str(txt)}
+    w = corpus.make_windows(docs, WordTokenizer(), 4, None, 100)
+    assert w.document.tolist() == [0, 1, 2] and w.num_documents == 3
+    assert (w.dropped_tail_tokens, w.short_documents) == (2, 0)
+
+
+def test_a_folders_fingerprint_changes_with_its_file_names_and_boundaries(tmp_path):
+    """A folder's documents are its files: renaming a file, or moving text from one file
+    into the other (the same bytes in all, cut elsewhere), gives other documents and so
+    another fingerprint; the same files elsewhere, or a file that is not .txt beside
+    them, give the same one."""
+
+    def folder(name, files_text):
+        path = tmp_path / name
+        path.mkdir()
+        for file_name, text in files_text.items():
+            (path / file_name).write_text(text)
+        return corpus.fingerprint(path)
+
+    base = folder("base", {"a.txt": "one two", "b.txt": "three four"})
+    assert folder("copy", {"a.txt": "one two", "b.txt": "three four"}) == base
+    assert folder("extra", {"a.txt": "one two", "b.txt": "three four", "n.md": "x"}) == base
+    assert folder("renamed", {"a.txt": "one two", "c.txt": "three four"}) != base
+    assert folder("moved", {"a.txt": "one twothree", "b.txt": " four"}) != base
+    assert folder("moved_back", {"a.txt": "one", "b.txt": " twothree four"}) != base
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "a.txt").write_text("one two")
+    (single / "b.txt").write_text("one two")
+    assert corpus.fingerprint(single / "a.txt") != corpus.fingerprint(single / "b.txt")
+
+
 @pytest.mark.parametrize(
     "name,content,message",
     [
@@ -238,6 +278,55 @@ def test_loss_pruning_curves_start_at_the_models_loss():
     examples = loss_pruning.next_token_examples(windows.tokens)
     last = pruning.sequence_losses(module, params, examples.inputs, examples.targets, mask)
     assert curves["projection"]["loss"][-1] == pytest.approx(float(np.mean(last)), rel=1e-5)
+
+
+def test_pruning_points_are_the_nearest_heads_to_even_spacing(monkeypatch):
+    """Two layers of 5 heads leave 8 prunable heads; 4 points evenly spaced over 0..8
+    fall at 0, 2.67, 5.33 and 8 heads, measured at the nearest counts 0, 3, 5, 8. With a
+    loss that counts the removed heads (each worth its layer + 1) every point's loss and
+    accuracy is that of the order's first heads, and the areas are over the share of the
+    8 heads removed."""
+    module = types.SimpleNamespace(config=types.SimpleNamespace(num_layers=2, num_heads=5))
+    order = [(0, 0), (1, 4), (1, 1), (0, 2), (1, 3), (0, 3), (0, 1), (1, 0)]
+    seen = {}
+
+    def fake_orders(module_, params, tokens, horizon, seed, progress):
+        seen.update(tokens=np.asarray(tokens), horizon=horizon, seed=seed)
+        return {name: order[::-1] if name == "random" else order for name in pruning.ORDERS}
+
+    def fake_scores(module_, params, examples, masks):
+        assert masks.shape == (1, 2, 5)
+        seen.setdefault("inputs", []).append(np.asarray(examples.inputs))
+        removed = (1 - masks[0]) * np.array([[1.0], [2.0]])
+        return np.array([1.0 + removed.sum()]), np.array([1.0 - (1 - masks[0]).sum() / 10])
+
+    monkeypatch.setattr(loss_pruning, "orders", fake_orders)
+    monkeypatch.setattr(pruning, "masked_scores", fake_scores)
+    tokens = np.arange(5 * 6).reshape(5, 6)
+    windows = types.SimpleNamespace(tokens=tokens)
+    cspec = windows_lib.CorpusSpec(tokens=6, pruning_windows=3, pruning_points=4, seed=5)
+    spec = measures.AnalysisSpec(horizon=7)
+    curves = loss_pruning.corpus_curves(module, None, windows, cspec, spec, progress=False)
+    assert curves["windows"] == 3
+    np.testing.assert_array_equal(seen["tokens"], tokens[:3])
+    assert (seen["horizon"], seen["seed"]) == (7, 5)
+    assert len(seen["inputs"]) == 1 + 4 * 3  # all heads once, then 3 points per order
+    for inputs in seen["inputs"]:
+        np.testing.assert_array_equal(inputs, tokens[:3, :-1])
+    # order's layers 0, 1, 1, 0, 1, 0, 0, 1 cost 1, 2, 2, 1, 2, 1, 1, 2
+    c = curves["projection"]
+    assert c["heads_pruned"] == [0, 3, 5, 8]
+    assert c["order"] == [list(p) for p in order]
+    np.testing.assert_allclose(c["loss"], [1.0, 6.0, 9.0, 13.0])
+    np.testing.assert_allclose(c["accuracy"], [1.0, 0.7, 0.5, 0.2])
+    np.testing.assert_allclose(c["perplexity"], np.exp([1.0, 6.0, 9.0, 13.0]), rtol=1e-6)
+    share = np.array([0, 3, 5, 8]) / 8
+    assert c["loss_auc"] == pytest.approx(np.trapezoid([1.0, 6.0, 9.0, 13.0], share))
+    assert c["accuracy_auc"] == pytest.approx(0.6)  # a line from 1 to 0.2
+    # the reversed order removes heads costing 2, 1, 1, 2, 1, 2, 2, 1
+    r = curves["random"]
+    assert r["heads_pruned"] == [0, 3, 5, 8]
+    np.testing.assert_allclose(r["loss"], [1.0, 5.0, 8.0, 13.0])
 
 
 def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
