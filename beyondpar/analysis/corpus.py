@@ -46,7 +46,7 @@ def read_documents(path: str | os.PathLike) -> list[Document]:
     """The documents of a corpus path, in file order (folders: files sorted by name)."""
     path = Path(path).expanduser()
     if path.is_dir():
-        found = sorted(p for p in path.iterdir() if p.suffix == ".txt" and p.is_file())
+        found = _folder_files(path)
         if not found:
             raise ValueError(f"--corpus folder {path} holds no .txt file")
         docs = [Document(str(p), _read_text(p)) for p in found]
@@ -65,6 +65,11 @@ def read_documents(path: str | os.PathLike) -> list[Document]:
     if not docs:
         raise ValueError(f"--corpus {path} holds no document (it is empty)")
     return docs
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """A corpus folder's documents: its .txt files (not folders named so), by name."""
+    return sorted(p for p in folder.iterdir() if p.suffix == ".txt" and p.is_file())
 
 
 def _read_text(path: Path) -> str:
@@ -97,7 +102,7 @@ def _jsonl_documents(path: Path) -> list[Document]:
 def fingerprint(path: str | os.PathLike) -> str:
     """SHA-256 over the corpus files' names and bytes: a changed corpus is another run."""
     path = Path(path).expanduser()
-    paths = sorted(path.glob("*.txt")) if path.is_dir() else [path]
+    paths = _folder_files(path) if path.is_dir() else [path]
     digest = hashlib.sha256()
     for p in paths:
         digest.update(p.name.encode() + b"\0" + p.read_bytes())

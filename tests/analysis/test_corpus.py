@@ -114,6 +114,19 @@ def test_a_folders_fingerprint_changes_with_its_file_names_and_boundaries(tmp_pa
     assert corpus.fingerprint(single / "a.txt") != corpus.fingerprint(single / "b.txt")
 
 
+def test_a_folder_named_like_a_text_file_is_not_a_document(tmp_path):
+    """A subfolder `sub.txt/` of a corpus folder is neither read nor fingerprinted: the
+    corpus is the same as without it (its fingerprint once read the folder as a file)."""
+    alone, beside = tmp_path / "alone", tmp_path / "beside"
+    for folder in (alone, beside):
+        folder.mkdir()
+        (folder / "a.txt").write_text("one two three")
+    (beside / "sub.txt").mkdir()
+    (beside / "sub.txt" / "b.txt").write_text("four")
+    assert [d.text for d in corpus.read_documents(beside)] == ["one two three"]
+    assert corpus.fingerprint(beside) == corpus.fingerprint(alone)
+
+
 @pytest.mark.parametrize(
     "name,content,message",
     [
