@@ -433,3 +433,28 @@ def test_rate_zero_keeps_every_element():
     """Even the element whose hash is 0 (seed 0, column 0)."""
     seeds = jnp.asarray([0, 1, 2**31], jnp.uint32)
     assert bool(model.kept_elements(seeds, 5, 0.0).all())
+
+
+@pytest.mark.parametrize("num_heads", [2, 4])
+def test_attention_scores_are_scaled_by_the_root_of_the_head_dimension(num_heads):
+    """Scaled dot-product attention divides each head's scores by sqrt(head_dim), not by
+    sqrt(embed_dim). With identity query and key projections, token 0 at the origin and
+    token 1 at 2 on the first feature, the second query scores 0 against key 0 and 4
+    against key 1 in the head holding that feature, so it puts sigmoid(4 / sqrt(Dh)) on
+    itself there and 1/2 on each key in every other head; the first query has only
+    itself to read."""
+    cfg = model.ModelConfig(num_heads=num_heads, dropout_rate=0.0, **SMALL)
+    d, head_dim = cfg.embed_dim, cfg.head_dim
+    attn = model.CausalSelfAttention(cfg)
+    x = jnp.zeros((1, 2, d)).at[0, 1, 0].set(2.0)
+    params = jax.tree.map(jnp.zeros_like, attn.init(jax.random.PRNGKey(0), x, True)["params"])
+    for name in ("query", "key"):
+        params[name]["kernel"] = jnp.eye(d)
+    _, state = attn.apply({"params": params}, x, True, mutable=["intermediates"])
+    probs = np.asarray(state["intermediates"]["attention"][0])
+    assert probs.shape == (1, num_heads, 2, 2)
+    on_itself = 1 / (1 + np.exp(-4 / np.sqrt(head_dim)))
+    want = np.full((num_heads, 2), 0.5)
+    want[0] = (1 - on_itself, on_itself)
+    np.testing.assert_allclose(probs[0, :, 1], want, rtol=1e-6)
+    np.testing.assert_allclose(probs[0, :, 0], np.tile([1.0, 0.0], (num_heads, 1)))

@@ -5,6 +5,8 @@ replaced by fixed numbers so that every expected figure is exact."""
 from __future__ import annotations
 
 import json
+import pathlib
+import types
 
 import jax
 import numpy as np
@@ -58,6 +60,32 @@ def test_exp_rate_counts_elements_not_bytes(monkeypatch):
     devices = len(jax.local_devices())
     expected = 3 * 1024 * devices / 0.2
     assert machine.exp_per_s(2, kilobytes=4, passes=3) == pytest.approx(expected)
+
+
+def test_peak_rss_is_linux_kilobytes_in_gb(monkeypatch):
+    """Linux reports the peak resident set in kB: 3 * 2^20 kB is 3 GB (GiB), not 3 MB."""
+    usage = types.SimpleNamespace(ru_maxrss=3 * 2**20)
+    monkeypatch.setattr(machine.resource, "getrusage", lambda who: usage)
+    assert machine.peak_rss_gb() == pytest.approx(3.0)
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_peak_rss_agrees_with_the_kernels_high_water_mark():
+    """The process's own peak as the kernel reports it (VmHWM, kB): a JAX process holds
+    tens of MB at least, and the two readings agree to within what the process may grow
+    between them."""
+    before = _vm_hwm_kb() / 2**20
+    got = machine.peak_rss_gb()
+    after = _vm_hwm_kb() / 2**20
+    assert got > 0.01
+    assert before * 0.9 <= got <= after * 1.1
+
+
+def _vm_hwm_kb() -> int:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    pytest.skip("no VmHWM in /proc/self/status")
 
 
 # kernels: bounds, rates and the summary ---------------------------------------------
