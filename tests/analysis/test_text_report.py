@@ -124,3 +124,20 @@ def test_table_without_sink_has_its_own_baseline_and_values():
     assert abs(best - 100 * np.mean(layer["best_head_fidelity"])) > 1e-3
     assert rows["0"][1] == f"{best:.3f}"
     assert rows["0"][7] == f"{np.mean(layer['sink_mass']):.3f}"
+
+
+def test_layer_row_gives_uniform_mix_median_and_p10_each_in_its_column(parked):
+    """The layer row's 'uniform median' and 'uniform p10' columns are the uniform mix's
+    median and 10th percentile of node fidelity, each the mean over sequences in percent.
+    Distinct per-sequence values (a record read back from elsewhere) show which number
+    went where: medians 40% and 20% average to 30%, p10s 10% and 5% to 7.5%."""
+    layer = parked["layers"][0]
+    uniform = {
+        **layer["mixes"]["uniform"],
+        "fidelity_median": np.array([0.4, 0.2]),
+        "fidelity_p10": np.array([0.1, 0.05]),
+    }
+    changed = {**layer, "mixes": {**layer["mixes"], "uniform": uniform}}
+    report = text_report.markdown({**parked, "layers": {5: changed}})
+    row = table_rows(report, "## Layers")["5"]
+    assert row[5:7] == ["30.000", "7.500"]
