@@ -7,7 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_fixtures import CONFIG_VARIANTS, HF, copy_checkpoint, expected, logits_and_attention
+from hf_fixtures import (
+    CONFIG_VARIANTS,
+    HF,
+    config_of,
+    copy_checkpoint,
+    expected,
+    logits_and_attention,
+)
 from safetensors.numpy import load_file, save_file
 
 from beyondpar import pretrained
@@ -710,3 +717,72 @@ def test_llama_head_is_separate_when_the_config_does_not_say(tmp_path):
     assert "lm_head" in params
     logits, _ = pretrained.apply_with_attention(module, params, expected("llama-tiny")["tokens"])
     np.testing.assert_allclose(logits, expected("llama-tiny")["logits"], atol=1e-4)
+
+
+def test_gpt2_context_is_n_positions_else_n_ctx_else_1024(tmp_path):
+    """GPT-2's context (the rows of its learned position table, and the longest text it
+    takes) is `n_positions`; older configs name it `n_ctx`, and a config naming neither
+    has GPT-2's 1024 positions. A folder whose config gives the context only as `n_ctx`
+    loads the fixture's 64-row table and is the fixture's model."""
+    name = "gpt2-tiny"
+    folder = copy_checkpoint(name, tmp_path, {"n_positions": None, "n_ctx": 64})
+    logits, _ = logits_and_attention(folder, expected(name)["tokens"])
+    np.testing.assert_allclose(logits, expected(name)["logits"], atol=1e-4)
+    config = {k: v for k, v in config_of(name).items() if k != "n_positions"}
+    assert pretrained.build({**config, "n_ctx": 40}).config.max_len == 40
+    module = pretrained.build(config)
+    assert module.config.max_len == 1024
+    shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), jnp.zeros((1, 3), jnp.int32))
+    assert shapes["params"]["wpe"]["embedding"].shape == (1024, 32)
+    with pytest.raises(ValueError, match="context of 1024 tokens, got 1025"):
+        pretrained.apply_with_attention(module, {}, np.zeros((1, 1025), np.int32))
+
+
+def test_gpt2_scales_scores_by_inverse_sqrt_head_dim_unless_the_config_says_not_to(tmp_path):
+    """GPT-2 divides attention scores by sqrt(head_dim) unless `scale_attn_weights` is
+    false, and a config that leaves the field out scales (the fixture's model). Unscaled,
+    layer 0 (whose input does not depend on it) has probabilities proportional to the
+    scaled ones raised to the power sqrt(8), the fixture's head_dim."""
+    name = "gpt2-tiny"
+    tokens = expected(name)["tokens"]
+    logits, _ = logits_and_attention(copy_without(name, tmp_path, "scale_attn_weights"), tokens)
+    np.testing.assert_allclose(logits, expected(name)["logits"], atol=1e-4)
+    folder = copy_checkpoint(name, tmp_path / "unscaled", {"scale_attn_weights": False})
+    _, attn = logits_and_attention(folder, tokens)
+    powered = np.asarray(expected(name)["attention"][:, 0], np.float64) ** np.sqrt(8)
+    want = powered / powered.sum(-1, keepdims=True)
+    np.testing.assert_allclose(attn[:, 0], want, atol=1e-5)
+    assert np.abs(want - expected(name)["attention"][:, 0]).max() > 1e-2
+
+
+def test_gpt2_activation_is_the_tanh_gelu_when_the_config_does_not_say(tmp_path):
+    """transformers' GPT-2 defaults `activation_function` to gelu_new (GELU's tanh
+    approximation): a config that leaves it out is the fixture's model, the same as one
+    naming gelu_new, and not the exact GELU (whose logits here are 7e-5 away)."""
+    name = "gpt2-tiny"
+    tokens = expected(name)["tokens"]
+    logits, _ = logits_and_attention(copy_without(name, tmp_path, "activation_function"), tokens)
+    np.testing.assert_allclose(logits, expected(name)["logits"], atol=1e-4)
+    runs = {}
+    for act in ("gelu_new", "gelu"):
+        folder = copy_checkpoint(name, tmp_path / act, {"activation_function": act})
+        runs[act] = np.asarray(logits_and_attention(folder, tokens)[0])
+    np.testing.assert_allclose(logits, runs["gelu_new"], atol=1e-6)
+    assert np.abs(np.asarray(logits) - runs["gelu"]).max() > 3e-5
+
+
+def test_neox_projections_have_biases_when_the_config_does_not_say(tmp_path):
+    """transformers' GPT-NeoX defaults `attention_bias` to true: a config that leaves it
+    out reads the checkpoint's query_key_value and dense biases and is the fixture's
+    model; false builds both projections without them."""
+    name = "neox-tiny"
+    folder = copy_without(name, tmp_path, "attention_bias")
+    module, params, _ = pretrained.load(folder)
+    assert "bias" in params["layers_0"]["query_key_value"]
+    assert "bias" in params["layers_1"]["dense"]
+    logits, _ = pretrained.apply_with_attention(module, params, expected(name)["tokens"])
+    np.testing.assert_allclose(logits, expected(name)["logits"], atol=1e-4)
+    off = pretrained.build({**config_of(name), "attention_bias": False})
+    shapes = jax.eval_shape(off.init, jax.random.PRNGKey(0), jnp.zeros((1, 3), jnp.int32))
+    block = shapes["params"]["layers_0"]
+    assert "bias" not in block["query_key_value"] and "bias" not in block["dense"]

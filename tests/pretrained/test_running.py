@@ -100,3 +100,19 @@ def test_gather_heads_leaves_a_batch_split_over_every_device_alone():
     gathered = pretrained.gather_heads(attn, mixed)
     assert {s.data.shape for s in gathered.addressable_shards} == {(1, 4, 3, 3)}
     np.testing.assert_array_equal(np.asarray(gathered), _attention(4))
+
+
+def test_gather_heads_on_a_mesh_over_part_of_the_devices_divides_by_every_device():
+    """A model=2 mesh over two of the four local devices: a batch that divides by the four
+    local devices is split over all four (one sequence each), one that divides only by the
+    mesh's two is brought whole to the mesh's first device. Values never change."""
+    devices = jax.devices()[:4]
+    mesh = parallel.model_mesh(data=1, model=2, devices=devices[:2])
+    by_head = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, parallel.MODEL))
+    for batch, shard_shape, placed_on in [(4, (1, 4, 3, 3), set(devices)), (2, (2, 4, 3, 3), None)]:
+        attn = jax.device_put(_attention(batch), by_head)
+        assert {s.data.shape for s in attn.addressable_shards} == {(batch, 2, 3, 3)}
+        gathered = pretrained.gather_heads(attn, mesh)
+        assert {s.data.shape for s in gathered.addressable_shards} == {shard_shape}
+        assert gathered.devices() == (placed_on or {mesh.devices.flat[0]})
+        np.testing.assert_array_equal(np.asarray(gathered), _attention(batch))
