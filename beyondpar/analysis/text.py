@@ -19,13 +19,6 @@ from beyondpar.base import files
 from beyondpar.base.timing import Timer
 
 
-def _rollout(mixed_LxBxTxT: list, spec: AnalysisSpec) -> dict:
-    """The sink's row of the rollout from the kept per-layer mixes (heads already mixed)."""
-    layers = jnp.stack(mixed_LxBxTxT, axis=1)[:, :, None]  # B x L x 1 x T x T
-    shares = np.asarray(graphs.rollout_sink(layers, residual=spec.residual))
-    return {"sink_share": shares, "network_fidelity": shares.min(-1)}
-
-
 def _selected(spec: AnalysisSpec, num_layers: int) -> tuple[int, ...]:
     layers = tuple(range(num_layers)) if spec.layers is None else spec.layers
     bad = [layer for layer in layers if not 0 <= layer < num_layers]
@@ -69,8 +62,7 @@ def analyze_tokens(
             fixed, fixed_inner = _at_layer(extra, layer), _at_layer(extra_without_sink, layer)
             out[layer] = analyze_layer(attn, weights, spec, timer, fixed, fixed_inner)
     with timer.part("rollout"):
-        shares = rollout.sink_share()
-    summary = {"sink_share": shares, "network_fidelity": shares.min(-1)}
+        summary = rollout.record()
     return {"layers": out, "rollout": summary, **baselines(np.shape(tokens_BxT)[-1], spec)}
 
 
@@ -116,6 +108,11 @@ class SinkRollout:
             row = _row_step(row, mixed, self.residual)
         return np.asarray(row)
 
+    def record(self) -> dict:
+        """The sink's share of every token, and the smallest: the network's fidelity."""
+        shares = self.sink_share()
+        return {"sink_share": shares, "network_fidelity": shares.min(-1)}
+
 
 @jax.jit
 def _row_step(row_BxT, mixed_BxTxT, residual):
@@ -149,10 +146,11 @@ def analyze_attention(attn, spec: AnalysisSpec, timer: Timer | None = None) -> d
     spec.check_length(attn.shape[-1])
     out = {layer: analyze_layer(attn[:, layer], None, spec, timer) for layer in layers}
     with timer.part("rollout"):
-        rollout = _rollout(
-            [jnp.asarray(attn[:, i].mean(1), jnp.float32) for i in range(attn.shape[1])], spec
-        )
-    return {"layers": out, "rollout": rollout, **baselines(attn.shape[-1], spec)}
+        rollout = SinkRollout(attn.shape[1], spec.residual)
+        for layer in range(attn.shape[1]):
+            rollout.add(jnp.asarray(attn[:, layer].mean(1), jnp.float32))
+        summary = rollout.record()
+    return {"layers": out, "rollout": summary, **baselines(attn.shape[-1], spec)}
 
 
 def tokenize(tokenizer, text: str, module) -> list[int]:
