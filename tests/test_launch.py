@@ -95,3 +95,29 @@ def test_analyze_folds_flag_reaches_the_cross_fitted_optimum(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     optimal = json.loads((out / "analysis.json").read_text())["layers"]["0"]["optimal"]
     assert optimal["held_out"] is False and optimal["search_sets"] == [[0, 1]]
+
+
+def test_launchers_start_without_scipy_stats():
+    """scipy.stats takes most of a second to import, and every command of every launcher
+    pays its start: it is imported when an interval or a rank correlation is computed."""
+    modules = [
+        "beyondpar.analysis.corpus_report",
+        "beyondpar.analysis.measures",
+        "beyondpar.analysis.series",
+        "beyondpar.analysis.text_report",
+        "beyondpar.analysis.windows",
+        "beyondpar.analysis.text",
+        "beyondpar.benchmarks",
+        "beyondpar.study.ablation",
+        "beyondpar.study.evaluate",
+        "beyondpar.study.report",
+        "beyondpar.study.train",
+        "beyondpar.study.worked_example",
+    ]
+    code = (
+        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('scipy.stats')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

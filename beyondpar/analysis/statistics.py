@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 import numpy as np
-from scipy import stats
 
 FIELDS = (
     "fidelity",
@@ -89,6 +88,8 @@ def _percentile_bootstrap(values_WxC, seed: int, mean):
     """Low and high (C,) of the 95% percentile-bootstrap interval of each column's `mean`,
     resampling windows with `np.random.default_rng(seed)` in batches that draw the same
     indices as one go (the contiguous copy of `_contiguous_mean` counted twice)."""
+    from scipy import stats  # 0.8 s to import: only when an interval is asked for
+
     batch = int(np.clip(_RESAMPLE_BYTES // (2 * values_WxC.nbytes), 1, N_RESAMPLES))
     result = stats.bootstrap(
         (values_WxC,),

@@ -4,7 +4,6 @@ pairwise synergy and pruning. Each takes the latest record of every run."""
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 OPTIMAL_COLUMNS = (
     ("fidelity_optimal", "fidelity"),
@@ -77,13 +76,19 @@ def diversity_summary(runs: list[dict]) -> list[str]:
     div, gain = diversity_points(runs)
     if len(div) < 3:
         return []
-    rho, p = stats.spearmanr(div, gain)
+    rho, p = _spearman(div, gain)
     return [
         f"Over {len(div)} (run, layer) points, Spearman's rank correlation of head diversity "
         f"with the amplification gain is rho = {rho:+.3f} (p = {p:.3g}). A positive, "
         "significant rho would mean that layers whose heads attend more differently gain "
         "more from mixing them (the paper's head-diversity condition).",
     ]
+
+
+def _spearman(x, y) -> tuple[float, float]:
+    from scipy import stats  # 0.8 s to import: not at every launcher's start
+
+    return stats.spearmanr(x, y)
 
 
 def pruning_table(runs: list[dict]) -> list[str]:
@@ -105,7 +110,7 @@ def plot_diversity(runs: list[dict], plt):
     ax.scatter(div, 100 * gain, s=14)
     ax.axhline(0, color="k", lw=0.8)
     if len(div) >= 3:
-        rho, p = stats.spearmanr(div, gain)
+        rho, p = _spearman(div, gain)
         ax.set_title(f"Spearman rho = {rho:+.2f} (p = {p:.2g})")
     ax.set(xlabel="head diversity (mean TV distance of rows)", ylabel="gain over best head (pp)")
     ax.grid(alpha=0.3)
