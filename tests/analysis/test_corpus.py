@@ -114,6 +114,24 @@ def test_a_folders_fingerprint_changes_with_its_file_names_and_boundaries(tmp_pa
     assert corpus.fingerprint(single / "a.txt") != corpus.fingerprint(single / "b.txt")
 
 
+def test_a_fingerprint_keeps_each_file_name_apart_from_its_bytes(tmp_path):
+    """A file's name and its bytes are hashed with a separator between them, so a folder
+    holding `a.txt` with "b.txt one" and one holding `a.txtb.txt` with " one" (the same
+    characters in all, cut elsewhere) are different corpora with different fingerprints;
+    so are the single files `x.txt` holding "y" and `x.tx` holding "ty"."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "a.txt").write_text("b.txt one")
+    (second / "a.txtb.txt").write_text(" one")
+    assert [d.text for d in corpus.read_documents(first)] == ["b.txt one"]
+    assert [d.text for d in corpus.read_documents(second)] == [" one"]
+    assert corpus.fingerprint(first) != corpus.fingerprint(second)
+    (tmp_path / "x.txt").write_text("y")
+    (tmp_path / "x.tx").write_text("ty")
+    assert corpus.fingerprint(tmp_path / "x.txt") != corpus.fingerprint(tmp_path / "x.tx")
+
+
 def test_a_folder_named_like_a_text_file_is_not_a_document(tmp_path):
     """A subfolder `sub.txt/` of a corpus folder is neither read nor fingerprinted: the
     corpus is the same as without it (its fingerprint once read the folder as a file)."""

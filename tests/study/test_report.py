@@ -273,6 +273,31 @@ def test_diversity_correlation_needs_three_points_of_multi_head_runs():
     assert synergy_report.diversity_summary([runs[0], single]) == []
 
 
+def test_diversity_plot_title_gives_rho_then_p_from_three_points_on():
+    """The diversity plot shows every multi-head (run, layer) point as (diversity, gain in
+    percentage points) and titles it with Spearman's rho, then its p value: for ranks
+    (1, 2, 3) against (1, 3, 2), rho = 1/2 and p = 2/3. Three points are the fewest that
+    get a title; two get none."""
+    from beyondpar.base import files
+
+    plt = files.pyplot()
+    single = diversity_run(1, [0.9, 0.0], [0.5, -0.5])
+    runs = [diversity_run(2, [0.1, 0.2], [0.01, 0.03]), diversity_run(3, [0.3], [0.02]), single]
+    fig = synergy_report.plot_diversity(runs, plt)
+    try:
+        (ax,) = fig.axes
+        assert ax.get_title() == "Spearman rho = +0.50 (p = 0.67)"
+        points = ax.collections[0].get_offsets()
+        np.testing.assert_allclose(points, [[0.1, 1.0], [0.2, 3.0], [0.3, 2.0]])
+    finally:
+        plt.close(fig)
+    fig = synergy_report.plot_diversity([runs[0], single], plt)
+    try:
+        assert fig.axes[0].get_title() == ""
+    finally:
+        plt.close(fig)
+
+
 def test_rows_carry_each_metrics_own_std_per_layer():
     """Every CSV/JSON row holds, for its layer, the mean and the standard deviation that the
     record stores for that metric: the two columns differ wherever the record's do."""
