@@ -281,6 +281,49 @@ def test_batch_order_changes_between_epochs_and_depends_on_seed_and_step():
     np.testing.assert_array_equal(again.indices(per_epoch + 1), train_set.indices(per_epoch + 1))
 
 
+def test_an_epoch_is_whole_batches_when_the_set_does_not_divide():
+    """100 sequences in batches of 32: three full batches an epoch, the last 4 sequences
+    of each shuffled order unused, so every one of the run's updates sees 32 distinct
+    sequences, and the sequences left out change from epoch to epoch."""
+    config = smoke.get_config()
+    config.task.num_train = 100
+    config.optim.num_epochs = 3
+    train_set, _ = train.make_datasets(config)
+    assert train_set.steps_per_epoch == 3
+    assert train.total_steps(config) == 9
+    for epoch in range(3):
+        steps = range(3 * epoch, 3 * epoch + 3)
+        used = np.concatenate([train_set.indices(s) for s in steps])
+        assert used.shape == (96,) and len(set(used.tolist())) == 96
+        assert set(used.tolist()) <= set(range(100))
+    for step in range(train.total_steps(config)):
+        batch = train_set.batch(step)
+        assert batch.inputs.shape == (32, 16) and batch.targets.shape == (32, 16)
+    every_epoch = set(np.concatenate([train_set.indices(s) for s in range(9)]).tolist())
+    assert len(every_epoch) > 96  # each epoch leaves out its own 4, not always the same
+
+
+def test_batch_order_is_drawn_from_the_seeds_shuffle_stream():
+    """The order of epoch e is the permutation of the seed's `shuffle` stream folded with
+    e: independent of the stream that drew the training sequences, so the data and the
+    order of a run can be reproduced separately from its seed."""
+    config = smoke.get_config()
+    config.seed = 5
+    train_set, _ = train.make_datasets(config)
+    n, b = config.task.num_train, config.optim.batch_size
+    shuffle = train.keys(5)["shuffle"]
+    for epoch in (0, 2):
+        order = np.asarray(jax.random.permutation(jax.random.fold_in(shuffle, epoch), n))
+        got = np.concatenate(
+            [train_set.indices(epoch * train_set.steps_per_epoch + i) for i in range(n // b)]
+        )
+        np.testing.assert_array_equal(got, order[: (n // b) * b])
+        np.testing.assert_array_equal(
+            train_set.batch(epoch * train_set.steps_per_epoch).inputs,
+            train_set.examples.inputs[order[:b]],
+        )
+
+
 def test_dropout_masks_change_with_the_step():
     """Learning rate 0: the parameters never move, so only dropout makes losses differ."""
     config = smoke.get_config()

@@ -110,6 +110,51 @@ def test_observing_fields_may_change_and_every_change_is_kept(run, tmp_path):
     assert json.loads((copy / "config.json").read_text())["evaluation"]["num_sequences"] == 6
 
 
+def test_history_records_the_step_of_the_newest_checkpoint(run, tmp_path):
+    """A workdir with checkpoints at 8 and 16 resumed with more epochs: the change is
+    recorded at step 16, where the resumed run starts, not at the oldest kept step."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = short()
+    config.optim.num_epochs = 2
+    train.train_and_evaluate(config, str(copy))
+    assert checkpoints.list_steps(copy / "checkpoints") == [8, 16]
+    config.optim.num_epochs = 3
+    train.train_and_evaluate(config, str(copy))
+    history = [json.loads(x) for x in (copy / "config_history.jsonl").read_text().splitlines()]
+    assert history == [
+        {"step": 8, "changes": {"optim.num_epochs": [1, 2]}},
+        {"step": 16, "changes": {"optim.num_epochs": [2, 3]}},
+    ]
+
+
+def test_nan_loss_after_a_resume_names_the_checkpoint_it_resumed_from(run, tmp_path, monkeypatch):
+    """Resumed from step 8 and stopped by a NaN loss at step 11, before any new save: the
+    message names step 8 as the last good checkpoint, and nothing newer is saved."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    real = train.make_train_step
+
+    def poisoned(*args):
+        step_fn = real(*args)
+
+        def wrapped(state, batch):
+            new, loss = step_fn(state, batch)
+            return new, jnp.where(new["step"] == 11, jnp.nan, loss)
+
+        return wrapped
+
+    monkeypatch.setattr(train, "make_train_step", poisoned)
+    config = short()
+    config.optim.num_epochs = 2
+    with pytest.raises(
+        FloatingPointError,
+        match="loss is nan at step 11; stopped, the last good checkpoint is step 8",
+    ):
+        train.train_and_evaluate(config, str(copy))
+    assert checkpoints.list_steps(copy / "checkpoints") == [8]
+
+
 def test_workdir_change_rules_field_by_field():
     assert workdir.is_mutable("evaluation.walk") and workdir.is_mutable("distributed.process_id")
     assert workdir.is_mutable("optim.num_epochs") and workdir.is_mutable("keep_checkpoints")
