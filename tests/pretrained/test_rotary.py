@@ -284,3 +284,20 @@ def test_a_rope_dicts_own_share_wins_over_the_top_level_one():
     outer = {"rope_parameters": {"rope_type": "default"}, name: 0.5}
     rope = rotary.Rope.from_hf(outer, ("default",))
     np.testing.assert_allclose(rope.inverse_frequencies(16), default_rates(1e4, 8), rtol=1e-6)
+
+
+def test_yarn_ramp_spans_from_rate_zero_to_rotary_dim_minus_one_when_both_ends_clamp():
+    """Base 10 over 4096 tokens on 16 features: the rate turning beta_slow = 1 time has
+    index 8 log10(4096 / (2 pi)) = 22.5, ceiled to 23 and clamped to 15; with
+    beta_fast = 1000 the lower end 8 log10(4096 / (2000 pi)) < 0 clamps to 0. Rate i is
+    then i / 15 of the way to the interpolated one: with factor 4 it is 1 - i / 20 of
+    the unscaled rate."""
+    params = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "beta_fast": 1000.0,
+        "original_max_position_embeddings": 4096,
+    }
+    rope = rotary.Rope.from_params(params, {}, ("yarn",), 10.0)
+    ratio = rope.inverse_frequencies(16) / default_rates(10.0, 16)
+    np.testing.assert_allclose(ratio, 1 - np.arange(8) / 20, rtol=1e-6)

@@ -260,3 +260,20 @@ def test_partition_specs_of_each_kind_of_parameter_on_three_devices():
     gpt2 = SimpleNamespace(num_heads=6, mlp_dim=7, vocab_size=13)
     assert sharding.partition_spec(("k_proj", "kernel"), 2, gpt2, 3) == P(None, "model")
     assert sharding.units(gpt2) == {"heads": 6, "kv_heads": 6, "features": 7, "vocab": 13}
+
+
+def test_projections_that_read_split_units_split_their_input_rows():
+    """GPT-NeoX's attention output (`dense`) and MLP down projection (`dense_4h_to_h`)
+    and GPT-2's MLP output (`mlp_c_proj`) read split heads or features: their kernels
+    split the first (input) axis and their biases stay whole. Each splits by its own
+    unit: on 3 devices with 4 heads and 9 features the head-reading `dense` stays whole
+    while the feature-reading projections still split; with 6 heads and 7 features it is
+    the other way round."""
+    heads_odd = SimpleNamespace(num_heads=4, mlp_dim=9, vocab_size=13)
+    features_odd = SimpleNamespace(num_heads=6, mlp_dim=7, vocab_size=13)
+    for cfg, splits in ((heads_odd, ("dense_4h_to_h", "mlp_c_proj")), (features_odd, ("dense",))):
+        for module in ("dense", "dense_4h_to_h", "mlp_c_proj"):
+            kernel = sharding.partition_spec(("layers_0", module, "kernel"), 2, cfg, 3)
+            want = P("model", None) if module in splits else P()
+            assert kernel == want, (module, cfg)
+            assert sharding.partition_spec(("layers_0", module, "bias"), 1, cfg, 3) == P()
