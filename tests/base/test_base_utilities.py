@@ -195,6 +195,18 @@ def test_lock_is_reentrant_under_relative_and_absolute_names(tmp_path, monkeypat
         pass
 
 
+def test_lock_creates_missing_parent_folders(tmp_path):
+    folder = tmp_path / "runs" / "grid" / "one"
+    with locks.lock(folder):
+        assert (folder / locks.LOCK_FILE).read_text() == str(os.getpid())
+
+
+def test_lock_replaces_a_longer_pid_left_by_an_earlier_holder(tmp_path):
+    (tmp_path / locks.LOCK_FILE).write_text("4194304999999")
+    with locks.lock(tmp_path):
+        assert (tmp_path / locks.LOCK_FILE).read_text() == str(os.getpid())
+
+
 _HOLDER = """
 import sys
 from beyondpar.base import locks

@@ -65,6 +65,24 @@ def test_place_gives_each_device_its_part():
     assert same.sharding == NamedSharding(mesh, P()) and parallel.mesh_of([same]) is mesh
 
 
+def test_place_moves_an_array_from_another_device_to_the_one_named():
+    devices = jax.local_devices()
+    host = np.arange(6.0)
+    elsewhere = jax.device_put(host, devices[1])
+    placed = parallel.place(elsewhere, NamedSharding(parallel.model_mesh(), P()))
+    assert placed.devices() == {devices[0]}
+    np.testing.assert_array_equal(placed, host)
+    assert elsewhere.devices() == {devices[1]}
+
+
+@pytest.mark.parametrize("data,model", [(4, 1), (1, 2), (2, 1), (1, 4)])
+def test_uneven_meshes_have_the_sizes_asked_for_in_order(data, model):
+    mesh = parallel.model_mesh(data, model)
+    assert mesh.shape == {"data": data, "model": model}
+    devices = jax.local_devices()[: data * model]
+    assert mesh.devices.tolist() == [devices[i * model : (i + 1) * model] for i in range(data)]
+
+
 def test_batches_split_along_data_when_they_divide():
     mesh = parallel.model_mesh(2, 2)
     assert parallel.batch_sharding(mesh, 6).spec == P("data")
@@ -126,6 +144,26 @@ def test_one_device_has_nothing_to_split(monkeypatch):
     assert parallel.split_first_axis(one) is one
     placed = parallel.split_over_devices(np.ones((4, 3), np.float32))
     assert placed.devices() == {device}
+
+
+def test_one_process_without_a_coordinator_stays_local(monkeypatch):
+    calls = []
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args: calls.append(args))
+    monkeypatch.setattr(jax.config, "update", lambda *args: calls.append(args))
+    assert parallel.initialize() is False
+    assert parallel.initialize("localhost:1234", 1, 0) is False
+    assert calls == []
+
+
+def test_a_coordinator_in_the_environment_joins_with_its_settings(monkeypatch):
+    calls = []
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args: calls.append(args))
+    monkeypatch.setattr(jax.config, "update", lambda *args: calls.append(args))
+    assert parallel.initialize() is True
+    assert calls == [("jax_cpu_collectives_implementation", "gloo"), ()]
 
 
 # Faults while filling a 64 MB malloc buffer for the second time, after the entry points'
