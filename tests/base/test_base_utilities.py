@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -105,6 +106,39 @@ def test_exactly_one_flag_must_be_given():
         cli.exactly_one(config="", workdir=None)
     with pytest.raises(ValueError, match=r"got --config, --workdir$"):
         cli.exactly_one(config="a.py", workdir="w")
+
+
+def test_one_line_keeps_first_and_last_line_of_a_traceback():
+    """A traceback inside a message is cut to the line before it and the error itself;
+    other lines are joined with '; ' and blank ones dropped."""
+    message = (
+        'bad config\nTraceback (most recent call last):\n  File "c.py", line 3\nNameError: x\n'
+    )
+    assert cli.one_line(message) == "bad config NameError: x"
+    assert cli.one_line("first\n\n  second \n") == "first; second"
+
+
+class _Flag:
+    name = "config"
+
+    def __init__(self, value):
+        self._value = value
+
+    @property
+    def value(self):
+        if isinstance(self._value, Exception):
+            raise self._value
+        return self._value
+
+
+def test_config_flag_that_fails_to_load_is_a_value_error_naming_the_flag():
+    """An override of a missing field (KeyError) or an unreadable file (OSError) surfaces
+    as a ValueError naming the flag; a config that loads is returned as it is."""
+    assert cli.config(_Flag({"steps": 3})) == {"steps": 3}
+    with pytest.raises(ValueError, match=r"^--config: 'model\.heads'$"):
+        cli.config(_Flag(KeyError("model.heads")))
+    with pytest.raises(ValueError, match=r"^--config: no such file$"):
+        cli.config(_Flag(FileNotFoundError("no such file")))
 
 
 # ------------------------------------------------------------------ files
@@ -270,3 +304,16 @@ def test_timer_sums_a_part_over_calls():
     assert set(timer.seconds) == {"sleep", "other"}
     assert timer.seconds["sleep"] >= 0.06
     assert 0.0 <= timer.seconds["other"] < timer.seconds["sleep"]
+
+
+def test_best_time_is_the_fastest_call_after_a_warm_up(monkeypatch):
+    """The warm-up call is not timed; of the timed calls the fastest is reported."""
+    clock = [0.0]
+    durations = iter([5.0, 0.3, 0.1, 0.2])  # warm-up (compile), then three timed calls
+
+    def fn():
+        clock[0] += next(durations)
+        return jnp.zeros(())
+
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    assert timing.best_time(fn, 3) == pytest.approx(0.1)
