@@ -129,6 +129,11 @@ def causal_softmax(q, k, first_query: int = 0) -> jax.Array:
     """Attention probabilities B x H x Q x K of (pre-scaled) queries and keys, where the
     queries are rows first_query, first_query + 1, ... of the sequence and the keys its
     first K tokens: query i reads keys up to first_query + i."""
+    return jax.nn.softmax(_causal_scores(q, k, first_query), axis=-1)
+
+
+def _causal_scores(q, k, first_query: int) -> jax.Array:
+    """Scores of `causal_softmax`, -inf where a query would read a later key."""
     rows, cols = q.shape[-2], k.shape[-2]
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)
     # -inf added above the diagonal rather than selected in: on CPU the addition joins the
@@ -136,7 +141,16 @@ def causal_softmax(q, k, first_query: int = 0) -> jax.Array:
     # non-finite future score now makes its row NaN; a select would have hidden it.)
     past = jnp.tril(jnp.ones((rows, cols), bool), first_query)
     future = jnp.where(past, 0, -jnp.inf).astype(scores.dtype)
-    return jax.nn.softmax(scores + future, axis=-1)
+    return scores + future
+
+
+def _causal_exponentials(q, k, first_query: int) -> tuple[jax.Array, jax.Array]:
+    """`causal_softmax` before its division: exp(score - row max) and 1 / each row's sum.
+    Training scales the heads' outputs (Q x Dh) by the second instead of the Q x K
+    probabilities: a pass over the largest tensor fewer each way."""
+    scores = _causal_scores(q, k, first_query)
+    exps = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    return exps, 1 / jnp.sum(exps, axis=-1, keepdims=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -152,30 +166,34 @@ def attend_with_dropout(q, k, v, seeds, rate: float) -> jax.Array:
 
 
 def _attend_forward(q, k, v, seeds, rate):
-    outs, probs = [], []
+    outs, exps, scales = [], [], []
     for first, end in query_blocks(q.shape[-2], q.shape[-1]):
-        block_probs = causal_softmax(q[..., first:end, :], k[..., :end, :], first)
+        block_exps, scale = _causal_exponentials(q[..., first:end, :], k[..., :end, :], first)
         kept = kept_elements(seeds[..., first:end], end, rate)
-        outs.append(jnp.einsum("bhqk,bhkd->bhqd", jnp.where(kept, block_probs, 0), v[..., :end, :]))
-        probs.append(block_probs)
+        kept_exps = jnp.where(kept, block_exps, 0)
+        outs.append(jnp.einsum("bhqk,bhkd->bhqd", kept_exps, v[..., :end, :]) * scale)
+        exps.append(block_exps)
+        scales.append(scale)
     out = jnp.concatenate(outs, axis=-2)
-    return out, (q, k, v, seeds, tuple(probs), out)
+    return out, (q, k, v, seeds, tuple(exps), jnp.concatenate(scales, axis=-2), out)
 
 
 def _attend_backward(rate, residuals, d_out):
-    q, k, v, seeds, probs, out = residuals
+    q, k, v, seeds, exps, scale, out = residuals
     tokens = q.shape[-2]
     # Softmax backward: probs * (d_probs - rowsum(probs * d_probs)), and that row sum is
     # rowsum(kept probs * (d_out . v)) = d_out . out. Masked entries have probability 0,
-    # so the causal mask needs no gradient of its own.
-    row = jnp.sum(d_out * out, axis=-1, keepdims=True)
+    # so the causal mask needs no gradient of its own. The probabilities are exps x scale
+    # (one scale per query row), and the scale goes on the Q x Dh side of every product.
+    row = jnp.einsum("bhqd,bhqd->bhq", d_out, out)[..., None] * scale
+    d_out = d_out * scale
     d_q, d_k_by_block, d_v_by_block = [], [], []
-    for (first, end), block_probs in zip(query_blocks(tokens, q.shape[-1]), probs, strict=True):
+    for (first, end), block_exps in zip(query_blocks(tokens, q.shape[-1]), exps, strict=True):
         kept = kept_elements(seeds[..., first:end], end, rate)
         block_d_out = d_out[..., first:end, :]
-        d_v_by_block.append(_contract_rows(jnp.where(kept, block_probs, 0), block_d_out, tokens))
+        d_v_by_block.append(_contract_rows(jnp.where(kept, block_exps, 0), block_d_out, tokens))
         d_kept = jnp.einsum("bhqd,bhkd->bhqk", block_d_out, v[..., :end, :])
-        d_scores = block_probs * (jnp.where(kept, d_kept, 0) - row[..., first:end, :])
+        d_scores = block_exps * (jnp.where(kept, d_kept, 0) - row[..., first:end, :])
         d_q.append(jnp.einsum("bhqk,bhkd->bhqd", d_scores, k[..., :end, :]))
         d_k_by_block.append(_contract_rows(d_scores, q[..., first:end, :], tokens))
     d_q = jnp.concatenate(d_q, axis=-2)

@@ -237,10 +237,8 @@ def test_attention_gradient_written_out_matches_autodiff(rate, shape):
 
     fused = model.attend_with_dropout(q, k, v, seeds, rate)
     plain = _attention_by_autodiff(q, k, v, seeds, rate)
-    if len(model.query_blocks(shape[2], shape[3])) == 1:
-        np.testing.assert_array_equal(fused, plain)
-    else:  # shorter rows sum in another order
-        np.testing.assert_allclose(fused, plain, rtol=1e-13, atol=1e-14)
+    # Divided by the row sums after the value product, not before: rounding apart.
+    np.testing.assert_allclose(fused, plain, rtol=1e-13, atol=1e-14)
     want = jax.grad(loss(_attention_by_autodiff), (0, 1, 2))(q, k, v)
     got = jax.grad(loss(model.attend_with_dropout), (0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):
