@@ -184,3 +184,85 @@ def test_ablate_exits_1_when_a_run_fails(tmp_path):
     assert "config.json is not valid JSON" in failed[-2]
     assert "2 run(s) or checkpoint(s) failed; the report lists them" in result.stdout
     assert list((run / "checkpoints").iterdir()) == []  # nothing was trained
+
+
+# Runs launch/evaluate.py's two entry points with the study modules replaced by stand-ins,
+# and prints what each printed, returned and wrote.
+_EVALUATE_PROBE = """
+import json, sys, runpy, types
+from pathlib import Path
+from absl import flags
+mod = runpy.run_path(sys.argv[1], run_name="evaluate_flags")
+root = Path(sys.argv[2])
+calls = []
+fake_evaluate = types.SimpleNamespace(
+    RECORDS_FILE="records.jsonl",
+    evaluate_tree=lambda root, steps: (["new"], [("run-b", "boom")]),
+    read_records=lambda path, problems: [{"r": 1}, {"r": 2}, {"r": 3}],
+    evaluate_reference_folder=lambda folder: ([{"r": 1}], []),
+)
+def write_report(records, out, failures):
+    calls.append(str(out))
+    return [out / "report.md"]
+g = mod["evaluate_runs"].__globals__
+g["evaluate"] = fake_evaluate
+g["report"] = types.SimpleNamespace(write_report=write_report)
+flags.FLAGS(["evaluate.py", f"--runs={root}"])
+status = mod["evaluate_runs"](root)
+flags.FLAGS.unparse_flags()
+flags.FLAGS(["evaluate.py", f"--reference={root}", f"--out={root / 'ref'}"])
+ref_status = mod["evaluate_reference"](root)
+print(json.dumps({"status": status, "ref_status": ref_status, "reports": calls}))
+"""
+
+
+def _evaluate_probe(root: Path):
+    result = subprocess.run(
+        [sys.executable, "-c", _EVALUATE_PROBE, str(ROOT / "launch" / "evaluate.py"), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
+    lines = result.stdout.splitlines()
+    return lines[:-1], json.loads(lines[-1])
+
+
+def test_evaluate_runs_counts_skips_reports_under_the_runs_and_exits_1_on_failure(tmp_path):
+    """One new checkpoint among three records: two were already recorded; the report goes
+    to <runs>/report; a failed checkpoint is named and the status is 1."""
+    printed, outcome = _evaluate_probe(tmp_path)
+    assert printed[0] == (
+        "evaluated 1 checkpoint(s), skipped 2 already recorded, failed 1; "
+        f"3 record(s) in {tmp_path / 'records.jsonl'}"
+    )
+    assert "FAILED run-b: boom" in printed
+    assert outcome["status"] == 1
+    assert outcome["reports"][0] == str(tmp_path / "report")
+
+
+def test_evaluate_reference_writes_its_records_beside_the_report(tmp_path):
+    printed, outcome = _evaluate_probe(tmp_path)
+    records = tmp_path / "ref" / "records.jsonl"
+    assert outcome["ref_status"] == 0
+    assert outcome["reports"][1] == str(tmp_path / "ref")
+    assert [json.loads(line) for line in records.read_text().splitlines()] == [{"r": 1}]
+    assert f"wrote {records}" in printed
+
+
+def test_analyze_one_model_on_a_text_writes_a_text_report_not_a_series(tmp_path):
+    """A single --model is one analysis (analysis.json and report.md), not a series of one."""
+    out = tmp_path / "out"
+    flags = ["--text=The cat sat on the mat", "--nopairwise", "--horizon=5", "--max_steps=5"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "analyze.py"), *flags, f"--out={out}"]
+        + [f"--model={ROOT / 'tests' / 'data' / 'hf' / 'llama-tiny'}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "analysis.json").exists() and (out / "report.md").exists()
+    assert not (out / "series.jsonl").exists()
