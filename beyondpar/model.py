@@ -147,7 +147,8 @@ def _causal_scores(q, k, first_query: int) -> jax.Array:
 def _causal_exponentials(q, k, first_query: int) -> tuple[jax.Array, jax.Array]:
     """`causal_softmax` before its division: exp(score - row max) and 1 / each row's sum.
     Training scales the heads' outputs (Q x Dh) by the second instead of the Q x K
-    probabilities: a pass over the largest tensor fewer each way."""
+    probabilities: the forward makes one pass fewer over the largest tensor, and the
+    backward reads the exponentials where it read the probabilities."""
     scores = _causal_scores(q, k, first_query)
     exps = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     return exps, 1 / jnp.sum(exps, axis=-1, keepdims=True)
