@@ -813,3 +813,20 @@ def test_positive_number_refuses_zero_and_allows_null_only_when_nullable():
         config_fields.positive_number({"w": 0}, "w")
     with pytest.raises(ValueError, match=r"'w' must be a number > 0 or null, got 0"):
         config_fields.positive_number({"w": 0}, "w", nullable=True)
+
+
+def test_integer_fields_refuse_booleans():
+    from beyondpar.pretrained import config_fields
+
+    with pytest.raises(ValueError, match=r"'num_hidden_layers' must be an integer >= 1, got True"):
+        config_fields.field({"num_hidden_layers": True}, "num_hidden_layers")
+
+
+def test_positive_number_missing_or_null_is_refused_unless_nullable():
+    from beyondpar.pretrained import config_fields
+
+    with pytest.raises(ValueError, match=r"'w' must be a number > 0, got None"):
+        config_fields.positive_number({"w": None}, "w")
+    with pytest.raises(ValueError, match=r"'w' must be a number > 0, got None"):
+        config_fields.positive_number({}, "w")
+    assert config_fields.positive_number({}, "w", nullable=True) is None
