@@ -54,6 +54,7 @@ COMMAND_LINES = {
     "attention_with_corpus": ["--attention=a.npz", "--corpus=c.txt"],
     "attention_with_text_file": ["--attention=a.npz", "--text_file=t.txt"],
     "corpus": ["--model=m", "--corpus=c.txt", "--tokens=64", "--pruning", "--max_windows=3"],
+    "corpus_without_max_windows": ["--model=m", "--corpus=c.txt", "--tokens=64"],
 }
 
 
@@ -143,6 +144,75 @@ def test_analyze_corpus_flags_are_accepted_with_a_corpus(analyze):
     assert analyze[0]["corpus"]["what"] == "corpus"
 
 
+def test_analyze_corpus_needs_only_tokens(analyze):
+    assert analyze[0]["corpus_without_max_windows"]["what"] == "corpus"
+
+
+# Runs launch/analyze.py's corpus analysis with the window and series runners replaced by
+# stand-ins, for one model and for two, and prints what each runner was given.
+_CORPUS_PROBE = """
+import dataclasses, json, sys, runpy, types
+from absl import flags
+mod = runpy.run_path(sys.argv[1], run_name="analyze_corpus")
+g = mod["analyse_corpus"].__globals__
+calls = []
+def run(model, corpus, cspec, spec, out, dtype, mesh=None):
+    calls.append({"run": "windows", "models": model, "cspec": dataclasses.asdict(cspec)})
+    return {"summary": 1}, None
+def run_corpus(models, corpus, cspec, spec, out, dtype, mesh=None):
+    calls.append({"run": "series", "models": models, "cspec": dataclasses.asdict(cspec)})
+    return None, out + "/series.jsonl"
+g["windows"] = types.SimpleNamespace(CorpusSpec=g["windows"].CorpusSpec, run=run)
+g["series"] = types.SimpleNamespace(expand=lambda m: m.split(","), run_corpus=run_corpus)
+g["corpus_report"] = types.SimpleNamespace(write=lambda summary, out: [out + "/report.md"])
+for model in ("m1", "m1,m2"):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["analyze.py", f"--model={model}", "--corpus=c.jsonl", "--tokens=64", "--out=o",
+                 "--max_windows=3", "--batch_size=4", "--search_windows=5", "--pruning"])
+    written = mod["analyse_corpus"]()
+    calls[-1]["written"] = [str(p) for p in written]
+print(json.dumps(calls))
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus_runs():
+    """What the runner was given for one model, then for two."""
+    result = subprocess.run(
+        [sys.executable, "-c", _CORPUS_PROBE, str(ROOT / "launch" / "analyze.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_analyze_corpus_flags_reach_their_own_corpus_spec_fields(corpus_runs):
+    for call in corpus_runs:
+        assert call["cspec"] == {
+            "tokens": 64,
+            "max_windows": 3,
+            "batch_size": 4,
+            "pruning": True,
+            "pruning_windows": 8,
+            "pruning_points": 11,
+            "search_windows": 5,
+            "seed": 0,
+        }
+
+
+def test_analyze_one_model_on_a_corpus_is_one_analysis_and_two_are_a_series(corpus_runs):
+    one, two = corpus_runs
+    assert (one["run"], one["models"], one["written"]) == ("windows", "m1", ["o/report.md"])
+    assert (two["run"], two["models"], two["written"]) == (
+        "series",
+        ["m1", "m2"],
+        ["o/series.jsonl"],
+    )
+
+
 def test_analyze_text_file_is_read_as_utf8(analyze):
     """A --text_file is UTF-8: accents and CJK come back as written; a Latin-1 file (its
     'ï' is byte 0xEF, not valid UTF-8 there) and a missing file are errors naming them."""
@@ -212,7 +282,15 @@ status = mod["evaluate_runs"](root)
 flags.FLAGS.unparse_flags()
 flags.FLAGS(["evaluate.py", f"--reference={root}", f"--out={root / 'ref'}"])
 ref_status = mod["evaluate_reference"](root)
-print(json.dumps({"status": status, "ref_status": ref_status, "reports": calls}))
+flags.FLAGS.unparse_flags()
+flags.FLAGS(["evaluate.py", f"--runs={root}", f"--out={root / 'elsewhere'}"])
+mod["evaluate_runs"](root)
+fake_evaluate.evaluate_reference_folder = lambda folder: ([{"r": 1}], [("ref-x", "bad")])
+flags.FLAGS.unparse_flags()
+flags.FLAGS(["evaluate.py", f"--reference={root}", f"--out={root / 'ref-failed'}"])
+failed_status = mod["evaluate_reference"](root)
+print(json.dumps({"status": status, "ref_status": ref_status, "failed_status": failed_status,
+                  "reports": calls}))
 """
 
 
@@ -229,26 +307,45 @@ def _evaluate_probe(root: Path):
     return lines[:-1], json.loads(lines[-1])
 
 
-def test_evaluate_runs_counts_skips_reports_under_the_runs_and_exits_1_on_failure(tmp_path):
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    """(the runs folder, what the entry points printed, what they returned and wrote)."""
+    root = tmp_path_factory.mktemp("runs")
+    return (root, *_evaluate_probe(root))
+
+
+def test_evaluate_runs_counts_skips_reports_under_the_runs_and_exits_1_on_failure(evaluated):
     """One new checkpoint among three records: two were already recorded; the report goes
     to <runs>/report; a failed checkpoint is named and the status is 1."""
-    printed, outcome = _evaluate_probe(tmp_path)
+    root, printed, outcome = evaluated
     assert printed[0] == (
         "evaluated 1 checkpoint(s), skipped 2 already recorded, failed 1; "
-        f"3 record(s) in {tmp_path / 'records.jsonl'}"
+        f"3 record(s) in {root / 'records.jsonl'}"
     )
     assert "FAILED run-b: boom" in printed
     assert outcome["status"] == 1
-    assert outcome["reports"][0] == str(tmp_path / "report")
+    assert outcome["reports"][0] == str(root / "report")
 
 
-def test_evaluate_reference_writes_its_records_beside_the_report(tmp_path):
-    printed, outcome = _evaluate_probe(tmp_path)
-    records = tmp_path / "ref" / "records.jsonl"
+def test_evaluate_reference_writes_its_records_beside_the_report(evaluated):
+    root, printed, outcome = evaluated
+    records = root / "ref" / "records.jsonl"
     assert outcome["ref_status"] == 0
-    assert outcome["reports"][1] == str(tmp_path / "ref")
+    assert outcome["reports"][1] == str(root / "ref")
     assert [json.loads(line) for line in records.read_text().splitlines()] == [{"r": 1}]
     assert f"wrote {records}" in printed
+
+
+def test_evaluate_runs_writes_the_report_under_out_when_given(evaluated):
+    root, _, outcome = evaluated
+    assert outcome["reports"][2] == str(root / "elsewhere")
+
+
+def test_evaluate_reference_exits_1_when_a_checkpoint_fails(evaluated):
+    root, printed, outcome = evaluated
+    assert outcome["failed_status"] == 1
+    assert outcome["reports"][3] == str(root / "ref-failed")
+    assert "FAILED ref-x: bad" in printed
 
 
 def test_analyze_one_model_on_a_text_writes_a_text_report_not_a_series(tmp_path):
