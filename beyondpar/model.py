@@ -22,6 +22,7 @@ from jax import lax
 
 from beyondpar import graphs
 from beyondpar.base import checks
+from beyondpar.linear import Dense
 
 FLOAT32_EPS = float(np.finfo(np.float32).eps)  # PyTorch's RMSNorm default
 
@@ -71,14 +72,18 @@ class Dropout(nn.Module):
     """Inverted dropout whose mask costs a few integer ops per element.
 
     Attention probabilities hold B*H*T*T elements, and drawing each bit with threefry
-    made dropout the slowest part of a 16-head step on CPU. Here threefry draws one seed
-    per row (last axis) and a hash of (seed, column) gives each element's 32 bits, so
-    masks stay a pure function of the key and the element's index (the same on any
-    number of devices), at a keep probability exact to 2^-32.
+    made dropout the slowest part of a 16-head step on CPU. Here each row (last axis) gets
+    a seed from a hash of the key and the row's index in the whole batch, and a hash of
+    (seed, column) gives each element's 32 bits, so masks stay a pure function of the key
+    and the element's index, at a keep probability exact to 2^-32. `data_axis` names the
+    axis of a `shard_map` over which the batch is split (None: this is the whole batch):
+    each shard then draws its own rows of the whole batch's mask, the same on any number
+    of devices.
     """
 
     rate: float
     rescale: bool = True  # False: the caller scales by 1 / keep_probability (elsewhere)
+    data_axis: str | None = None
 
     @nn.compact
     def __call__(self, x, deterministic: bool):
@@ -90,7 +95,19 @@ class Dropout(nn.Module):
 
     def row_seeds(self, shape) -> jax.Array:
         """One seed per row of an array of `shape`, from the `dropout` stream."""
-        return jax.random.bits(self.make_rng("dropout"), shape[:-1], jnp.uint32)
+        words = jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32)
+        first = 0 if self.data_axis is None else lax.axis_index(self.data_axis) * shape[0]
+        return row_seeds(words, shape[:-1], first)
+
+
+def row_seeds(words, rows_shape, first_sequence=0) -> jax.Array:
+    """Seeds of rows `rows_shape` (sequences first) from two uint32 key `words`: a
+    bijective hash of each row's index in a batch whose sequence `first_sequence` is this
+    one's first, so distinct rows of one key never share a seed."""
+    per_sequence = int(np.prod(rows_shape[1:], dtype=np.int64))
+    index = jnp.arange(int(np.prod(rows_shape, dtype=np.int64)), dtype=jnp.uint32)
+    index = index + jnp.asarray(first_sequence, jnp.uint32) * jnp.uint32(per_sequence)
+    return _mix32(_mix32(index ^ words[0]) ^ words[1]).reshape(rows_shape)
 
 
 def kept_elements(seeds, columns: int, rate: float) -> jax.Array:
@@ -233,6 +250,7 @@ attend_with_dropout.defvjp(_attend_forward, _attend_backward)
 
 class CausalSelfAttention(nn.Module):
     config: ModelConfig
+    data_axis: str | None = None  # see `Dropout`
 
     @nn.compact
     def __call__(self, x_BxTxD, deterministic: bool, head_mask=None):
@@ -243,15 +261,17 @@ class CausalSelfAttention(nn.Module):
         # Heads next to batch: the score and value products become plain batched matmuls.
         split = lambda y: y.reshape(b, t, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
         # Scaling q (B*T*D values) rather than the scores (B*H*T*T) keeps H out of it.
-        q = split(nn.Dense(d, name="query")(x_BxTxD) / np.sqrt(cfg.head_dim))
-        k = split(nn.Dense(d, name="key")(x_BxTxD))
-        v = split(nn.Dense(d, name="value")(x_BxTxD))
+        q = split(Dense(d, name="query")(x_BxTxD) / np.sqrt(cfg.head_dim))
+        k = split(Dense(d, name="key")(x_BxTxD))
+        v = split(Dense(d, name="value")(x_BxTxD))
         if deterministic or cfg.dropout_rate == 0:
             probs_BxHxTxT = causal_softmax(q, k)
             self.sow("intermediates", "attention", probs_BxHxTxT)
             out = jnp.einsum("bhqk,bhkd->bhqd", probs_BxHxTxT, v)
         else:
-            seeds = Dropout(cfg.dropout_rate).row_seeds((b, cfg.num_heads, t, t))
+            seeds = Dropout(cfg.dropout_rate, data_axis=self.data_axis).row_seeds(
+                (b, cfg.num_heads, t, t)
+            )
             # Dropout's 1 / keep scale goes on the values (B x T x D), not on the B x H x T x T
             # probabilities: the backward pass then has no full-size tensor of that constant.
             v = v / keep_probability(cfg.dropout_rate)
@@ -260,30 +280,32 @@ class CausalSelfAttention(nn.Module):
         if head_mask is not None:
             mask = jnp.broadcast_to(head_mask, (b, cfg.num_heads)).astype(out.dtype)
             out = out * mask[:, None, :, None]
-        return nn.Dense(d, name="out")(out.reshape(b, t, d))
+        return Dense(d, name="out")(out.reshape(b, t, d))
 
 
 class Mlp(nn.Module):
     config: ModelConfig
+    data_axis: str | None = None
 
     @nn.compact
     def __call__(self, x, deterministic: bool):
         cfg = self.config
-        h = nn.relu(nn.Dense(cfg.mlp_dim, name="hidden")(x))
-        h = nn.Dense(cfg.embed_dim, name="output")(h)
-        return Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+        h = nn.relu(Dense(cfg.mlp_dim, name="hidden")(x))
+        h = Dense(cfg.embed_dim, name="output")(h)
+        return Dropout(cfg.dropout_rate, data_axis=self.data_axis)(h, deterministic=deterministic)
 
 
 class Block(nn.Module):
     config: ModelConfig
+    data_axis: str | None = None
 
     @nn.compact
     def __call__(self, x, deterministic: bool, head_mask=None):
         eps = self.config.norm_eps
-        x = x + CausalSelfAttention(self.config, name="attn")(
+        x = x + CausalSelfAttention(self.config, self.data_axis, name="attn")(
             nn.RMSNorm(epsilon=eps, name="ln1")(x), deterministic, head_mask
         )
-        return x + Mlp(self.config, name="mlp")(
+        return x + Mlp(self.config, self.data_axis, name="mlp")(
             nn.RMSNorm(epsilon=eps, name="ln2")(x), deterministic
         )
 
@@ -293,9 +315,11 @@ class Transformer(nn.Module):
 
     `head_mask` (L, H) or per sequence (B, L, H) scales each head's output before its
     layer's output projection (see `CausalSelfAttention`); None leaves the model as is.
+    `data_axis`: the `shard_map` axis the batch is split over in training (see `Dropout`).
     """
 
     config: ModelConfig
+    data_axis: str | None = None
 
     @nn.compact
     def __call__(self, tokens_BxT, deterministic: bool = True, head_mask=None):
@@ -307,8 +331,8 @@ class Transformer(nn.Module):
         x = x + nn.Embed(cfg.max_len, cfg.embed_dim, name="pos_emb")(jnp.arange(t))
         for i in range(cfg.num_layers):
             layer_mask = None if head_mask is None else head_mask[..., i, :]
-            x = Block(cfg, name=f"layers_{i}")(x, deterministic, layer_mask)
-        return nn.Dense(cfg.vocab_size, name="head")(x)
+            x = Block(cfg, self.data_axis, name=f"layers_{i}")(x, deterministic, layer_mask)
+        return Dense(cfg.vocab_size, name="head")(x)
 
 
 def embed(module: Transformer, params, tokens_BxT) -> jax.Array:

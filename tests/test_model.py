@@ -106,6 +106,41 @@ def test_dropout_keeps_the_right_fraction_and_scales():
     assert model.keep_probability(0.1) == pytest.approx(0.9, abs=2**-32)
 
 
+def test_row_seeds_are_distinct_and_a_later_shard_continues_the_whole_batch():
+    words = jnp.array([0x12345678, 0x9ABCDEF0], jnp.uint32)
+    whole = np.asarray(model.row_seeds(words, (6, 3, 5)))
+    assert whole.shape == (6, 3, 5) and len(np.unique(whole)) == whole.size
+    np.testing.assert_array_equal(model.row_seeds(words, (2, 3, 5), 4), whole[4:])
+    np.testing.assert_array_equal(model.row_seeds(words, (3, 3, 5), 1), whole[1:4])
+    np.testing.assert_array_equal(model.row_seeds(words, (1, 5), 2), whole.reshape(-1, 5)[2:3])
+    # Each key word changes every seed.
+    for changed in (words.at[0].add(1), words.at[1].add(1)):
+        assert np.mean(np.asarray(model.row_seeds(changed, (6, 3, 5))) == whole) < 0.01
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.05])
+def test_dropout_split_over_devices_keeps_the_whole_batchs_elements(rate):
+    """Under `shard_map` over `data_axis`, each device's rows of the mask are the rows it
+    holds of the whole batch's mask: the same step on any number of devices."""
+    from jax.sharding import PartitionSpec as P
+
+    from beyondpar.base import parallel
+
+    mesh = parallel.data_mesh()
+    x = jnp.ones((2 * mesh.size, 3, 16))
+    key = jax.random.PRNGKey(5)
+    whole = model.Dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": key})
+
+    def shard(y, k):
+        dropout = model.Dropout(rate, data_axis=parallel.DATA)
+        return dropout.apply({}, y, deterministic=False, rngs={"dropout": k})
+
+    split = jax.shard_map(shard, mesh=mesh, in_specs=(P(parallel.DATA), P()), out_specs=P("data"))
+    assert mesh.size > 1
+    np.testing.assert_array_equal(split(x, key), whole)
+    assert 0 < np.mean(np.asarray(whole) == 0) < 2 * rate
+
+
 @pytest.mark.parametrize("rate", [0.1, 0.3, 1 / 3, 0.5, 1e-12, 1.0])
 def test_keep_probability_is_a_whole_number_of_32_bit_values(rate):
     """An element is kept when its 32 random bits reach a threshold, so the share kept is

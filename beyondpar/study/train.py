@@ -23,6 +23,8 @@ import ml_collections
 import numpy as np
 import optax
 import tqdm
+from jax import flatten_util
+from jax.sharding import PartitionSpec as P
 
 from beyondpar import checkpoints, tasks
 from beyondpar import model as model_lib
@@ -150,18 +152,11 @@ def jitted_update(module, tx, mesh, batch_shape: tuple[int, int]):
     work that inspects its compiled program (a profile of the step). `batch_shape`
     (sequences, tokens) sizes the blocks its temporaries are packed into
     (`allocator.bounded_temporaries`)."""
+    loss_and_gradients = sharded_loss_and_gradients(module, mesh)
 
     def step_fn(state, batch: tasks.Examples, dropout_key):
         key = jax.random.fold_in(dropout_key, state["step"])
-
-        def loss_fn(params):
-            logits = module.apply(
-                {"params": params}, batch.inputs, deterministic=False, rngs={"dropout": key}
-            )
-            sums = loss_and_accuracy(logits, batch)
-            return sums["loss_sum"] / sums["tokens"]
-
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        loss, grads = loss_and_gradients(state["params"], batch, key)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, loss
@@ -173,6 +168,35 @@ def jitted_update(module, tx, mesh, batch_shape: tuple[int, int]):
     largest = largest_tensor_bytes(module.config, -(-sequences // mesh.size), tokens)
     options = allocator.bounded_temporaries(largest, mesh.devices.flat[0].platform)
     return jax.jit(step_fn, donate_argnums=0, compiler_options=options, **shardings)
+
+
+def sharded_loss_and_gradients(module, mesh):
+    """(params, batch, dropout key) -> (mean loss, its gradients) over the whole batch,
+    each device working on its shard of `data` and the gradients summed in one
+    all-reduce of a single flat vector. Left to the compiler, the sum is one all-reduce
+    of every parameter's array, which XLA's CPU collectives run array by array, one
+    rendezvous each (61 arrays: a tenth of a 1-head step on 2 cores). Dropout masks are
+    the whole batch's (`model.Dropout`), so the step is the same on any number of
+    devices."""
+    shard_module = module.clone(data_axis=parallel.DATA)
+    devices = mesh.shape[parallel.DATA]
+
+    def shard_loss(params, batch, key):
+        logits = shard_module.apply(
+            {"params": params}, batch.inputs, deterministic=False, rngs={"dropout": key}
+        )
+        sums = loss_and_accuracy(logits, batch)
+        return sums["loss_sum"] / (sums["tokens"] * devices)
+
+    def on_shard(params, batch, key):
+        loss, grads = jax.value_and_grad(shard_loss)(params, batch, key)
+        flat, unflatten = flatten_util.ravel_pytree(grads)
+        return jax.lax.psum(loss, parallel.DATA), unflatten(jax.lax.psum(flat, parallel.DATA))
+
+    specs = dict(in_specs=(P(), P(parallel.DATA), P()), out_specs=(P(), P()))
+    # Unchecked: each shard's gradients are its own partial sums until the one `psum`
+    # (checked, JAX would sum every replicated parameter's gradient where it is made).
+    return jax.shard_map(on_shard, mesh=mesh, check_vma=False, **specs)
 
 
 def largest_tensor_bytes(cfg: model_lib.ModelConfig, batch_size: int, seq_len: int) -> int:

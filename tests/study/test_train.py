@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -48,6 +49,43 @@ def test_data_parallel_step_equals_single_device():
     four, loss4 = one_step(jax.devices())
     np.testing.assert_allclose(loss4, loss1, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), four, single)
+
+
+def test_sharded_gradients_are_the_whole_batchs_summed_in_one_flat_all_reduce():
+    """Each device's loss and gradients on its shard, summed, are the whole batch's
+    (the same dropout masks), and the compiled sum reduces one flat vector of every
+    gradient (and the loss), not one array per parameter."""
+    cfg = model_lib.ModelConfig(
+        vocab_size=13,
+        embed_dim=16,
+        num_layers=2,
+        num_heads=2,
+        mlp_dim=24,
+        max_len=10,
+        dropout_rate=0.2,
+    )
+    module, mesh, key = model_lib.Transformer(cfg), parallel.data_mesh(), jax.random.PRNGKey(2)
+    params = model_lib.init_params(module, jax.random.PRNGKey(0), 10)
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 2 * mesh.size, 10, 13)
+
+    def whole_batch_loss(p):
+        logits = module.apply(
+            {"params": p}, examples.inputs, deterministic=False, rngs={"dropout": key}
+        )
+        sums = train.loss_and_accuracy(logits, examples)
+        return sums["loss_sum"] / sums["tokens"]
+
+    want_loss, want = jax.value_and_grad(whole_batch_loss)(params)
+    sharded = jax.jit(train.sharded_loss_and_gradients(module, mesh))
+    batch = tasks.Examples(*(parallel.shard_batch(np.asarray(a), mesh) for a in examples))
+    args = (jax.device_put(params, parallel.replicated(mesh)), batch, key)
+    loss, grads = sharded(*args)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-7), grads, want)
+    compiled = sharded.lower(*args).compile().as_text()
+    reduced = re.findall(r"= (.*) all-reduce(?:-start)?\(", compiled)
+    arrays = sum(len(re.findall(r"[a-z]+[0-9]*\[", types)) for types in reduced)
+    assert mesh.size > 1 and 1 <= arrays <= 2, reduced
 
 
 def read_metrics(workdir):

@@ -1,0 +1,58 @@
+"""A Flax `Dense` whose kernel gradient XLA's CPU backend runs as a plain matrix product.
+
+A kernel's gradient is x^T dy, contracted over every batch and token axis. Left to
+itself, XLA folds the transpose that turns the product's (out, in) result into the
+kernel's (in, out) shape back into the product, and runs the result as a dot with both
+operands transposed: on the CPU an Eigen dot behind a transposing copy, a few times slower
+than the XNNPACK product it otherwise picks. A data-parallel step hides this (the
+gradient all-reduce sits between the product and the transpose), a step that reduces
+its gradients itself does not. The forward product is `lax.dot_general`'s own, bit for
+bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+from jax import lax
+
+
+@jax.custom_vjp
+def dense_product(x, kernel):
+    """x (..., in) times kernel (in, out): `nn.Dense`'s product."""
+    return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def _forward(x, kernel):
+    return dense_product(x, kernel), (x, kernel)
+
+
+def _backward(residuals, d_y):
+    x, kernel = residuals
+    d_x = lax.dot_general(d_y, kernel, (((d_y.ndim - 1,), (1,)), ((), ())))
+    rows = tuple(range(x.ndim - 1))
+    d_kernel_transposed = lax.dot_general(d_y, x, ((rows, rows), ((), ())))  # (out, in)
+    # The barrier keeps the transpose out of the product (see the module's docstring).
+    d_kernel = lax.optimization_barrier(d_kernel_transposed).T
+    return d_x.astype(x.dtype), d_kernel.astype(kernel.dtype)
+
+
+dense_product.defvjp(_forward, _backward)
+
+_DENSE_DIMENSIONS = lambda x: (((x.ndim - 1,), (0,)), ((), ()))  # noqa: E731
+
+
+def dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
+    """`lax.dot_general` as `nn.Dense` calls it, through `dense_product` when the call is
+    Dense's own (last axis of x against the kernel's first, default precision)."""
+    plain = precision is None and preferred_element_type is None
+    if plain and kernel.ndim == 2 and dimension_numbers == _DENSE_DIMENSIONS(x):
+        return dense_product(x, kernel)
+    return lax.dot_general(
+        x, kernel, dimension_numbers, precision, preferred_element_type=preferred_element_type
+    )
+
+
+Dense = functools.partial(nn.Dense, dot_general=dense_dot_general)

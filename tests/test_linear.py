@@ -1,0 +1,70 @@
+"""The Dense product with its kernel gradient written out: the same values and gradients
+as `lax.dot_general` and JAX's own differentiation, and the plain product for every call
+that is not Dense's own."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from beyondpar import linear
+
+
+def plain_product(x, kernel):
+    return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+@pytest.mark.parametrize("x_shape", [(7, 5), (3, 4, 5), (2, 3, 4, 5)])
+def test_dense_product_and_its_gradients_are_the_plain_products(x_shape):
+    kx, kw, ky = jax.random.split(jax.random.PRNGKey(0), 3)
+    x = jax.random.normal(kx, x_shape, jnp.float64)
+    kernel = jax.random.normal(kw, (5, 6), jnp.float64)
+    d_y = jax.random.normal(ky, x_shape[:-1] + (6,), jnp.float64)
+    np.testing.assert_array_equal(linear.dense_product(x, kernel), plain_product(x, kernel))
+    _, pullback = jax.vjp(linear.dense_product, x, kernel)
+    _, plain_pullback = jax.vjp(plain_product, x, kernel)
+    for got, want in zip(pullback(d_y), plain_pullback(d_y), strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # The kernel gradient, written as sums: x's rows times d_y's rows.
+    rows_x, rows_dy = x.reshape(-1, 5), d_y.reshape(-1, 6)
+    np.testing.assert_allclose(pullback(d_y)[1], rows_x.T @ rows_dy, rtol=1e-12)
+
+
+def test_gradients_keep_their_inputs_dtypes():
+    x = jnp.ones((3, 4), jnp.bfloat16)
+    kernel = jnp.ones((4, 2), jnp.float32)
+    d_x, d_kernel = jax.grad(lambda a, b: linear.dense_product(a, b).sum(), (0, 1))(x, kernel)
+    assert (d_x.dtype, d_kernel.dtype) == (jnp.bfloat16, jnp.float32)
+    np.testing.assert_array_equal(d_kernel, np.full((4, 2), 3.0))
+
+
+def test_dense_is_flax_dense_with_the_same_parameters_and_values():
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 4))
+    ours, theirs = linear.Dense(5, name="proj"), nn.Dense(5, name="proj")
+    params = ours.init(jax.random.PRNGKey(2), x)
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(
+        jnp.shape, theirs.init(jax.random.PRNGKey(2), x)
+    )
+    np.testing.assert_array_equal(ours.apply(params, x), theirs.apply(params, x))
+    grad = lambda m: jax.grad(lambda p: jnp.sum(jnp.sin(m.apply(p, x))))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), grad(ours), grad(theirs))
+
+
+def test_other_products_go_to_lax_dot_general(monkeypatch):
+    """Only Dense's own call (last axis against the kernel's first, no precision or output
+    type) takes the written-out gradient; any other is `lax.dot_general` as asked."""
+    calls = []
+    monkeypatch.setattr(linear, "dense_product", lambda x, k: calls.append(1) or x @ k)
+    x, kernel = jnp.ones((3, 4)), jnp.ones((4, 2))
+    own = (((1,), (0,)), ((), ()))
+    linear.dense_dot_general(x, kernel, own)
+    assert calls == [1]
+    other = (((0,), (1,)), ((), ()))  # x's first axis against the kernel's last
+    got = linear.dense_dot_general(jnp.ones((2, 3)), kernel, other)
+    np.testing.assert_array_equal(got, lax.dot_general(jnp.ones((2, 3)), kernel, other))
+    got = linear.dense_dot_general(x, kernel, own, preferred_element_type=jnp.float32)
+    linear.dense_dot_general(x, kernel, own, precision=lax.Precision.HIGHEST)
+    assert calls == [1] and got.dtype == jnp.float32
