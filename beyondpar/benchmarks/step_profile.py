@@ -22,6 +22,7 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", re.M)
 _OP_NAME = re.compile(r"op_name=\"([^\"]*)\"")
 _SOFTMAX_AND_DROPOUT = ("reduce_max", "reduce_sum", "exp", "div", "select_n", "Dropout")
 UNNAMED = "other operations (copies, loops)"
+_COLLECTIVE_OPS = ("psum", "pmean", "all_gather", "psum_scatter")
 
 
 def op_names(compiled_text: str) -> dict[str, str | None]:
@@ -36,7 +37,9 @@ def op_names(compiled_text: str) -> dict[str, str | None]:
 
 def category(instruction: str, op_name: str | None) -> str:
     """The kind of work of one XLA operation of a training step."""
-    if instruction.startswith(("all-reduce", "reduce-scatter", "all-gather")):
+    collective = instruction.startswith(("all-reduce", "reduce-scatter", "all-gather"))
+    # XLA may name a collective after its JAX operation (`psum.3`) rather than its opcode.
+    if collective or (op_name or "").rsplit("/", 1)[-1] in _COLLECTIVE_OPS:
         return "gradient all-reduce (with the wait for the other devices)"
     if op_name is None:
         return UNNAMED

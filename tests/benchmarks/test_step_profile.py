@@ -33,6 +33,8 @@ def test_op_names_map_each_instruction_to_its_jax_operation():
     "instruction, op_name, kind",
     [
         ("all-reduce.3", "jit(f)/transpose(jvp(T))/head/dot_general", "gradient all-reduce"),
+        ("psum.14", "jit(f)/shard_map/psum", "gradient all-reduce"),
+        ("f.6", "jit(f)/shard_map/transpose(jvp(T))/l0/attn/psum_of_x/mul", "backward: norms"),
         ("dot.1", "jit(f)/jvp(T)/layers_1/attn/query/dot_general", "forward: matmuls"),
         ("dot.2", "jit(f)/transpose(jvp(T))/layers_1/mlp/dot_general", "backward: matmuls"),
         ("f.1", "jit(f)/jvp(T)/layers_0/attn/reduce_max", "forward: attention softmax"),
