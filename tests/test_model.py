@@ -491,3 +491,91 @@ def test_attention_scores_are_scaled_by_the_root_of_the_head_dimension(num_heads
     want[0] = (1 - on_itself, on_itself)
     np.testing.assert_allclose(probs[0, :, 1], want, rtol=1e-6)
     np.testing.assert_allclose(probs[0, :, 0], np.tile([1.0, 0.0], (num_heads, 1)))
+
+
+def test_head_mask_scales_each_heads_output_in_training_mode():
+    """In training mode too, a head's mask entry multiplies its output before the output
+    projection: the same dropout key gives the unmasked model with that head's rows of
+    the output kernel scaled, and an all-zero mask leaves only the output bias."""
+    cfg = model.ModelConfig(num_heads=2, dropout_rate=0.4, **SMALL)
+    attn = model.CausalSelfAttention(cfg)
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, cfg.embed_dim))
+    params = attn.init(jax.random.PRNGKey(1), x, True)["params"]
+    rngs = {"dropout": jax.random.PRNGKey(7)}
+    apply = jax.jit(lambda p, m: attn.apply({"params": p}, x, False, m, rngs=rngs))
+
+    def train(p, head_mask=None):
+        return np.asarray(apply(p, jnp.ones(2) if head_mask is None else head_mask))
+
+    masked = train(params, jnp.asarray([1.0, 0.25]))
+    out = dict(params["out"], kernel=params["out"]["kernel"].at[8:].multiply(0.25))
+    np.testing.assert_allclose(masked, train({**params, "out": out}), rtol=1e-5, atol=1e-6)
+    assert np.abs(masked - train(params)).max() > 1e-3
+    removed = train(params, jnp.zeros(2))
+    np.testing.assert_allclose(removed, np.broadcast_to(params["out"]["bias"], removed.shape))
+    # One mask per sequence: each sequence as if alone under its own mask.
+    per_sequence = train(params, jnp.asarray([[1.0, 0.0], [0.0, 1.0]]))
+    for b, head in enumerate((1, 0)):
+        rows = slice(8 * head, 8 * head + 8)
+        out = dict(params["out"], kernel=params["out"]["kernel"].at[rows].set(0.0))
+        want = train({**params, "out": out})[b]
+        np.testing.assert_allclose(per_sequence[b], want, rtol=1e-5, atol=1e-6)
+
+
+def test_check_head_mask_takes_layer_by_head_masks_with_or_without_a_batch_axis():
+    """(L, H) and (B, L, H) masks pass with their values; the last two axes must be
+    (L, H), whatever the first is."""
+    cfg = model.ModelConfig(num_heads=4, **SMALL)  # L = 2, H = 4
+    for shape in [(2, 4), (3, 2, 4), (4, 2, 4), (1, 2, 4)]:
+        mask = np.random.default_rng(0).uniform(size=shape)
+        got = model.check_head_mask(mask, cfg)
+        assert got.shape == shape
+        np.testing.assert_allclose(got, mask)
+    for shape in [(4, 2), (2, 4, 3), (2, 4, 4), (2, 3, 4), (2, 4, 2, 4), (8,)]:
+        with pytest.raises(ValueError, match="head_mask must have shape"):
+            model.check_head_mask(np.ones(shape), cfg)
+
+
+def test_training_attention_handles_scores_whose_exponential_overflows():
+    """Scores over 900 (exp overflows float64 past 709) still give the softmax's outputs
+    and gradients: the row maximum comes off before the exponential."""
+    q, k, v, seeds = _attention_inputs(b=2, h=2, t=7, d=3, seed=3)
+    q = jnp.abs(q) * 20.0 + 30.0
+    k = jnp.abs(k) * 10.0 + 10.0
+    assert float(jnp.einsum("bhqd,bhkd->bhqk", q, k).min()) > 900
+    weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float64)
+
+    def loss(attend):
+        return lambda q, k, v: jnp.sum(attend(q, k, v, seeds, 0.3) * weights)
+
+    value, got = jax.value_and_grad(loss(model.attend_with_dropout), (0, 1, 2))(q, k, v)
+    want_value, want = jax.value_and_grad(loss(_attention_by_autodiff), (0, 1, 2))(q, k, v)
+    assert np.isfinite(value)
+    np.testing.assert_allclose(value, want_value, rtol=1e-12)
+    for g, w in zip(got, want, strict=True):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+
+
+def test_mlp_is_relu_between_its_two_projections():
+    """With identity projections and no biases the MLP returns max(x, 0): negative
+    features are cut to 0, positive ones pass unchanged (ReLU, not a smooth variant)."""
+    cfg = model.ModelConfig(num_heads=2, dropout_rate=0.0, **SMALL)
+    mlp = model.Mlp(cfg)
+    x = jnp.linspace(-2.0, 2.0, 2 * 3 * cfg.embed_dim).reshape(2, 3, cfg.embed_dim)
+    params = jax.tree.map(jnp.zeros_like, mlp.init(jax.random.PRNGKey(0), x, True)["params"])
+    params["hidden"]["kernel"] = jnp.eye(cfg.embed_dim, cfg.mlp_dim)
+    params["output"]["kernel"] = jnp.eye(cfg.mlp_dim, cfg.embed_dim)
+    got = np.asarray(mlp.apply({"params": params}, x, True))
+    np.testing.assert_allclose(got, np.maximum(np.asarray(x), 0.0), rtol=1e-6, atol=1e-7)
+
+
+def test_rate_zero_dropout_is_the_identity_and_needs_no_key():
+    """Dropout at rate 0 returns its input in training mode without asking for a
+    `dropout` key, and so does a rate-0 MLP: training mode is eval mode there."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 5))
+    np.testing.assert_array_equal(model.Dropout(0.0).apply({}, x, deterministic=False), x)
+    mlp = model.Mlp(model.ModelConfig(num_heads=2, dropout_rate=0.0, **SMALL))
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 3, SMALL["embed_dim"]))
+    params = mlp.init(jax.random.PRNGKey(2), x, True)
+    np.testing.assert_array_equal(mlp.apply(params, x, False), mlp.apply(params, x, True))
