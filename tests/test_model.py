@@ -1,5 +1,7 @@
 """The Transformer: parameter parity across head counts, causality, attention, dropout."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,6 +141,40 @@ def test_dropout_split_over_devices_keeps_the_whole_batchs_elements(rate):
     assert mesh.size > 1
     np.testing.assert_array_equal(split(x, key), whole)
     assert 0 < np.mean(np.asarray(whole) == 0) < 2 * rate
+
+
+def test_training_logits_split_over_devices_are_the_whole_batchs():
+    """A `Transformer` with `data_axis`, each device holding its sequences under
+    `shard_map` (two each), gives the training-mode logits of the whole batch run on one device:
+    every layer's attention and MLP dropout draw the whole batch's masks."""
+    from jax.sharding import PartitionSpec as P
+
+    from beyondpar.base import parallel
+
+    mesh = parallel.data_mesh()
+    cfg = model.ModelConfig(**{**SMALL, "num_layers": 1, "num_heads": 2, "dropout_rate": 0.3})
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (2 * mesh.size, 5), 0, cfg.vocab_size)
+    params = model.init_params(model.Transformer(cfg), jax.random.PRNGKey(1), 5)
+    key = jax.random.PRNGKey(2)
+
+    def logits(module, p, t, k):
+        return module.apply({"params": p}, t, deterministic=False, rngs={"dropout": k})
+
+    whole = jax.jit(functools.partial(logits, model.Transformer(cfg)))(params, tokens, key)
+    shard_module = model.Transformer(cfg, data_axis=parallel.DATA)
+    split = jax.jit(
+        jax.shard_map(
+            functools.partial(logits, shard_module),
+            mesh=mesh,
+            in_specs=(P(), P(parallel.DATA), P()),
+            out_specs=P(parallel.DATA),
+        )
+    )
+    assert mesh.size > 1
+    np.testing.assert_allclose(split(params, tokens, key), whole, rtol=1e-6, atol=1e-6)
+    # Dropout is on: the training logits differ from the evaluation ones.
+    evaluation = model.Transformer(cfg).apply({"params": params}, tokens)
+    assert not np.allclose(whole, evaluation, atol=1e-3)
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3, 1 / 3, 0.5, 1e-12, 1.0])
