@@ -41,14 +41,13 @@ def _backward(residuals, d_y):
 
 dense_product.defvjp(_forward, _backward)
 
-_DENSE_DIMENSIONS = lambda x: (((x.ndim - 1,), (0,)), ((), ()))  # noqa: E731
-
 
 def dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
     """`lax.dot_general` as `nn.Dense` calls it, through `dense_product` when the call is
     Dense's own (last axis of x against the kernel's first, default precision)."""
     plain = precision is None and preferred_element_type is None
-    if plain and kernel.ndim == 2 and dimension_numbers == _DENSE_DIMENSIONS(x):
+    dense_call = (((x.ndim - 1,), (0,)), ((), ()))
+    if plain and kernel.ndim == 2 and dimension_numbers == dense_call:
         return dense_product(x, kernel)
     return lax.dot_general(
         x, kernel, dimension_numbers, precision, preferred_element_type=preferred_element_type
