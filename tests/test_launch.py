@@ -63,7 +63,7 @@ def test_analyze_flag_rules_are_one_line(tmp_path, flags, message):
         (
             "train.py",
             ["--config=configs/smoke.py", "--config.optim.lr=1", "--workdir=W"],
-            "--config.optim.lr must name fields of the config, got no field 'lr'",
+            "error: --config.optim.lr must name fields of the config, got no field 'lr'\n",
         ),
         ("train.py", ["--config=configs/nope.py", "--workdir=W"], "No such file or directory"),
         (

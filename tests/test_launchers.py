@@ -1,6 +1,6 @@
 """The launchers' flags and exit status: what analyze.py's flags turn into (the analysis spec,
-the layers, the source to analyse), which combinations are refused, and ablate.py's status
-when a run fails."""
+the layers, the source to analyse), which combinations are refused, ablate.py's status
+when a run fails, what evaluate.py reports, and which suite benchmark.py runs."""
 
 from __future__ import annotations
 
@@ -289,8 +289,12 @@ fake_evaluate.evaluate_reference_folder = lambda folder: ([{"r": 1}], [("ref-x",
 flags.FLAGS.unparse_flags()
 flags.FLAGS(["evaluate.py", f"--reference={root}", f"--out={root / 'ref-failed'}"])
 failed_status = mod["evaluate_reference"](root)
+fake_evaluate.evaluate_tree = lambda root, steps: ([], [])
+flags.FLAGS.unparse_flags()
+flags.FLAGS(["evaluate.py", f"--runs={root}", f"--out={root / 'rerun'}"])
+rerun_status = mod["evaluate_runs"](root)
 print(json.dumps({"status": status, "ref_status": ref_status, "failed_status": failed_status,
-                  "reports": calls}))
+                  "rerun_status": rerun_status, "reports": calls}))
 """
 
 
@@ -346,6 +350,59 @@ def test_evaluate_reference_exits_1_when_a_checkpoint_fails(evaluated):
     assert outcome["failed_status"] == 1
     assert outcome["reports"][3] == str(root / "ref-failed")
     assert "FAILED ref-x: bad" in printed
+
+
+def test_evaluate_runs_rewrites_the_report_when_every_checkpoint_is_already_recorded(evaluated):
+    root, printed, outcome = evaluated
+    assert printed[-2] == (
+        "evaluated 0 checkpoint(s), skipped 3 already recorded, failed 0; "
+        f"3 record(s) in {root / 'records.jsonl'}"
+    )
+    assert outcome["rerun_status"] == 0
+    assert outcome["reports"][4] == str(root / "rerun")
+    assert printed[-1] == f"wrote {root / 'rerun' / 'report.md'}"
+
+
+# Runs launch/benchmark.py's main with stand-in suites and prints, for each command line,
+# the keyword arguments the suite was called with or the ValueError main raised.
+_BENCHMARK_PROBE = """
+import json, sys, runpy, types
+from absl import flags
+mod = runpy.run_path(sys.argv[1], run_name="benchmark_flags")
+calls = []
+suites = {"metrics": lambda **kw: calls.append(["metrics", kw]),
+          "train": lambda **kw: calls.append(["train", kw])}
+mod["main"].__globals__["benchmarks"] = types.SimpleNamespace(SUITES=suites)
+for argv in json.loads(sys.argv[2]):
+    flags.FLAGS.unparse_flags()
+    try:
+        mod["main"](flags.FLAGS(["benchmark.py", *argv]))
+        print(json.dumps(calls.pop()))
+    except ValueError as err:
+        print(json.dumps({"error": str(err)}))
+"""
+
+
+def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given():
+    command_lines = [["metrics"], ["--repeats=3", "train"], ["metrics", "train"], [], ["x"]]
+    result = subprocess.run(
+        [sys.executable, "-c", _BENCHMARK_PROBE, str(ROOT / "launch" / "benchmark.py")]
+        + [json.dumps(command_lines)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
+    outcomes = [json.loads(line) for line in result.stdout.splitlines()]
+    refused = "benchmark.py takes one suite, one of ['metrics', 'train'], got "
+    assert outcomes == [
+        ["metrics", {}],
+        ["train", {"repeats": 3}],
+        {"error": refused + "['metrics', 'train']"},
+        {"error": refused + "[]"},
+        {"error": refused + "['x']"},
+    ]
 
 
 def test_analyze_one_model_on_a_text_writes_a_text_report_not_a_series(tmp_path):

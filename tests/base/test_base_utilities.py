@@ -141,6 +141,25 @@ def test_config_flag_that_fails_to_load_is_a_value_error_naming_the_flag():
         cli.config(_Flag(FileNotFoundError("no such file")))
 
 
+_RAISES = """
+import sys
+from beyondpar.base import cli, locks
+errors = {"value": ValueError, "missing": FileNotFoundError, "busy": locks.FolderBusy}
+def main(argv):
+    raise errors[argv[1]](f"{argv[1]}\\nsecond line")
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("error", ["value", "missing", "busy"])
+def test_run_turns_a_user_error_into_one_line_and_status_2(error):
+    done = subprocess.run(
+        [sys.executable, "-c", _RAISES, error], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (2, f"error: {error}; second line\n")
+    assert done.stdout == ""
+
+
 # ------------------------------------------------------------------ files
 
 

