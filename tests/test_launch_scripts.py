@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 STAND_IN = """#!/usr/bin/env bash
@@ -150,3 +152,44 @@ def test_demo_runs_each_launcher_with_flags_it_accepts(tmp_path):
         check=True,
     )
     assert [json.loads(line) for line in done.stdout.splitlines()] == ["ok", "ok", "ok"]
+
+
+# A Python that reports the version it is told, and records (and refuses) anything else.
+VERSIONED_PYTHON = """#!{python}
+import sys
+if sys.argv[1:] == ["--version"]:
+    print("Python {major}.{minor}.0")
+elif sys.argv[1] == "-c":
+    sys.version_info = ({major}, {minor}, 0, "final", 0)
+    exec(sys.argv[2])
+else:
+    print("ran:", *sys.argv[1:], file=sys.stderr)
+    sys.exit(7)
+"""
+
+
+@pytest.mark.parametrize(("minor", "accepted"), [(10, False), (11, True), (12, True)])
+def test_setup_env_needs_python_3_11_or_newer(tmp_path, minor, accepted):
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "setup_env.sh").write_text(
+        (ROOT / "launch" / "setup_env.sh").read_text()
+    )
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(VERSIONED_PYTHON.format(python=sys.executable, major=3, minor=minor))
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", "source launch/setup_env.sh"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHON=str(fake)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if accepted:  # past the check: the next step is creating .venv with that Python
+        assert done.returncode == 7, done.stderr
+        assert f"ran: -m venv {tmp_path}/.venv" in done.stderr
+    else:
+        assert done.returncode == 1, done.stderr
+        assert done.stderr == f"beyondpar needs Python 3.11 or newer; {fake} is Python 3.10.0\n"
+        assert not (tmp_path / ".venv").exists()

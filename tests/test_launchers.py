@@ -420,3 +420,40 @@ def test_analyze_one_model_on_a_text_writes_a_text_report_not_a_series(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "analysis.json").exists() and (out / "report.md").exists()
     assert not (out / "series.jsonl").exists()
+
+
+# Runs launch/ablate.py's main with --dry_run, the grid's runner replaced by a stand-in
+# that records being called, and prints what main printed and returned.
+_ABLATE_DRY_RUN_PROBE = """
+import json, sys, runpy, types
+from absl import flags
+mod = runpy.run_path(sys.argv[1], run_name="ablate_flags")
+g = mod["main"].__globals__
+runs = []
+def run(config, workdir):
+    runs.append(str(workdir))
+    return [], []
+g["ablation"] = types.SimpleNamespace(dry_run=g["ablation"].dry_run, run=run)
+flags.FLAGS(["ablate.py", "--config=configs/ablation.py:base=smoke", "--workdir=W", "--dry_run"])
+status = mod["main"]([])
+print(json.dumps({"status": status, "runs": runs}))
+"""
+
+
+def test_ablate_dry_run_prints_one_train_command_per_run_and_trains_nothing():
+    result = subprocess.run(
+        [sys.executable, "-c", _ABLATE_DRY_RUN_PROBE, str(ROOT / "launch" / "ablate.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
+    *commands, outcome = result.stdout.splitlines()
+    assert json.loads(outcome) == {"status": 0, "runs": []}
+    assert len(commands) == 8  # heads 1, 4, 8, 16 x tasks copy, cycle
+    assert commands[0] == (
+        "python launch/train.py --config=configs/smoke.py --config.model.num_heads=1 "
+        "--config.seed=0 --config.task.name=copy --workdir=W/heads-1_seed-0_task-copy"
+    )
+    assert all(c.startswith("python launch/train.py --config=configs/smoke.py") for c in commands)
