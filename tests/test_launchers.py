@@ -13,6 +13,21 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 
+
+def probe_lines(probe: str, launcher: str, *args: str) -> list[str]:
+    """The lines `probe` prints, run in a fresh interpreter on launch/`launcher` and `args`
+    (absl's flags are global to a process, so each launcher is read in its own)."""
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(ROOT / "launch" / launcher), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+
 # Loads launch/analyze.py once and, for each command line, reports the source chosen and
 # the AnalysisSpec built from the flags, or the ValueError a flag rule raised. One process
 # serves every command line: absl's flags are reset to their defaults between them.
@@ -67,22 +82,14 @@ def analyze(tmp_path_factory):
     latin1 = folder / "latin1.txt"
     latin1.write_bytes("naïve café\n".encode("latin-1"))
     names = list(COMMAND_LINES)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _PROBE,
-            str(ROOT / "launch" / "analyze.py"),
-            json.dumps([COMMAND_LINES[n] for n in names]),
-            json.dumps([str(utf8), str(latin1), str(folder / "missing.txt")]),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+    printed = probe_lines(
+        _PROBE,
+        "analyze.py",
+        json.dumps([COMMAND_LINES[n] for n in names]),
+        json.dumps([str(utf8), str(latin1), str(folder / "missing.txt")]),
     )
-    lines = [json.loads(line) for line in result.stdout.splitlines()]
-    assert len(lines) == len(names) + 3, result.stderr[-2000:]
+    lines = [json.loads(line) for line in printed]
+    assert len(lines) == len(names) + 3
     return dict(zip(names, lines[: len(names)], strict=True)), lines[len(names) :]
 
 
@@ -178,15 +185,7 @@ print(json.dumps(calls))
 @pytest.fixture(scope="module")
 def corpus_runs():
     """What the runner was given for one model, then for two."""
-    result = subprocess.run(
-        [sys.executable, "-c", _CORPUS_PROBE, str(ROOT / "launch" / "analyze.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=ROOT,
-    )
-    return json.loads(result.stdout.splitlines()[-1])
+    return json.loads(probe_lines(_CORPUS_PROBE, "analyze.py")[-1])
 
 
 def test_analyze_corpus_flags_reach_their_own_corpus_spec_fields(corpus_runs):
@@ -299,15 +298,7 @@ print(json.dumps({"status": status, "ref_status": ref_status, "failed_status": f
 
 
 def _evaluate_probe(root: Path):
-    result = subprocess.run(
-        [sys.executable, "-c", _EVALUATE_PROBE, str(ROOT / "launch" / "evaluate.py"), str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=ROOT,
-    )
-    lines = result.stdout.splitlines()
+    lines = probe_lines(_EVALUATE_PROBE, "evaluate.py", str(root))
     return lines[:-1], json.loads(lines[-1])
 
 
@@ -385,16 +376,8 @@ for argv in json.loads(sys.argv[2]):
 
 def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given():
     command_lines = [["metrics"], ["--repeats=3", "train"], ["metrics", "train"], [], ["x"]]
-    result = subprocess.run(
-        [sys.executable, "-c", _BENCHMARK_PROBE, str(ROOT / "launch" / "benchmark.py")]
-        + [json.dumps(command_lines)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=ROOT,
-    )
-    outcomes = [json.loads(line) for line in result.stdout.splitlines()]
+    printed = probe_lines(_BENCHMARK_PROBE, "benchmark.py", json.dumps(command_lines))
+    outcomes = [json.loads(line) for line in printed]
     refused = "benchmark.py takes one suite, one of ['metrics', 'train'], got "
     assert outcomes == [
         ["metrics", {}],
@@ -441,15 +424,7 @@ print(json.dumps({"status": status, "runs": runs}))
 
 
 def test_ablate_dry_run_prints_one_train_command_per_run_and_trains_nothing():
-    result = subprocess.run(
-        [sys.executable, "-c", _ABLATE_DRY_RUN_PROBE, str(ROOT / "launch" / "ablate.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=ROOT,
-    )
-    *commands, outcome = result.stdout.splitlines()
+    *commands, outcome = probe_lines(_ABLATE_DRY_RUN_PROBE, "ablate.py")
     assert json.loads(outcome) == {"status": 0, "runs": []}
     assert len(commands) == 8  # heads 1, 4, 8, 16 x tasks copy, cycle
     assert commands[0] == (
