@@ -22,7 +22,8 @@ from jax import lax
 
 from beyondpar import graphs
 from beyondpar.base import checks
-from beyondpar.linear import Dense
+from beyondpar.linear import Dense, DenseWeights, dense_together
+from beyondpar.norm import RMSNorm
 
 FLOAT32_EPS = float(np.finfo(np.float32).eps)  # PyTorch's RMSNorm default
 
@@ -261,9 +262,9 @@ class CausalSelfAttention(nn.Module):
         # Heads next to batch: the score and value products become plain batched matmuls.
         split = lambda y: y.reshape(b, t, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
         # Scaling q (B*T*D values) rather than the scores (B*H*T*T) keeps H out of it.
-        q = split(Dense(d, name="query")(x_BxTxD) / np.sqrt(cfg.head_dim))
-        k = split(Dense(d, name="key")(x_BxTxD))
-        v = split(Dense(d, name="value")(x_BxTxD))
+        weights = [DenseWeights(d, name=name)(d) for name in ("query", "key", "value")]
+        q, k, v = map(split, dense_together(x_BxTxD, weights))
+        q = q / np.sqrt(cfg.head_dim)
         if deterministic or cfg.dropout_rate == 0:
             probs_BxHxTxT = causal_softmax(q, k)
             self.sow("intermediates", "attention", probs_BxHxTxT)
@@ -303,10 +304,10 @@ class Block(nn.Module):
     def __call__(self, x, deterministic: bool, head_mask=None):
         eps = self.config.norm_eps
         x = x + CausalSelfAttention(self.config, self.data_axis, name="attn")(
-            nn.RMSNorm(epsilon=eps, name="ln1")(x), deterministic, head_mask
+            RMSNorm(eps, name="ln1")(x), deterministic, head_mask
         )
         return x + Mlp(self.config, self.data_axis, name="mlp")(
-            nn.RMSNorm(epsilon=eps, name="ln2")(x), deterministic
+            RMSNorm(eps, name="ln2")(x), deterministic
         )
 
 

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "beyondpar"
 KERNELS = {"graphs", "metrics", "synergy", "weighting", "pruning"}
-MODELS = {"model", "linear", "tasks", "checkpoints", "pretrained"}
+MODELS = {"model", "linear", "norm", "tasks", "checkpoints", "pretrained"}
 WORKFLOWS = {"study", "analysis"}
 MAX_FUNCTION_LINES = 60
 

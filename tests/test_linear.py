@@ -68,3 +68,49 @@ def test_other_products_go_to_lax_dot_general(monkeypatch):
     got = linear.dense_dot_general(x, kernel, own, preferred_element_type=jnp.float32)
     linear.dense_dot_general(x, kernel, own, precision=lax.Precision.HIGHEST)
     assert calls == [1] and got.dtype == jnp.float32
+
+
+class ThreeDense(nn.Module):
+    """Flax's Dense three times (unequal widths), or the same weights applied together."""
+
+    widths: tuple
+    together: bool
+
+    @nn.compact
+    def __call__(self, x):
+        names = ("first", "second", "third")
+        if not self.together:
+            return [nn.Dense(w, name=n)(x) for w, n in zip(self.widths, names, strict=True)]
+        weights = [
+            linear.DenseWeights(w, name=n)(x.shape[-1])
+            for w, n in zip(self.widths, names, strict=True)
+        ]
+        return linear.dense_together(x, weights)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_projections_together_are_flax_denses_with_the_same_parameters(dtype):
+    """DenseWeights makes nn.Dense's parameters (names, shapes, initial values); applied
+    together they give each Dense's output and gradients, split at unequal widths."""
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, 3, 4), dtype)
+    ours, theirs = ThreeDense((3, 5, 2), True), ThreeDense((3, 5, 2), False)
+    params = ours.init(jax.random.PRNGKey(4), x)
+    want_params = theirs.init(jax.random.PRNGKey(4), x)
+    jax.tree.map(np.testing.assert_array_equal, params, want_params)
+    biased = jax.tree.map(lambda a: a + 0.25 * jnp.arange(a.shape[-1], dtype=a.dtype), params)
+    got, want = ours.apply(biased, x), theirs.apply(biased, x)
+    assert [g.shape for g in got] == [(2, 3, 3), (2, 3, 5), (2, 3, 2)]
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+    def gradients(module):
+        loss = lambda p, a: sum(
+            jnp.sum(jnp.sin(y) * (i + 1)) for i, y in enumerate(module.apply(p, a))
+        )
+        return jax.grad(loss, (0, 1))(biased, x)
+
+    for a, b in zip(
+        jax.tree.leaves(gradients(ours)), jax.tree.leaves(gradients(theirs)), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

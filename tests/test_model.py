@@ -21,6 +21,18 @@ def test_parameter_count_is_the_same_for_every_head_count():
     assert set(counts.values()) == {172_800}
 
 
+def test_parameters_are_float32_when_64_bit_arrays_are_on():
+    """Flax's float32 parameters, whatever JAX's default float (the tests run with x64):
+    a layer that took the default would train and save float64 weights."""
+    assert jnp.zeros(()).dtype == jnp.float64
+    module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
+    params = model.init_params(module, jax.random.PRNGKey(0), 5)
+    dtypes = {
+        jax.tree_util.keystr(p): a.dtype for p, a in jax.tree_util.tree_leaves_with_path(params)
+    }
+    assert set(dtypes.values()) == {jnp.dtype(jnp.float32)}, dtypes
+
+
 @pytest.mark.parametrize(
     "config",
     [

@@ -1,0 +1,58 @@
+"""Flax's `RMSNorm` with its gradient written out: the same parameters and the same values
+bit for bit, and a backward of three passes over the input.
+
+Differentiated by JAX, the norm's forward builds the (rows, features) product of each
+row's 1 / rms and the scale, and its backward walks that product's graph: a dozen small
+passes per norm, about a tenth of a 1-head training step of the paper's model on the
+CPU. Written out, the input's gradient is r * (g * scale - x_hat * mean(g * scale * x_hat))
+with x_hat = x * r, and the scale's is the sum over rows of g * x_hat.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+class RMSNorm(nn.Module):
+    """`flax.linen.RMSNorm(epsilon)` over the last axis, with a parameter `scale`."""
+
+    epsilon: float = 1e-6
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones_init(), (x.shape[-1],), jnp.float32)
+        return rms_norm(x, scale, self.epsilon)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def rms_norm(x, scale, epsilon: float):
+    """x / rms(x) * scale over the last axis, computed in at least float32 as Flax does;
+    the result has the dtype of x and scale together."""
+    return _forward(x, scale, epsilon)[0]
+
+
+def _forward(x, scale, epsilon):
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    inverse_rms = lax.rsqrt(jnp.mean(lax.square(wide), axis=-1, keepdims=True) + epsilon)
+    y = wide * (inverse_rms * scale)
+    return y.astype(jnp.result_type(x, scale)), (x, scale, inverse_rms)
+
+
+def _backward(epsilon, residuals, d_y):
+    del epsilon  # inside inverse_rms
+    x, scale, inverse_rms = residuals
+    normalised = x.astype(inverse_rms.dtype) * inverse_rms
+    d_y = d_y.astype(inverse_rms.dtype)
+    d_scaled = d_y * scale
+    along = jnp.mean(d_scaled * normalised, axis=-1, keepdims=True)
+    d_x = inverse_rms * (d_scaled - normalised * along)
+    d_scale = jnp.sum(d_y * normalised, axis=tuple(range(x.ndim - 1)))
+    return d_x.astype(x.dtype), d_scale.astype(scale.dtype)
+
+
+rms_norm.defvjp(_forward, _backward)

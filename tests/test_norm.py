@@ -1,0 +1,80 @@
+"""RMSNorm with its gradient written out: Flax's own norm, bit for bit forward and to
+float64 rounding backward, for any shape, epsilon, scale and dtype."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from beyondpar import norm
+
+
+def both_norms(epsilon):
+    return norm.RMSNorm(epsilon, name="ln"), nn.RMSNorm(epsilon=epsilon, name="ln")
+
+
+def random_scale(params, key):
+    """A scale away from its initial ones, so that a gradient that drops it shows."""
+    scale = params["params"]["scale"]
+    return {"params": {"scale": 0.5 + jax.random.uniform(key, scale.shape, scale.dtype)}}
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 6)])
+@pytest.mark.parametrize("epsilon", [1e-6, 0.7])
+def test_values_and_parameters_are_flax_rmsnorms_bit_for_bit(shape, epsilon):
+    x = 3.0 * jax.random.normal(jax.random.PRNGKey(0), shape, jnp.float32)
+    ours, theirs = both_norms(epsilon)
+    params = ours.init(jax.random.PRNGKey(1), x)
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(
+        jnp.shape, theirs.init(jax.random.PRNGKey(1), x)
+    )
+    np.testing.assert_array_equal(params["params"]["scale"], np.ones(shape[-1], np.float32))
+    params = random_scale(params, jax.random.PRNGKey(2))
+    got, want = ours.apply(params, x), theirs.apply(params, x)
+    assert got.dtype == want.dtype == jnp.float32
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape", [(6,), (4, 6), (2, 3, 5)])
+@pytest.mark.parametrize("epsilon", [1e-6, 2.0])
+def test_gradients_are_autodiff_of_flax_rmsnorm(shape, epsilon):
+    """Both gradients, for a loss that weighs every output differently."""
+    kx, kw, ks = jax.random.split(jax.random.PRNGKey(3), 3)
+    x = jax.random.normal(kx, shape, jnp.float64)
+    weights = jax.random.normal(kw, shape, jnp.float64)
+    ours, theirs = both_norms(epsilon)
+    params = random_scale(ours.init(ks, x), ks)
+    params = jax.tree.map(lambda a: a.astype(jnp.float64), params)
+
+    def gradients(module):
+        loss = lambda p, a: jnp.sum(weights * jnp.sin(module.apply(p, a)))
+        return jax.grad(loss, (0, 1))(params, x)
+
+    (got_params, got_x), (want_params, want_x) = gradients(ours), gradients(theirs)
+    np.testing.assert_allclose(got_x, want_x, rtol=1e-12, atol=1e-14)
+    scale_got, scale_want = got_params["params"]["scale"], want_params["params"]["scale"]
+    np.testing.assert_allclose(scale_got, scale_want, rtol=1e-12, atol=1e-14)
+
+
+def test_input_gradient_is_orthogonal_to_the_input_without_epsilon():
+    """With epsilon 0 the norm is scale-free in each row, so the input's gradient is
+    orthogonal to the row (x . dL/dx = 0), whatever the scale and the upstream gradient."""
+    x = jax.random.normal(jax.random.PRNGKey(4), (5, 8), jnp.float64)
+    scale = jnp.linspace(0.5, 2.0, 8)
+    d_y = jax.random.normal(jax.random.PRNGKey(5), (5, 8), jnp.float64)
+    _, pullback = jax.vjp(lambda a: norm.rms_norm(a, scale, 0.0), x)
+    (d_x,) = pullback(d_y)
+    np.testing.assert_allclose(jnp.sum(x * d_x, axis=-1), 0.0, atol=1e-12)
+    assert float(jnp.abs(d_x).max()) > 0.1
+
+
+def test_low_precision_input_is_normalised_in_float32_and_gradients_keep_dtypes():
+    x = jax.random.normal(jax.random.PRNGKey(6), (3, 4), jnp.bfloat16)
+    scale = jnp.full((4,), 1.5, jnp.float32)
+    y = norm.rms_norm(x, scale, 1e-6)
+    want = nn.RMSNorm(epsilon=1e-6).apply({"params": {"scale": scale}}, x)
+    assert y.dtype == want.dtype == jnp.float32
+    np.testing.assert_array_equal(y, want)
+    d_x, d_scale = jax.grad(lambda a, s: jnp.sum(norm.rms_norm(a, s, 1e-6)), (0, 1))(x, scale)
+    assert (d_x.dtype, d_scale.dtype) == (jnp.bfloat16, jnp.float32)
