@@ -114,3 +114,26 @@ def test_projections_together_are_flax_denses_with_the_same_parameters(dtype):
         jax.tree.leaves(gradients(ours)), jax.tree.leaves(gradients(theirs)), strict=True
     ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "x_dtype, param_dtype",
+    [(jnp.bfloat16, jnp.float32), (jnp.float16, jnp.bfloat16), (jnp.bfloat16, jnp.float16)],
+)
+def test_projections_together_promote_input_and_parameters_as_flax_dense(x_dtype, param_dtype):
+    """Mixed dtypes give nn.Dense's result type (float16 with bfloat16 is float32) and its
+    values and kernel gradient."""
+    x = (3.0 * jax.random.normal(jax.random.PRNGKey(5), (2, 3, 4))).astype(x_dtype)
+    kernel = jax.random.normal(jax.random.PRNGKey(6), (4, 3)).astype(param_dtype)
+    bias = jnp.arange(3.0).astype(param_dtype)
+    dense = lambda k, a: nn.Dense(3).apply({"params": {"kernel": k, "bias": bias}}, a)
+    together = lambda k, a: linear.dense_together(a, [(k, bias)])[0]
+    got, want = together(kernel, x), dense(kernel, x)
+    assert got.dtype == want.dtype == jnp.promote_types(x_dtype, param_dtype)
+    np.testing.assert_allclose(got.astype(jnp.float64), want.astype(jnp.float64), rtol=1e-6)
+    grad = lambda f: jax.grad(lambda k: jnp.sum(f(k, x).astype(jnp.float32)))(kernel)
+    got_grad, want_grad = grad(together), grad(dense)
+    assert got_grad.dtype == want_grad.dtype == param_dtype
+    np.testing.assert_allclose(
+        got_grad.astype(jnp.float64), want_grad.astype(jnp.float64), rtol=1e-6
+    )

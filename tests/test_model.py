@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from beyondpar import model
+from beyondpar.norm import rms_norm
 
 SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
 
@@ -627,3 +628,23 @@ def test_rate_zero_dropout_is_the_identity_and_needs_no_key():
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 3, SMALL["embed_dim"]))
     params = mlp.init(jax.random.PRNGKey(2), x, True)
     np.testing.assert_array_equal(mlp.apply(params, x, False), mlp.apply(params, x, True))
+
+
+def test_block_normalises_both_sublayer_inputs_with_the_configs_epsilon():
+    """x + attention(norm(x)), then h + mlp(norm(h)), each norm with `norm_eps` and its own
+    scale; an epsilon of 0.5 on inputs of rms about 0.3 shows any other epsilon."""
+    cfg = model.ModelConfig(num_heads=2, dropout_rate=0.0, norm_eps=0.5, **SMALL)
+    x = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (2, 5, cfg.embed_dim))
+    block = model.Block(cfg)
+    params = block.init(jax.random.PRNGKey(1), x, True)["params"]
+    for i, name in enumerate(("ln1", "ln2")):
+        params[name]["scale"] = jnp.linspace(0.5, 1.5 + i, cfg.embed_dim, dtype=jnp.float32)
+    got = block.apply({"params": params}, x, True)
+    attn = model.CausalSelfAttention(cfg).apply(
+        {"params": params["attn"]}, rms_norm(x, params["ln1"]["scale"], 0.5), True
+    )
+    h = x + attn
+    mlp = model.Mlp(cfg).apply(
+        {"params": params["mlp"]}, rms_norm(h, params["ln2"]["scale"], 0.5), True
+    )
+    np.testing.assert_allclose(got, h + mlp, rtol=1e-6, atol=1e-7)

@@ -78,3 +78,14 @@ def test_low_precision_input_is_normalised_in_float32_and_gradients_keep_dtypes(
     np.testing.assert_array_equal(y, want)
     d_x, d_scale = jax.grad(lambda a, s: jnp.sum(norm.rms_norm(a, s, 1e-6)), (0, 1))(x, scale)
     assert (d_x.dtype, d_scale.dtype) == (jnp.bfloat16, jnp.float32)
+
+
+def test_default_epsilon_is_flax_rmsnorms():
+    """Without an epsilon the norm is Flax's default one (1e-6): rows whose mean square is
+    of the order of epsilon show any other."""
+    x = 1e-3 * jax.random.normal(jax.random.PRNGKey(7), (4, 6), jnp.float64)
+    params = norm.RMSNorm().init(jax.random.PRNGKey(8), x)
+    got = norm.RMSNorm().apply(params, x)
+    np.testing.assert_array_equal(got, nn.RMSNorm().apply(params, x))
+    want = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
