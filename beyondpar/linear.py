@@ -8,6 +8,12 @@ than the XNNPACK product it otherwise picks. A data-parallel step hides this (th
 gradient all-reduce sits between the product and the transpose), a step that reduces
 its gradients itself does not. The forward product is `lax.dot_general`'s own, bit for
 bit.
+
+Projections of one input (a layer's query, key and value) can share one product
+(`DenseWeights`, `dense_together`): small products run below the matmul rate on the
+CPU, and three products of 2,500 x 64 by 64 x 64 take 1.2x-1.4x as long as one against
+the three kernels side by side; the backward also gets one input gradient, not three to
+sum.
 """
 
 from __future__ import annotations
@@ -76,10 +82,8 @@ class DenseWeights(nn.Module):
 
 
 def dense_together(x, weights) -> list[jax.Array]:
-    """`nn.Dense` with each (kernel, bias) of `weights` applied to x, as one product
-    against the kernels side by side: one wider product and one bias pass instead of a
-    product and a pass each, and in the backward one input gradient instead of a sum of
-    them (a layer's query, key and value projections)."""
+    """[nn.Dense(kernel, bias)(x) for each (kernel, bias) of `weights`], as one product
+    against the kernels side by side and one bias pass (see the module's docstring)."""
     kernels, biases = zip(*weights, strict=True)
     kernel, bias = jnp.concatenate(kernels, axis=1), jnp.concatenate(biases)
     x, kernel, bias = dtypes.promote_dtype(x, kernel, bias)
