@@ -74,8 +74,9 @@ class DenseWeights(nn.Module):
     param_dtype: jnp.dtype = jnp.float32  # nn.Dense's default
 
     @nn.compact
-    def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
-        shape = (in_features, self.features)
+    def __call__(self, x) -> tuple[jax.Array, jax.Array]:
+        """The parameters of `nn.Dense(features)` applied to x (sized by x's last axis)."""
+        shape = (jnp.shape(x)[-1], self.features)
         kernel = self.param("kernel", nn.initializers.lecun_normal(), shape, self.param_dtype)
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), self.param_dtype)
         return kernel, bias
@@ -83,10 +84,19 @@ class DenseWeights(nn.Module):
 
 def dense_together(x, weights) -> list[jax.Array]:
     """[nn.Dense(kernel, bias)(x) for each (kernel, bias) of `weights`], as one product
-    against the kernels side by side and one bias pass (see the module's docstring)."""
+    against the kernels side by side and one bias pass (see the module's docstring) when
+    they share a dtype, one product each otherwise."""
+    if not weights:
+        raise ValueError("dense_together: weights must hold at least one (kernel, bias), got none")
     kernels, biases = zip(*weights, strict=True)
-    kernel, bias = jnp.concatenate(kernels, axis=1), jnp.concatenate(biases)
-    x, kernel, bias = dtypes.promote_dtype(x, kernel, bias)
-    both = dense_product(x, kernel) + bias
+    if len({jnp.result_type(a) for a in kernels + biases}) > 1:
+        # Side by side they would share one promoted dtype, where Denses keep their own.
+        return [_dense(x, kernel, bias) for kernel, bias in weights]
+    joined = _dense(x, jnp.concatenate(kernels, axis=1), jnp.concatenate(biases))
     ends = list(itertools.accumulate(k.shape[1] for k in kernels))
-    return jnp.split(both, ends[:-1], axis=-1)
+    return jnp.split(joined, ends[:-1], axis=-1)
+
+
+def _dense(x, kernel, bias):
+    x, kernel, bias = dtypes.promote_dtype(x, kernel, bias)
+    return dense_product(x, kernel) + bias

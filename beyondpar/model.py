@@ -262,7 +262,7 @@ class CausalSelfAttention(nn.Module):
         # Heads next to batch: the score and value products become plain batched matmuls.
         split = lambda y: y.reshape(b, t, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
         # Scaling q (B*T*D values) rather than the scores (B*H*T*T) keeps H out of it.
-        weights = [DenseWeights(d, name=name)(d) for name in ("query", "key", "value")]
+        weights = [DenseWeights(d, name=name)(x_BxTxD) for name in ("query", "key", "value")]
         q, k, v = map(split, dense_together(x_BxTxD, weights))
         q = q / np.sqrt(cfg.head_dim)
         if deterministic or cfg.dropout_rate == 0:

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from beyondpar.base import checks
+
 
 class RMSNorm(nn.Module):
     """`flax.linen.RMSNorm(epsilon)` over the last axis, with a parameter `scale`."""
@@ -30,10 +32,25 @@ class RMSNorm(nn.Module):
         return rms_norm(x, scale, self.epsilon)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def rms_norm(x, scale, epsilon: float):
-    """x / rms(x) * scale over the last axis, computed in at least float32 as Flax does;
-    the result has the dtype of x and scale together."""
+    """x / rms(x) * scale over the last axis of a real x, computed in at least float32 as
+    Flax does; the result has the dtype of x and scale together. `scale` has one entry per
+    feature; `epsilon` is a number fixed when the function is traced (not a traced value),
+    as in a model's config."""
+    if jnp.issubdtype(jnp.result_type(x), jnp.complexfloating):
+        raise TypeError(f"rms_norm: x must be real, got dtype {jnp.result_type(x)}")
+    features = jnp.shape(x)[-1:]
+    if jnp.shape(scale) != features:
+        raise ValueError(
+            f"rms_norm: scale must have shape {features} (x's last axis), got {jnp.shape(scale)}"
+        )
+    if not checks.is_concrete(epsilon):
+        raise TypeError("rms_norm: epsilon must be a number fixed at trace time, got a tracer")
+    return _rms_norm(x, scale, float(epsilon))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rms_norm(x, scale, epsilon: float):
     return _forward(x, scale, epsilon)[0]
 
 
@@ -50,10 +67,10 @@ def _backward(epsilon, residuals, d_y):
     normalised = x.astype(inverse_rms.dtype) * inverse_rms
     d_y = d_y.astype(inverse_rms.dtype)
     d_scaled = d_y * scale
-    along = jnp.mean(d_scaled * normalised, axis=-1, keepdims=True)
-    d_x = inverse_rms * (d_scaled - normalised * along)
+    along_x_hat = jnp.mean(d_scaled * normalised, axis=-1, keepdims=True)
+    d_x = inverse_rms * (d_scaled - normalised * along_x_hat)
     d_scale = jnp.sum(d_y * normalised, axis=tuple(range(x.ndim - 1)))
     return d_x.astype(x.dtype), d_scale.astype(scale.dtype)
 
 
-rms_norm.defvjp(_forward, _backward)
+_rms_norm.defvjp(_forward, _backward)

@@ -82,8 +82,7 @@ class ThreeDense(nn.Module):
         if not self.together:
             return [nn.Dense(w, name=n)(x) for w, n in zip(self.widths, names, strict=True)]
         weights = [
-            linear.DenseWeights(w, name=n)(x.shape[-1])
-            for w, n in zip(self.widths, names, strict=True)
+            linear.DenseWeights(w, name=n)(x) for w, n in zip(self.widths, names, strict=True)
         ]
         return linear.dense_together(x, weights)
 
@@ -137,3 +136,18 @@ def test_projections_together_promote_input_and_parameters_as_flax_dense(x_dtype
     np.testing.assert_allclose(
         got_grad.astype(jnp.float64), want_grad.astype(jnp.float64), rtol=1e-6
     )
+
+
+def test_projections_together_of_mixed_dtypes_keep_each_denses_dtype():
+    """Side by side, weights of two dtypes would share one promoted dtype: each projection
+    is then its own product, as separate Denses give; no weights at all is refused."""
+    x = jax.random.normal(jax.random.PRNGKey(8), (2, 3), jnp.float32)
+    weights = [(jnp.full((3, 2), 0.5, jnp.float32), jnp.arange(2.0, dtype=jnp.float32))]
+    weights.append((jnp.full((3, 4), 0.25, jnp.float64), jnp.ones(4, jnp.float64)))
+    got = linear.dense_together(x, weights)
+    for y, (kernel, bias) in zip(got, weights, strict=True):
+        want = nn.Dense(kernel.shape[1]).apply({"params": {"kernel": kernel, "bias": bias}}, x)
+        assert y.dtype == want.dtype == kernel.dtype
+        np.testing.assert_allclose(y, want, rtol=1e-6)
+    with pytest.raises(ValueError, match="weights must hold at least one"):
+        linear.dense_together(x, [])

@@ -2,12 +2,13 @@
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import model
+from beyondpar import linear, model
 from beyondpar.norm import rms_norm
 
 SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
@@ -648,3 +649,33 @@ def test_block_normalises_both_sublayer_inputs_with_the_configs_epsilon():
         {"params": params["mlp"]}, rms_norm(h, params["ln2"]["scale"], 0.5), True
     )
     np.testing.assert_allclose(got, h + mlp, rtol=1e-6, atol=1e-7)
+
+
+def test_model_is_its_flax_layers_with_separate_projections(monkeypatch):
+    """The joined query/key/value product and the written-out norm change nothing a user
+    sees: the model with Flax's RMSNorm and one product per projection (as `nn.Dense`
+    computes it) gives the same logits, in evaluation and with dropout, and the same
+    gradients to float32 rounding."""
+    cfg = model.ModelConfig(num_heads=4, dropout_rate=0.2, norm_eps=1e-3, **SMALL)
+    module = model.Transformer(cfg)
+    params = model.init_params(module, jax.random.PRNGKey(0), 12)
+    params = jax.tree.map(lambda a: a + 0.1 * jnp.cos(jnp.arange(a.size).reshape(a.shape)), params)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11)
+    rngs = {"dropout": jax.random.PRNGKey(2)}
+
+    def outputs():
+        apply = lambda p, train: module.apply({"params": p}, tokens, not train, rngs=rngs)
+        loss = lambda p: jnp.sum(jnp.sin(apply(p, True)))
+        run = jax.jit(lambda p: (apply(p, False), apply(p, True), jax.grad(loss)(p)))
+        return run(params)
+
+    ours = outputs()
+    separate = lambda x, weights: [linear.dense_product(x, k) + b for k, b in weights]
+    monkeypatch.setattr(model, "dense_together", separate)
+    monkeypatch.setattr(model, "RMSNorm", lambda eps, name: nn.RMSNorm(epsilon=eps, name=name))
+    flax_layers = outputs()
+    for got, want in zip(ours[:2], flax_layers[:2], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for got, want in zip(jax.tree.leaves(ours[2]), jax.tree.leaves(flax_layers[2]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(ours[0] - ours[1]).max()) > 1e-2  # dropout is on

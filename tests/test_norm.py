@@ -89,3 +89,25 @@ def test_default_epsilon_is_flax_rmsnorms():
     np.testing.assert_array_equal(got, nn.RMSNorm().apply(params, x))
     want = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_bad_inputs_name_the_argument_and_what_was_expected():
+    x = jnp.ones((2, 4))
+    with pytest.raises(TypeError, match=r"rms_norm: x must be real, got dtype complex"):
+        norm.rms_norm(x.astype(jnp.complex64), jnp.ones(4), 1e-6)
+    with pytest.raises(
+        ValueError, match=r"scale must have shape \(4,\) \(x's last axis\), got \(\)"
+    ):
+        norm.rms_norm(x, jnp.float32(2.0), 1e-6)
+    with pytest.raises(ValueError, match=r"got \(1,\)"):
+        norm.rms_norm(x, jnp.ones(1), 1e-6)
+    with pytest.raises(TypeError, match="epsilon must be a number fixed at trace time"):
+        jax.jit(lambda e: norm.rms_norm(x, jnp.ones(4), e))(1e-6)
+
+
+def test_jitted_values_are_flax_rmsnorms_bit_for_bit():
+    x = 2.0 * jax.random.normal(jax.random.PRNGKey(7), (4, 9, 16), jnp.float32)
+    scale = jnp.linspace(0.5, 1.5, 16, dtype=jnp.float32)
+    ours = jax.jit(lambda a: norm.rms_norm(a, scale, 1e-5))(x)
+    theirs = jax.jit(lambda a: nn.RMSNorm(epsilon=1e-5).apply({"params": {"scale": scale}}, a))(x)
+    np.testing.assert_array_equal(ours, theirs)
