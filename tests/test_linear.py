@@ -151,3 +151,29 @@ def test_projections_together_of_mixed_dtypes_keep_each_denses_dtype():
         np.testing.assert_allclose(y, want, rtol=1e-6)
     with pytest.raises(ValueError, match="weights must hold at least one"):
         linear.dense_together(x, [])
+
+
+def test_projections_together_with_biases_of_mixed_dtypes_keep_each_denses_dtype():
+    """Kernels of one dtype, biases of two: a float64 bias makes its own Dense float64 and
+    leaves the other float32."""
+    x = jax.random.normal(jax.random.PRNGKey(9), (2, 3), jnp.float32)
+    weights = [
+        (jnp.full((3, 2), 0.5, jnp.float32), jnp.arange(2.0, dtype=jnp.float32)),
+        (jnp.full((3, 4), 0.25, jnp.float32), jnp.ones(4, jnp.float64)),
+    ]
+    got = linear.dense_together(x, weights)
+    assert [y.dtype for y in got] == [jnp.float32, jnp.float64]
+    for y, (kernel, bias) in zip(got, weights, strict=True):
+        want = nn.Dense(kernel.shape[1]).apply({"params": {"kernel": kernel, "bias": bias}}, x)
+        assert y.dtype == want.dtype
+        np.testing.assert_allclose(y, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("param_dtype", [jnp.bfloat16, jnp.float16, jnp.float64])
+def test_dense_weights_take_param_dtype_for_kernel_and_bias(param_dtype):
+    x = jnp.ones((2, 4), jnp.float32)
+    params = linear.DenseWeights(3, param_dtype=param_dtype).init(jax.random.PRNGKey(10), x)
+    want = nn.Dense(3, param_dtype=param_dtype).init(jax.random.PRNGKey(10), x)
+    got_dtypes = jax.tree.map(lambda a: a.dtype, params)
+    assert got_dtypes == jax.tree.map(lambda a: a.dtype, want)
+    assert got_dtypes == {"params": {"kernel": param_dtype, "bias": param_dtype}}

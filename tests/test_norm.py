@@ -111,3 +111,19 @@ def test_jitted_values_are_flax_rmsnorms_bit_for_bit():
     ours = jax.jit(lambda a: norm.rms_norm(a, scale, 1e-5))(x)
     theirs = jax.jit(lambda a: nn.RMSNorm(epsilon=1e-5).apply({"params": {"scale": scale}}, a))(x)
     np.testing.assert_array_equal(ours, theirs)
+
+
+def test_complex_input_is_refused_at_either_precision():
+    for dtype in (jnp.complex64, jnp.complex128):
+        x = jnp.ones((2, 4), dtype)
+        with pytest.raises(TypeError, match=r"x must be real, got dtype complex"):
+            norm.rms_norm(x, jnp.ones(4), 1e-6)
+
+
+def test_scale_with_axes_beyond_the_features_is_refused():
+    """A scale of shape (rows, features) would broadcast against x; only (features,) is a
+    per-feature scale."""
+    x = jnp.ones((3, 4))
+    for shape in [(1, 4), (3, 4), (2, 3, 4)]:
+        with pytest.raises(ValueError, match=r"scale must have shape \(4,\) \(x's last axis\)"):
+            norm.rms_norm(x, jnp.ones(shape), 1e-6)
