@@ -122,6 +122,28 @@ def test_dropout_keeps_the_right_fraction_and_scales():
     assert model.keep_probability(0.1) == pytest.approx(0.9, abs=2**-32)
 
 
+@pytest.mark.parametrize("rescale", [True, False])
+def test_dropout_gradient_is_its_mask_over_the_keep_probability(rescale):
+    """d out / d x is the mask (over the keep probability when rescaling), in x's dtype."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 40), jnp.float32)
+    weights = jax.random.normal(jax.random.PRNGKey(1), x.shape, jnp.float32)
+    dropout = model.Dropout(0.35, rescale=rescale)
+    rngs = {"dropout": jax.random.PRNGKey(7)}
+    apply = lambda y: dropout.apply({}, y, deterministic=False, rngs=rngs)
+    kept = np.asarray(apply(jnp.ones_like(x))) != 0
+    assert 0.5 < kept.mean() < 0.8
+    grad = jax.jit(jax.grad(lambda y: jnp.sum(apply(y) * weights)))(x)
+    assert grad.dtype == x.dtype
+    scale = 1 / model.keep_probability(0.35) if rescale else 1.0
+    expected = np.where(kept, np.asarray(weights) * np.float32(scale), 0)
+    np.testing.assert_allclose(grad, expected, rtol=1e-6)
+    # The same gradient as the mask multiplied in as written, differentiated by JAX.
+    written = lambda y: jnp.where(kept, y * np.float32(scale), 0)
+    np.testing.assert_allclose(
+        grad, jax.grad(lambda y: jnp.sum(written(y) * weights))(x), rtol=1e-6
+    )
+
+
 def test_row_seeds_are_distinct_and_a_later_shard_continues_the_whole_batch():
     words = jnp.array([0x12345678, 0x9ABCDEF0], jnp.uint32)
     whole = np.asarray(model.row_seeds(words, (6, 3, 5)))
