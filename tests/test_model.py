@@ -454,16 +454,19 @@ def test_contract_rows_is_the_plain_product_transposed_and_padded(head_dim):
     "tokens, head_dim, want",
     [
         (100, 64, ((0, 100),)),  # the paper's 1 head
-        (100, 16, ((0, 100),)),  # 4 heads
+        (100, 16, ((0, 50), (50, 100))),  # 4 heads
         (100, 8, ((0, 50), (50, 100))),  # 8 heads
         (100, 4, ((0, 50), (50, 100))),  # 16 heads
-        (15, 2, ((0, 15),)),
-        (16, 2, ((0, 8), (8, 16))),
-        (17, 2, ((0, 8), (8, 17))),
+        (95, 16, ((0, 95),)),
+        (96, 16, ((0, 48), (48, 96))),
+        (100, 32, ((0, 100),)),  # 2 heads
+        (11, 2, ((0, 11),)),
+        (12, 2, ((0, 6), (6, 12))),
+        (13, 2, ((0, 6), (6, 13))),
         (1, 1, ((0, 1),)),
     ],
 )
-def test_query_blocks_split_in_halves_from_eight_tokens_per_head_dimension(tokens, head_dim, want):
+def test_query_blocks_split_in_halves_from_six_tokens_per_head_dimension(tokens, head_dim, want):
     assert model.query_blocks(tokens, head_dim) == want
 
 
