@@ -320,7 +320,8 @@ def test_train_suite_off_the_cpu_has_one_floor(monkeypatch, capsys):
     monkeypatch.setattr(training, "exp_per_s", no_exp_rate)
     monkeypatch.setattr(training, "matmul_flops_per_s", lambda repeats: STEP_FLOPS / 0.002)
     monkeypatch.setattr(training, "copy_bytes_per_s", lambda repeats: 25872 / 0.002)
-    monkeypatch.setattr(training, "jax_step_ms", lambda cfg, mesh, examples, repeats: 10.0)
+    monkeypatch.setattr(training, "training_steps", lambda cfg, mesh, examples, device: {})
+    monkeypatch.setattr(training, "step_ms", lambda steps, repeats: {"jax": 10.0})
     monkeypatch.setattr(training, "step_profile_ms", lambda cfg, mesh, examples: {"all": 1.0})
     monkeypatch.setattr(training.torch_baseline, "available", lambda: False)
     monkeypatch.setattr(training.model_lib, "ModelConfig", _small_config)
@@ -328,6 +329,26 @@ def test_train_suite_off_the_cpu_has_one_floor(monkeypatch, capsys):
     assert r["exp_g_per_s"] is None
     assert r["roofline_ms"] == r["roofline_with_exp_ms"] == pytest.approx({"3": 4.0})
     assert "exp: no floor off the CPU" in capsys.readouterr().out
+
+
+def test_steps_are_timed_in_turns_and_each_keeps_its_best(monkeypatch):
+    """Every round times each step once (a warm-up and its share of the repeats), in turn;
+    each step's figure is its best round, in milliseconds."""
+    calls = []
+    seconds = {"jax": iter([0.5, 0.2, 0.4, 0.3]), "torch": iter([0.1, 0.6, 0.05, 0.7])}
+
+    def fake_best_time(step, repeats):
+        calls.append((step(), repeats))
+        return next(seconds[step()])
+
+    monkeypatch.setattr(training, "best_time", fake_best_time)
+    steps = {"jax": lambda: "jax", "torch": lambda: "torch"}
+    assert training.step_ms(steps, repeats=10) == pytest.approx({"jax": 200.0, "torch": 50.0})
+    assert calls == [("jax", 3), ("torch", 3)] * 4
+    calls.clear()
+    seconds = {"jax": iter([0.5, 0.2]), "torch": iter([0.1, 0.6])}
+    assert training.step_ms(steps, repeats=2) == pytest.approx({"jax": 200.0, "torch": 100.0})
+    assert calls == [("jax", 1), ("torch", 1)] * 2
 
 
 def _small_config(num_heads=3, max_len=7, config=model_lib.ModelConfig):
