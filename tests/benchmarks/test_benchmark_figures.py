@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from beyondpar import model as model_lib
+from beyondpar import tasks
 from beyondpar.benchmarks import baselines, kernels, machine, training
 
 
@@ -362,6 +363,100 @@ def test_result_line_without_both_head_counts_or_torch():
     r = training._result(rows, 1, (1e9, 1e9, 1e9), cfg, 2, 7)
     assert r["ratio_16_to_1"] is None
     assert "speedup_vs_torch" not in r
+
+
+def test_result_line_leaves_torch_out_unless_every_row_has_it():
+    cfg = model_lib.ModelConfig(**SMALL)
+    rows = {
+        "1": {"jax": 10.0, "roofline": 4.0, "roofline_with_exp": 5.0, "torch": 25.0},
+        "16": {"jax": 30.0, "roofline": 6.0, "roofline_with_exp": 12.0},
+    }
+    r = training._result(rows, 1, (1e9, 1e9, 1e9), cfg, 2, 7)
+    assert "torch_ms_per_step" not in r
+    assert "speedup_vs_torch" not in r
+    assert r["ratio_16_to_1"] == pytest.approx(3.0)
+
+
+def _suite_on_the_cpu(monkeypatch, seen):
+    """`train_suite` on SMALL's sizes with the CPU's three rates fixed and every step 10 ms;
+    `seen` collects what the suite times and profiles."""
+    monkeypatch.setattr(training, "in_cache_yardsticks_apply", lambda: True)
+    monkeypatch.setattr(training, "exp_per_s", lambda repeats: ELEMENTS / 0.001)
+    monkeypatch.setattr(training, "matmul_flops_per_s", lambda repeats: STEP_FLOPS / 0.002)
+    monkeypatch.setattr(training, "copy_bytes_per_s", lambda repeats: 25872 / 0.002)
+    monkeypatch.setattr(
+        training,
+        "training_steps",
+        lambda cfg, mesh, examples, device: {"cfg": cfg, "device": device},
+    )
+
+    def step_ms(steps, repeats):
+        seen.append(
+            ("timed", steps["cfg"].num_heads, steps["cfg"].max_len, steps["device"], repeats)
+        )
+        return {"jax": 10.0}
+
+    def profile(cfg, mesh, examples):
+        seen.append(("profiled", cfg.num_heads, cfg.max_len))
+        return {"all": float(cfg.num_heads)}
+
+    monkeypatch.setattr(training, "step_ms", step_ms)
+    monkeypatch.setattr(training, "step_profile_ms", profile)
+    monkeypatch.setattr(training.torch_baseline, "available", lambda: False)
+    monkeypatch.setattr(training.model_lib, "ModelConfig", _small_config)
+
+
+def test_train_suite_on_the_cpu_adds_the_exponentials_to_the_second_floor(monkeypatch):
+    _suite_on_the_cpu(monkeypatch, [])
+    r = training.train_suite(repeats=1, heads=(3,), batch=2, t=7)
+    assert r["exp_g_per_s"] == pytest.approx(ELEMENTS / 0.001 / 1e9)
+    # 2 ms of FLOPs + 2 ms of attention passes, then 1 ms of exponentials
+    assert r["roofline_ms"] == pytest.approx({"3": 4.0})
+    assert r["roofline_with_exp_ms"] == pytest.approx({"3": 5.0})
+    assert r["x_roofline_with_exp"] == pytest.approx({"3": 2.0})
+
+
+def test_train_suite_times_each_head_count_and_profiles_the_smallest_and_largest(monkeypatch):
+    seen = []
+    _suite_on_the_cpu(monkeypatch, seen)
+    r = training.train_suite(repeats=5, heads=(3, 1, 2), batch=2, t=5)
+    assert set(r["ms_per_step"]) == {"1", "2", "3"}
+    # each head count's steps at the suite's length, timed with its repeats, no PyTorch
+    timed = [("timed", h, 5, None, 5) for h in (3, 1, 2)]
+    assert seen == timed + [("profiled", 1, 5), ("profiled", 3, 5)]
+    assert r["step_profiles_ms"] == {"1": {"all": 1.0}, "3": {"all": 3.0}}
+
+
+def test_train_suite_times_pytorch_on_the_device_matching_jaxs_backend(monkeypatch):
+    seen = []
+    _suite_on_the_cpu(monkeypatch, seen)
+    monkeypatch.setattr(training.torch_baseline, "available", lambda: True)
+    monkeypatch.setattr(training.torch_baseline, "device_for", lambda backend: f"{backend}!")
+    monkeypatch.setattr(training, "_torch_version", lambda: "2.0")
+    training.train_suite(repeats=2, heads=(3,), batch=2, t=7)
+    assert seen[0] == ("timed", 3, 7, f"{jax.default_backend()}!", 2)
+
+
+def test_training_steps_time_the_jax_step_and_torch_only_on_a_device(monkeypatch):
+    def run():
+        return 0.0
+
+    monkeypatch.setattr(training, "_jax_step", lambda cfg, mesh, examples: (run, "HLO text"))
+    runners = []
+
+    def step_runner(cfg, inputs, targets, devices, device):
+        runners.append((cfg, inputs.tolist(), targets.tolist(), devices, device))
+        return "torch step"
+
+    monkeypatch.setattr(training.torch_baseline, "step_runner", step_runner)
+    cfg, mesh = model_lib.ModelConfig(**SMALL), types.SimpleNamespace(size=2)
+    inputs, targets = np.array([[1, 2], [3, 4]]), np.array([[2, 3], [4, 5]])
+    examples = tasks.Examples(inputs, targets, np.ones((2, 2), bool))
+    assert training.training_steps(cfg, mesh, examples, None) == {"jax": run}
+    assert runners == []
+    steps = training.training_steps(cfg, mesh, examples, "cpu")
+    assert steps == {"jax": run, "torch": "torch step"}
+    assert runners == [(cfg, [[1, 2], [3, 4]], [[2, 3], [4, 5]], 2, "cpu")]
 
 
 # baselines: closed forms on a two-token operator ------------------------------------
