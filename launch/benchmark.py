@@ -17,7 +17,10 @@ from beyondpar import benchmarks
 from beyondpar.base import cli, parallel
 
 FLAGS = flags.DEFINE_integer(
-    "repeats", None, "Timed repeats, the best one reported; default: the suite's own (above)."
+    "repeats",
+    None,
+    "Timed repeats, the best one reported; default: the suite's own (above).",
+    lower_bound=1,
 )
 
 

@@ -369,13 +369,14 @@ for argv in json.loads(sys.argv[2]):
     try:
         mod["main"](flags.FLAGS(["benchmark.py", *argv]))
         print(json.dumps(calls.pop()))
-    except ValueError as err:
+    except (ValueError, flags.Error) as err:
         print(json.dumps({"error": str(err)}))
 """
 
 
 def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given():
     command_lines = [["metrics"], ["--repeats=3", "train"], ["metrics", "train"], [], ["x"]]
+    command_lines.append(["--repeats=0", "train"])
     printed = probe_lines(_BENCHMARK_PROBE, "benchmark.py", json.dumps(command_lines))
     outcomes = [json.loads(line) for line in printed]
     refused = "benchmark.py takes one suite, one of ['metrics', 'train'], got "
@@ -385,6 +386,7 @@ def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given():
         {"error": refused + "['metrics', 'train']"},
         {"error": refused + "[]"},
         {"error": refused + "['x']"},
+        {"error": "flag --repeats=0: 0 is not a positive integer"},
     ]
 
 

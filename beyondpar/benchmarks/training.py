@@ -80,16 +80,18 @@ ROUNDS = 4
 
 
 def step_ms(steps: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Best milliseconds of each of `steps`, timed in up to `ROUNDS` rounds that take
-    turns (each a warm-up call and its share of `repeats`): a slow stretch of a shared
-    machine then falls on every step alike, not on whichever ran through it, and their
-    ratio is the machine's at one time."""
+    """Best milliseconds of each of `steps` over `repeats` timed calls, taken in up to
+    `ROUNDS` rounds that take turns: in each round every step gets a warm-up call and its
+    share of the calls, in reverse order every other round. A slow stretch of a shared
+    machine then falls on every step alike, not on whichever ran through it."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     rounds = min(ROUNDS, repeats)
-    per_round = -(-repeats // rounds)
     best = dict.fromkeys(steps, float("inf"))
-    for _ in range(rounds):
-        for name, step in steps.items():
-            best[name] = min(best[name], best_time(step, per_round))
+    for i in range(rounds):
+        calls = repeats // rounds + (i < repeats % rounds)
+        for name in list(steps)[:: 1 if i % 2 == 0 else -1]:
+            best[name] = min(best[name], best_time(steps[name], calls))
     return {name: 1e3 * seconds for name, seconds in best.items()}
 
 
@@ -168,11 +170,11 @@ def train_suite(repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int 
     return result
 
 
-def _print_profile(h: int, profile: dict, step_ms: float) -> None:
+def _print_profile(h: int, profile: dict, jax_ms: float) -> None:
     """Where a step goes. A device runs independent operations at once, so its
     operations' times add up to more than the step: they are shown as shares."""
     busy = sum(profile.values())
-    print(f"H={h} step ({step_ms:.1f} ms) by kind of work, share of the operations' time:")
+    print(f"H={h} step ({jax_ms:.1f} ms) by kind of work, share of the operations' time:")
     for kind, ms in profile.items():
         print(f"  {ms / busy:6.1%}  {kind}")
 

@@ -334,7 +334,7 @@ def test_train_suite_off_the_cpu_has_one_floor(monkeypatch, capsys):
 
 def test_steps_are_timed_in_turns_and_each_keeps_its_best(monkeypatch):
     """Every round times each step once (a warm-up and its share of the repeats), in turn;
-    each step's figure is its best round, in milliseconds."""
+    each step's figure is its best round, in milliseconds, over exactly `repeats` calls."""
     calls = []
     seconds = {"jax": iter([0.5, 0.2, 0.4, 0.3]), "torch": iter([0.1, 0.6, 0.05, 0.7])}
 
@@ -345,11 +345,16 @@ def test_steps_are_timed_in_turns_and_each_keeps_its_best(monkeypatch):
     monkeypatch.setattr(training, "best_time", fake_best_time)
     steps = {"jax": lambda: "jax", "torch": lambda: "torch"}
     assert training.step_ms(steps, repeats=10) == pytest.approx({"jax": 200.0, "torch": 50.0})
-    assert calls == [("jax", 3), ("torch", 3)] * 4
+    # 10 calls in all, 3 + 3 + 2 + 2; every other round in reverse order
+    forward, backward = [("jax", 3), ("torch", 3)], [("torch", 3), ("jax", 3)]
+    last = [("jax", 2), ("torch", 2), ("torch", 2), ("jax", 2)]
+    assert calls == forward + backward + last
     calls.clear()
     seconds = {"jax": iter([0.5, 0.2]), "torch": iter([0.1, 0.6])}
     assert training.step_ms(steps, repeats=2) == pytest.approx({"jax": 200.0, "torch": 100.0})
-    assert calls == [("jax", 1), ("torch", 1)] * 2
+    assert calls == [("jax", 1), ("torch", 1), ("torch", 1), ("jax", 1)]
+    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
+        training.step_ms(steps, repeats=0)
 
 
 def _small_config(num_heads=3, max_len=7, config=model_lib.ModelConfig):
