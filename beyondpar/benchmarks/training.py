@@ -132,9 +132,9 @@ def _jax_step(cfg, mesh, examples: tasks.Examples):
 def train_suite(repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int = 100):
     """Milliseconds per train step at the paper's size per head count: JAX, PyTorch on the
     same kind of device (on the CPU with as many threads as JAX has devices), timed in
-    turns (`step_ms`), and both
-    roofline floors (off the CPU the second is the first); a line per head count, then
-    where the smallest and the largest head count's steps go (`step_profile`)."""
+    turns (`step_ms`), and both roofline floors (off the CPU the second is the first); a
+    line per head count, then where the smallest and the largest head count's steps go
+    (`step_profile`)."""
     mesh = parallel.data_mesh()
     exps = exp_per_s(repeats) if in_cache_yardsticks_apply() else None
     rates = (matmul_flops_per_s(repeats), copy_bytes_per_s(repeats), exps)
