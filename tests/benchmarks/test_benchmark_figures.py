@@ -357,6 +357,14 @@ def test_steps_are_timed_in_turns_and_each_keeps_its_best(monkeypatch):
         training.step_ms(steps, repeats=0)
 
 
+def test_step_ms_reports_steps_slower_than_a_second(monkeypatch):
+    """A step whose every round takes seconds still reports its best round, not a cap."""
+    seconds = {"slow": iter([3.0, 2.5]), "fast": iter([0.004, 0.002])}
+    monkeypatch.setattr(training, "best_time", lambda step, repeats: next(seconds[step()]))
+    steps = {"slow": lambda: "slow", "fast": lambda: "fast"}
+    assert training.step_ms(steps, repeats=2) == pytest.approx({"slow": 2500.0, "fast": 2.0})
+
+
 def _small_config(num_heads=3, max_len=7, config=model_lib.ModelConfig):
     """The suite's configs at SMALL's sizes (the suite builds them by head count)."""
     return config(**(SMALL | {"num_heads": num_heads, "max_len": max_len}))
