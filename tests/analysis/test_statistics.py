@@ -234,6 +234,14 @@ def test_one_window_gives_its_values_as_mean_low_and_high():
     assert best["high"] == record["without_sink"]["best_head_fidelity"]
 
 
+def test_one_window_with_an_undefined_value_keeps_it_as_mean_low_and_high():
+    # NaN equals nothing, not even itself, yet a single window has nothing to resample.
+    stat = statistics.intervals({"a": [float("nan")], "b": [[1.0, float("nan")]]}, seed=0)
+    assert np.isnan([stat["a"][k] for k in ("mean", "low", "high")]).all()
+    for k in ("mean", "low", "high"):
+        assert stat["b"][k][0] == 1.0 and np.isnan(stat["b"][k][1]), (k, stat["b"])
+
+
 def test_each_columns_interval_is_its_means_normal_interval():
     """Columns of standard deviations 1 to 1,000 side by side, single and in a block: the
     mean's bootstrap distribution is about normal with deviation s / sqrt(W), so the 95%
