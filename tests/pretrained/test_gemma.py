@@ -214,6 +214,10 @@ GEMMA3 = config_of("gemma3-tiny")
             r"'layer_types' must list 2 layers, got \['full_attention'\]",
         ),
         (
+            {**GEMMA2, "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
+            r"'layer_types' must list 2 layers, got \['sliding_attention', ",
+        ),
+        (
             {**GEMMA2, "layer_types": ["full_attention", "chunked_attention"]},
             r"'layer_types' must be one of \['full_attention', 'sliding_attention'\], "
             "got 'chunked_attention'",
@@ -244,6 +248,10 @@ GEMMA3 = config_of("gemma3-tiny")
         ),
         (
             {**GEMMA3, "rope_parameters": {"rope_type": "default"}},
+            r"'rope_parameters' of a Gemma 3 model must be keyed by layer type",
+        ),
+        (
+            {**GEMMA3, "rope_parameters": {**GEMMA3["rope_parameters"], "rope_theta": 1e4}},
             r"'rope_parameters' of a Gemma 3 model must be keyed by layer type",
         ),
         (

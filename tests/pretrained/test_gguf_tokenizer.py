@@ -173,6 +173,19 @@ def test_eos_is_added_when_the_file_asks(tmp_path, spm):
     assert ids(both, "", special=True) == [1, 2]
 
 
+def test_eos_takes_llama_cpp_default_id_when_the_file_names_none(tmp_path, spm):
+    unnamed = tokenizer(with_metadata(SPM, tmp_path, add_eos_token=True, eos_token_id=None))
+    assert ids(unnamed, "Hello", special=True) == [1, *ids(spm, "Hello"), 2]
+    assert ids(unnamed, "", special=True) == [1, 2]
+
+
+def test_a_pair_of_texts_gets_bos_and_eos_around_each(tmp_path, spm):
+    both = tokenizer(with_metadata(SPM, tmp_path, add_eos_token=True))
+    hello, world = ids(spm, "Hello"), ids(spm, "world")
+    assert both.encode("Hello", "world").ids == [1, *hello, 2, 1, *world, 2]
+    assert spm.encode("Hello", "world").ids == [1, *hello, 1, *world]
+
+
 @pytest.mark.parametrize("pre,bos", [("gpt-2", False), ("qwen2", False), ("llama-bpe", True)])
 def test_byte_level_bpe_adds_bos_by_llama_cpp_defaults(tmp_path, pre, bos):
     tok = tokenizer(with_metadata(BPE, tmp_path, pre=pre))
@@ -320,3 +333,13 @@ def test_a_character_without_its_byte_tokens_becomes_the_unknown_token(tmp_path)
     assert ids(named, "a😀b") == [a, 3, b]
     # A character whose bytes are all tokens still becomes them.
     assert unsaid.encode("xΩ", add_special_tokens=False).tokens == ["▁x", "<0xCE>", "<0xA9>"]
+
+
+def test_an_empty_token_is_named_by_its_own_index(tmp_path):
+    """llama.cpp names an empty vocabulary entry `[EMPTY_<index>]`."""
+    tokens = list(gguf.GGUFReader(SPM).fields["tokenizer.ggml.tokens"].contents())
+    tokens[635] = tokens[639] = ""
+    tok = tokenizer(with_metadata(SPM, tmp_path, tokens=tokens))
+    assert tok.id_to_token(635) == "[EMPTY_635]"
+    assert tok.id_to_token(639) == "[EMPTY_639]"
+    assert tok.token_to_id("[EMPTY_639]") == 639
