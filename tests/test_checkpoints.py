@@ -56,6 +56,23 @@ def test_pt_goes_through_torch_load(monkeypatch):
     jax.tree.map(np.testing.assert_array_equal, params, from_npz)
 
 
+def test_pth_is_read_like_pt(tmp_path, monkeypatch):
+    calls = []
+
+    def load(path, map_location, weights_only):
+        calls.append(path.name)
+        with np.load(DATA / "4_heads_copy.npz") as data:
+            return {k: FakeTensor(data[k]) for k in data.files}
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(load=load))
+    path = tmp_path / "weights.pth"
+    path.write_bytes(b"")
+    _, params = checkpoints.import_reference(path, 4)
+    _, from_npz = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    assert calls == ["weights.pth"]
+    jax.tree.map(np.testing.assert_array_equal, params, from_npz)
+
+
 def test_pt_without_torch_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
     with pytest.raises(ImportError, match="4_heads_copy.pt needs the 'torch' package"):
@@ -147,3 +164,32 @@ def test_set_aside_keeps_every_damaged_copy_of_a_step(tmp_path):
     assert sorted(p.name for p in damaged.iterdir()) == ["step7", "step7-2", "step7-3"]
     # Each copy is its own save: the three folders are distinct and none is empty.
     assert all(any(t.iterdir()) for t in targets)
+
+
+def test_checksums_keep_only_the_steps_still_on_disk(tmp_path):
+    mgr = checkpoints.manager(tmp_path / "ck", save_every=1, keep=2)
+    for step in (1, 2, 3):
+        checkpoints.save(mgr, step, {"w": jnp.full((2,), float(step))})
+    sums = json.loads((tmp_path / "ck" / checkpoints.CHECKSUMS).read_text())
+    assert sorted(sums) == ["2", "3"]
+    assert sums["3"] == checkpoints.checksum({"w": jnp.full((2,), 3.0)})
+
+
+def test_load_step_zero_is_step_zero_not_the_latest(tmp_path):
+    mgr = checkpoints.manager(tmp_path / "ck", save_every=1, keep=5)
+    for step in (0, 5):
+        checkpoints.save(mgr, step, {"w": jnp.full((3,), float(step) + 1.0)})
+    step, state = checkpoints.load(tmp_path / "ck", 0)
+    assert step == 0
+    np.testing.assert_array_equal(state["w"], [1.0, 1.0, 1.0])
+    step, state = checkpoints.load(tmp_path / "ck")
+    assert step == 5
+    np.testing.assert_array_equal(state["w"], [6.0, 6.0, 6.0])
+
+
+def test_checksum_tells_apart_dtypes_with_the_same_bytes():
+    as_int = {"w": np.zeros(3, np.int32)}
+    as_float = {"w": np.zeros(3, np.float32)}
+    assert as_int["w"].tobytes() == as_float["w"].tobytes()
+    assert checkpoints.checksum(as_int) != checkpoints.checksum(as_float)
+    assert checkpoints.checksum(as_int) == checkpoints.checksum({"w": np.zeros(3, np.int32)})

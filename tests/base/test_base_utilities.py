@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -203,6 +204,27 @@ def test_read_json_lines_ignores_a_torn_last_line_but_names_a_bad_middle_one(tmp
         f"{path}:3: not a record (no step); skipped",
     ]
     assert files.read_json_lines(tmp_path / "absent.jsonl", ["step"], problems) == []
+
+
+def test_read_json_lines_reports_json_values_that_are_not_objects(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text('7\n"step"\n{"step": 2}\n')
+    problems = []
+    assert files.read_json_lines(path, ["step"], problems) == [{"step": 2}]
+    assert problems == [
+        f"{path}:1: not a record (no step); skipped",
+        f"{path}:2: not a record (no step); skipped",
+    ]
+
+
+def test_atomic_files_get_the_mode_of_an_ordinary_new_file(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    written = files.write_text(tmp_path / "out" / "atomic.txt", "x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(written.stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(written.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
 
 
 _KILLED_WRITER = """
