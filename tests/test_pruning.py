@@ -211,3 +211,43 @@ def test_greedy_orders_reject_a_horizon_that_is_not_a_positive_integer(order, ho
     attn = heads[None, None]  # one sequence, one layer, two heads of two tokens
     with pytest.raises(ValueError, match=rf"horizon must be an integer >= 1, got {horizon!r}"):
         order(attn, np.ones((1, 2)), horizon=horizon)
+
+
+def test_orders_rank_each_order_by_its_own_scores():
+    projection = np.array([[3.0, 1.0, 2.0], [1.0, 4.0, 9.0]])
+    gradient = np.array([[1.0, 2.0, 3.0], [6.0, 5.0, 1.0]])
+    sequences = [[(0.2, 0, 1), (0.5, 0, 2)], [(0.1, 1, 0), (0.3, 1, 2)]]
+    got = pruning.orders(projection, gradient, sequences, seed=3)
+    assert got["projection"] == [(1, 0), (0, 1), (1, 1), (0, 2)]
+    assert got["gradient"] == [(1, 2), (0, 0), (0, 1), (1, 1)]
+    assert got["fidelity"] == [(1, 0), (0, 1), (1, 2), (0, 2)]
+    random = got["random"]
+    assert len(set(random)) == 4 and sorted(layer for layer, _ in random) == [0, 0, 1, 1]
+    assert pruning.orders(projection, gradient, sequences, seed=3)["random"] == random
+
+
+def test_masked_scores_count_accuracy_on_predictable_positions_only(small):
+    module, params, tokens = small
+    masks = np.ones((2, 2, 4))
+    masks[1, 1] = 0.0
+    logits = np.asarray(module.apply({"params": params}, tokens), np.float64)
+    targets = logits.argmax(-1)
+    targets[0, 0] = (targets[0, 0] + 1) % 11  # the one wrong prediction
+    predictable = np.zeros(tokens.shape, bool)
+    predictable[:, 1::2] = True
+    predictable[0, 0] = True
+    examples = tasks.Examples(tokens, jnp.asarray(targets), jnp.asarray(predictable))
+    loss, accuracy = pruning.masked_scores(module, params, examples, masks)
+    assert loss.shape == accuracy.shape == (2,)
+    assert accuracy[0] == pytest.approx(18 / 19)
+    log_p = np.asarray(jax.nn.log_softmax(logits))
+    picked = np.take_along_axis(log_p, targets[..., None], axis=-1)
+    assert loss[0] == pytest.approx(-picked.mean(), rel=1e-5)
+    masked = np.asarray(module.apply({"params": params}, tokens, head_mask=masks[1]))
+    correct = (masked.argmax(-1) == targets) & predictable
+    assert accuracy[1] == pytest.approx(correct.sum() / 19)
+
+
+def test_area_integrates_over_the_share_of_heads_pruned():
+    assert pruning.area([1.0, 1.0, 0.2], [0, 1, 2], 4) == pytest.approx(0.4)
+    assert pruning.area([0.5, 0.5], [0, 6], 6) == pytest.approx(0.5)
