@@ -19,7 +19,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from beyondpar import model as model_lib
-from beyondpar.base import files
+from beyondpar.base import checks, files
 
 CHECKSUMS = "checksums.json"
 DAMAGED_DIR = "damaged_checkpoints"
@@ -192,7 +192,9 @@ def load(directory: str | os.PathLike, step: int | None = None) -> tuple[int, di
     device, whatever the number of devices or processes that saved it."""
     directory = Path(directory).absolute()
     if not list_steps(directory):
-        raise FileNotFoundError(f"directory must hold orbax checkpoints, got none in {directory}")
+        raise checks.MissingPathError(
+            f"directory must hold orbax checkpoints, got none in {directory}"
+        )
     options = ocp.CheckpointManagerOptions(create=False)
     with ocp.CheckpointManager(
         directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
@@ -320,7 +322,9 @@ def import_reference(path: str | os.PathLike, num_heads: int):
     """(module, params) of a checkpoint released with the paper (.npz or PyTorch .pt)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"path must be an existing checkpoint file, got {str(path)!r}")
+        raise checks.MissingPathError(
+            f"path must be an existing checkpoint file, got {str(path)!r}"
+        )
     state = {k: np.asarray(v, np.float32) for k, v in _read_state_dict(path).items()}
     cfg = config_from_state_dict(state, num_heads)
     return model_lib.Transformer(cfg), params_from_state_dict(state, cfg)

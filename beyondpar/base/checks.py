@@ -17,6 +17,12 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+class MissingPathError(FileNotFoundError, ValueError):
+    """A path argument that names no file or folder the call can read. A ValueError like
+    every other bad argument (the project's convention), and a FileNotFoundError for code
+    that catches those."""
+
+
 _warned_float64 = False
 
 

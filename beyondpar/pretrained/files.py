@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from beyondpar.base import checks
+
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
 WEIGHTS = "model.safetensors"
@@ -48,14 +50,14 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
         return path
     name = str(path_or_name)
     if path.exists() or not _NAME.match(name):
-        raise FileNotFoundError(
+        raise checks.MissingPathError(
             f"path_or_name must be a checkpoint folder or a model name, got {name!r}"
         )
     repo = hub_cache() / f"models--{name.replace('/', '--')}"
     ref = repo / "refs" / "main"
     snapshot = repo / "snapshots" / ref.read_text().strip() if ref.is_file() else None
     if snapshot is None or not snapshot.is_dir():
-        raise FileNotFoundError(
+        raise checks.MissingPathError(
             f"model {name!r} is neither a folder nor in the local Hugging Face cache: looked for "
             f"{ref} -> {repo / 'snapshots'}/<hash>/ (cache set by HF_HUB_CACHE or HF_HOME); "
             "nothing is downloaded, see the README for getting weights into the cache"
@@ -66,7 +68,7 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
 def read_config(folder: Path) -> dict:
     path = folder / CONFIG
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint folder must hold {CONFIG}, got none in {folder}")
+        raise checks.MissingPathError(f"checkpoint folder must hold {CONFIG}, got none in {folder}")
     config = _read_json(path)
     if not isinstance(config, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
@@ -90,11 +92,13 @@ def shard_files(folder: Path) -> dict[str, Path]:
         shards = {name: folder / file for name, file in weight_map.items()}
         missing = sorted({str(p.name) for p in shards.values() if not p.is_file()})
         if missing:
-            raise FileNotFoundError(f"{INDEX} in {folder} lists shards that are absent: {missing}")
+            raise checks.MissingPathError(
+                f"{INDEX} in {folder} lists shards that are absent: {missing}"
+            )
         return shards
     single = folder / WEIGHTS
     if not single.is_file():
-        raise FileNotFoundError(
+        raise checks.MissingPathError(
             f"checkpoint folder must hold {WEIGHTS} or {INDEX} with its shards, "
             f"got neither in {folder}"
         )
@@ -163,7 +167,9 @@ def _open_safetensors(path: Path):
 def read_tokenizer(folder: Path):
     path = folder / TOKENIZER
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint folder must hold {TOKENIZER}, got none in {folder}")
+        raise checks.MissingPathError(
+            f"checkpoint folder must hold {TOKENIZER}, got none in {folder}"
+        )
     from tokenizers import Tokenizer
 
     try:

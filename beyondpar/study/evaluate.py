@@ -22,7 +22,7 @@ import tqdm
 
 from beyondpar import checkpoints, metrics, pruning, synergy, tasks
 from beyondpar import model as model_lib
-from beyondpar.base import files, locks, parallel
+from beyondpar.base import checks, files, locks, parallel
 from beyondpar.study import config_lib, pruning_curves
 from beyondpar.study import workdir as workdir_lib
 
@@ -291,10 +291,10 @@ def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool
         raise ValueError(f"steps must be 'latest' or 'all', got {steps!r}")
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"runs directory must exist, got {str(root)!r}")
+        raise checks.MissingPathError(f"runs directory must exist, got {str(root)!r}")
     runs = find_runs(root)
     if not runs:
-        raise FileNotFoundError(
+        raise checks.MissingPathError(
             f"no runs under {root}: looked for folders holding {workdir_lib.CONFIG_FILE} and "
             f"{workdir_lib.CHECKPOINT_DIR}/"
         )
@@ -353,7 +353,7 @@ def reference_files(folder: str | os.PathLike) -> list[Path]:
     """`<H>_heads_<task>.npz|.pt` in a folder (a .pt beside its .npz is the same weights)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"reference folder must exist, got {str(folder)!r}")
+        raise checks.MissingPathError(f"reference folder must exist, got {str(folder)!r}")
     paths = sorted(
         p
         for p in folder.iterdir()
@@ -361,7 +361,7 @@ def reference_files(folder: str | os.PathLike) -> list[Path]:
     )
     paths = [p for p in paths if not (p.suffix == ".pt" and p.with_suffix(".npz") in paths)]
     if not paths:
-        raise FileNotFoundError(f"no <H>_heads_<task>.npz or .pt files in {folder}")
+        raise checks.MissingPathError(f"no <H>_heads_<task>.npz or .pt files in {folder}")
     return paths
 
 
