@@ -30,12 +30,20 @@ def amplification(per_head_fidelity_xH, combined_fidelity):
     `per_head_fidelity_xH` (..., H) holds each head's own minimax fidelity and
     `combined_fidelity` (...) that of the mixed operator; gain = combined - best.
     """
-    best = jnp.max(per_head_fidelity_xH, axis=-1)
-    return {
-        "best_individual": best,
-        "combined": combined_fidelity,
-        "gain": combined_fidelity - best,
-    }
+    per_head = checks.as_float_array("per_head_fidelity_xH", per_head_fidelity_xH)
+    combined = checks.as_float_array("combined_fidelity", combined_fidelity)
+    if per_head.ndim < 1 or per_head.shape[-1] < 1:
+        raise ValueError(
+            "per_head_fidelity_xH must end in an axis of at least one head, "
+            f"got shape {per_head.shape}"
+        )
+    if combined.shape != per_head.shape[:-1]:
+        raise ValueError(
+            f"combined_fidelity must have shape {per_head.shape[:-1]} (one value per "
+            f"row of per_head_fidelity_xH), got shape {combined.shape}"
+        )
+    best = jnp.max(per_head, axis=-1)
+    return {"best_individual": best, "combined": combined, "gain": combined - best}
 
 
 def check_heads(attn, validate: bool = True) -> jax.Array:

@@ -32,6 +32,30 @@ def test_pairwise_synergy_batches_and_matches_amplification():
         synergy.pairwise_synergy(np.eye(3))
 
 
+def test_amplification_takes_lists_and_batches_of_heads():
+    amp = synergy.amplification([0.375, 0.25], 5 / 12)
+    np.testing.assert_allclose(amp["best_individual"], 0.375)
+    np.testing.assert_allclose(amp["gain"], 5 / 12 - 0.375)
+    batch = synergy.amplification([[0.1, 0.3, 0.2], [0.5, 0.4, 0.6]], [0.35, 0.55])
+    np.testing.assert_allclose(batch["best_individual"], [0.3, 0.6])
+    np.testing.assert_allclose(batch["combined"], [0.35, 0.55])
+    np.testing.assert_allclose(batch["gain"], [0.05, -0.05], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "per_head, combined, message",
+    [
+        ([0.3, 0.2], [0.4, 0.5], r"combined_fidelity must have shape \(\) .* got shape \(2,\)"),
+        ([[0.3, 0.2]], 0.4, r"combined_fidelity must have shape \(1,\) .* got shape \(\)"),
+        ([], 0.4, r"per_head_fidelity_xH must end in an axis of at least one head, got shape"),
+        (0.3, 0.4, r"per_head_fidelity_xH must end in an axis .* got shape \(\)"),
+    ],
+)
+def test_amplification_names_the_argument_of_a_bad_shape(per_head, combined, message):
+    with pytest.raises(ValueError, match=message):
+        synergy.amplification(per_head, combined)
+
+
 def example2_heads():
     ops = worked_example.operators()
     return jnp.stack([ops["head1"], ops["head2"]])
