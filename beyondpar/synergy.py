@@ -55,14 +55,15 @@ def check_heads(attn, validate: bool = True) -> jax.Array:
     return metrics.check_operator(a, "attn") if validate else a
 
 
-def pairwise_synergy(attn_xHxTxT, horizon: int = 100):
-    """(..., H, H): minimax fidelity of each 50/50 pair of heads minus the better head.
+def pairwise_synergy(attn, horizon: int = 100):
+    """(..., H, H) from attention `attn` (..., H, T, T): minimax fidelity of each 50/50 pair
+    of heads minus the better head.
 
     Positive entries are pairs that together keep more of every token than either alone
     (the paper's Example 2 pair gains 5/12 - 3/8 = 1/24); the diagonal is 0. The H heads
     and the H (H - 1) / 2 distinct pairs go through the metric kernels as one batch.
     """
-    attn = check_heads(attn_xHxTxT)
+    attn = check_heads(attn)
     horizon = checks.positive_int("horizon", horizon)
     # The pairs mix checked heads: row-stochastic without a second check, and causal
     # when the heads are (one pass over H operators, not over all H + H (H - 1) / 2).
@@ -92,12 +93,13 @@ def _pair_gains(fidelity, h: int):
     return out.at[..., rows, cols].set(gain).at[..., cols, rows].set(gain)
 
 
-def head_diversity(attn_xHxTxT, validate: bool = True, causal: bool | None = None) -> jax.Array:
-    """Mean over head pairs and query rows of the total-variation distance between the two
-    heads' attention rows: 0 for identical heads, 1 for disjoint supports (0 for H = 1).
+def head_diversity(attn, validate: bool = True, causal: bool | None = None) -> jax.Array:
+    """(...) from attention `attn` (..., H, T, T): mean over head pairs and query rows of the
+    total-variation distance between the two heads' attention rows: 0 for identical heads,
+    1 for disjoint supports (0 for H = 1).
     `validate` False skips the check of attention already checked; `causal` says whether
     it is lower triangular when the caller knows (None: checked, one pass)."""
-    attn = check_heads(attn_xHxTxT, validate)
+    attn = check_heads(attn, validate)
     long = attn.shape[-1] >= 8
     # Causal rows read only earlier keys: each block of rows skips the keys after it.
     blocks = (
@@ -123,11 +125,10 @@ def _diversity(attn, row_blocks: int):
     return 0.5 * total / (t * h * (h - 1) / 2)
 
 
-def cross_head_share(
-    attn_xHxTxT, weights_xH, horizon: int = 100, validate: bool = True
-) -> jax.Array:
-    """(..., T): share of each token's sink signal, at the step that attains its fidelity,
-    carried by paths that use edges of more than one head.
+def cross_head_share(attn, weights, horizon: int = 100, validate: bool = True) -> jax.Array:
+    """(..., T) from attention `attn` (..., H, T, T) mixed with `weights` (..., H): the share
+    of each token's sink signal, at the step that attains its fidelity, carried by paths
+    that use edges of more than one head.
 
     With C = sum_h w_h A_h, s_t = e_tau^T C^t and the single-head part
     p_t = sum_h w_h^t e_tau^T A_h^t: share[j] = 1 - p_{t_j}[j] / s_{t_j}[j] at
@@ -135,8 +136,8 @@ def cross_head_share(
     mix and of every head come from one kernel call, never a T x T power. `validate`
     False: as in `head_diversity`.
     """
-    attn = check_heads(attn_xHxTxT, validate)
-    w = graphs.normalize_weights(weights_xH, attn.shape[-3], "weights_xH").astype(attn.dtype)
+    attn = check_heads(attn, validate)
+    w = graphs.normalize_weights(weights, attn.shape[-3]).astype(attn.dtype)
     horizon = checks.positive_int("horizon", horizon)
     mixed = jnp.einsum("...h,...hij->...ij", w, attn)
     ops = jnp.concatenate([mixed[..., None, :, :], attn], axis=-3)

@@ -174,7 +174,7 @@ def test_optimal_weights_never_lose_to_a_start_and_batch_over_layers():
         ),
         (
             lambda a: synergy.cross_head_share(a, [1.0, 1.0, 1.0]),
-            "weights_xH must have last dimension num_heads=2",
+            "weights must have last dimension num_heads=2",
         ),
         (
             lambda a: synergy.cross_head_share(a, [1.0, 1.0], horizon=0),
@@ -357,3 +357,23 @@ def test_pairwise_synergy_follows_mass_that_returns_to_later_tokens():
             assert pair == pytest.approx(0.5 * (ps[i] + ps[j]), abs=1e-12)
             want = pair - max(alone[i], alone[j])
             assert got[i, j] == pytest.approx(want, abs=1e-12) and got[j, i] == got[i, j]
+
+
+def test_public_functions_take_attention_and_weights_by_the_same_keywords():
+    """One name per concept across the public API: `attn` and `weights`, as in
+    graphs.combine_heads and synergy.optimal_weights."""
+    attn = graphs.random_causal(3, (2,), 8, dtype=np.float64)
+    w = np.array([0.25, 0.75])
+    np.testing.assert_array_equal(
+        synergy.head_diversity(attn=attn, validate=True), synergy.head_diversity(attn)
+    )
+    np.testing.assert_array_equal(
+        synergy.pairwise_synergy(attn=attn, horizon=12), synergy.pairwise_synergy(attn, 12)
+    )
+    np.testing.assert_array_equal(
+        synergy.cross_head_share(attn=attn, weights=w, horizon=12),
+        synergy.cross_head_share(attn, w, 12),
+    )
+    np.testing.assert_array_equal(
+        graphs.combine_heads(attn=attn, weights=w), graphs.combine_heads(attn, w)
+    )
