@@ -322,8 +322,8 @@ def import_reference(path: str | os.PathLike, num_heads: int):
     """(module, params) of a checkpoint released with the paper (.npz or PyTorch .pt)."""
     path = Path(path)
     if not path.is_file():
-        raise checks.MissingPathError(
-            f"path must be an existing checkpoint file, got {str(path)!r}"
+        raise checks.path_error(
+            path, f"path must be an existing checkpoint file, got {str(path)!r}"
         )
     state = {k: np.asarray(v, np.float32) for k, v in _read_state_dict(path).items()}
     cfg = config_from_state_dict(state, num_heads)

@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, model, pretrained
-from beyondpar.study import config_lib, evaluate
+from beyondpar import checkpoints, model
 from conftest import DATA
 
 
@@ -194,23 +193,3 @@ def test_checksum_tells_apart_dtypes_with_the_same_bytes():
     assert as_int["w"].tobytes() == as_float["w"].tobytes()
     assert checkpoints.checksum(as_int) != checkpoints.checksum(as_float)
     assert checkpoints.checksum(as_int) == checkpoints.checksum({"w": np.zeros(3, np.int32)})
-
-
-@pytest.mark.parametrize(
-    "call, message",
-    [
-        (lambda p: checkpoints.load(p), "directory must hold orbax checkpoints, got none in"),
-        (lambda p: checkpoints.import_reference(p / "4_heads_copy.npz", 4), "existing checkpoint"),
-        (lambda p: pretrained.load(p / "model"), "must be a checkpoint folder or a model name"),
-        (lambda p: pretrained.load(p), "checkpoint folder must hold config.json, got none"),
-        (lambda p: evaluate.reference_files(p / "reference"), "reference folder must exist"),
-        (lambda p: evaluate.reference_files(p), r"no <H>_heads_<task>.npz or .pt files"),
-        (lambda p: config_lib.load_config_file(p / "cpu.py"), "must be an existing file"),
-    ],
-)
-def test_missing_paths_are_value_errors_that_name_the_argument(tmp_path, call, message):
-    """A path that names nothing is a bad argument like any other (ValueError), and still a
-    FileNotFoundError for code that catches those."""
-    with pytest.raises(ValueError, match=message) as raised:
-        call(tmp_path)
-    assert isinstance(raised.value, FileNotFoundError)

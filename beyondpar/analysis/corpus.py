@@ -42,16 +42,22 @@ class Windows:
     sources: list[str]
 
 
+def _corpus_path(path: str | os.PathLike) -> Path:
+    """`path` expanded, refused unless it is a file or a folder (named as the flag)."""
+    path = Path(path).expanduser()
+    if not (path.is_dir() or path.is_file()):
+        raise checks.path_error(path, f"--corpus {path} is neither a file nor a folder")
+    return path
+
+
 def read_documents(path: str | os.PathLike) -> list[Document]:
     """The documents of a corpus path, in file order (folders: files sorted by name)."""
-    path = Path(path).expanduser()
+    path = _corpus_path(path)
     if path.is_dir():
         found = _folder_files(path)
         if not found:
             raise ValueError(f"--corpus folder {path} holds no .txt file")
         docs = [Document(str(p), _read_text(p)) for p in found]
-    elif not path.is_file():
-        raise ValueError(f"--corpus {path} is neither a file nor a folder")
     elif path.suffix == ".jsonl":
         docs = _jsonl_documents(path)
     elif path.suffix == ".txt":
@@ -101,7 +107,7 @@ def _jsonl_documents(path: Path) -> list[Document]:
 
 def fingerprint(path: str | os.PathLike) -> str:
     """SHA-256 over the corpus files' names and bytes: a changed corpus is another run."""
-    path = Path(path).expanduser()
+    path = _corpus_path(path)
     paths = _folder_files(path) if path.is_dir() else [path]
     digest = hashlib.sha256()
     for p in paths:

@@ -6,6 +6,7 @@ Each raises ValueError naming the argument, what it must be and what it got.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,13 @@ class MissingPathError(FileNotFoundError, ValueError):
     """A path argument that names no file or folder the call can read. A ValueError like
     every other bad argument (the project's convention), and a FileNotFoundError for code
     that catches those."""
+
+
+def path_error(path, message: str) -> ValueError:
+    """The error for a path argument that is not what the call reads: MissingPathError
+    when nothing is there, a plain ValueError when something of the wrong kind is (a
+    folder where a file must be, or the reverse)."""
+    return ValueError(message) if Path(path).exists() else MissingPathError(message)
 
 
 _warned_float64 = False

@@ -50,8 +50,8 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
         return path
     name = str(path_or_name)
     if path.exists() or not _NAME.match(name):
-        raise checks.MissingPathError(
-            f"path_or_name must be a checkpoint folder or a model name, got {name!r}"
+        raise checks.path_error(
+            path, f"path_or_name must be a checkpoint folder or a model name, got {name!r}"
         )
     repo = hub_cache() / f"models--{name.replace('/', '--')}"
     ref = repo / "refs" / "main"
@@ -68,7 +68,7 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
 def read_config(folder: Path) -> dict:
     path = folder / CONFIG
     if not path.is_file():
-        raise checks.MissingPathError(f"checkpoint folder must hold {CONFIG}, got none in {folder}")
+        raise checks.path_error(path, f"checkpoint folder must hold {CONFIG}, got none in {folder}")
     config = _read_json(path)
     if not isinstance(config, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
@@ -98,9 +98,10 @@ def shard_files(folder: Path) -> dict[str, Path]:
         return shards
     single = folder / WEIGHTS
     if not single.is_file():
-        raise checks.MissingPathError(
+        raise checks.path_error(
+            single,
             f"checkpoint folder must hold {WEIGHTS} or {INDEX} with its shards, "
-            f"got neither in {folder}"
+            f"got neither in {folder}",
         )
     with _open_safetensors(single) as f:
         return {name: single for name in f.keys()}  # noqa: SIM118 - not a dict
@@ -167,8 +168,8 @@ def _open_safetensors(path: Path):
 def read_tokenizer(folder: Path):
     path = folder / TOKENIZER
     if not path.is_file():
-        raise checks.MissingPathError(
-            f"checkpoint folder must hold {TOKENIZER}, got none in {folder}"
+        raise checks.path_error(
+            path, f"checkpoint folder must hold {TOKENIZER}, got none in {folder}"
         )
     from tokenizers import Tokenizer
 

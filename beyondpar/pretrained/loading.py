@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import tqdm
 from jax.sharding import NamedSharding
 
-from beyondpar.base import parallel
+from beyondpar.base import checks, parallel
 from beyondpar.pretrained import files, gemma, gguf_file, gpt2, gpt_neox, llama, phi3, sharding
 
 FAMILIES: dict[str, ModuleType] = {
@@ -82,7 +82,9 @@ def load_gguf(path: str | os.PathLike, dtype=None, mesh=None, progress: bool = T
 
 
 def _not_gguf(path):
-    raise ValueError(f"path must be a GGUF file or a folder holding one, got {str(path)!r}")
+    raise checks.path_error(
+        path, f"path must be a GGUF file or a folder holding one, got {str(path)!r}"
+    )
 
 
 def _stored_names(names: list[str], available: set, layouts) -> list[str]:

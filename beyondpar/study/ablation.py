@@ -16,7 +16,7 @@ import ml_collections
 import tqdm
 
 from beyondpar import checkpoints
-from beyondpar.base import locks
+from beyondpar.base import checks, locks
 from beyondpar.study import config_lib, evaluate, report, train
 from beyondpar.study import workdir as workdir_lib
 
@@ -77,6 +77,8 @@ def validated_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_colle
         try:
             configs[name] = run_config(ablation, point)
             check_point(configs[name])
+        except checks.MissingPathError:
+            raise  # the base config: one error for the whole grid, not one per point
         except (ValueError, TypeError) as err:
             errors.append(f"  {name}: {err}")
     if errors:

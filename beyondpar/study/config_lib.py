@@ -154,7 +154,7 @@ def load_config_file(path: str | os.PathLike, arg: str | None = None) -> ml_coll
     """`get_config(arg)` of a config file, as config_flags would load it."""
     path = Path(path)
     if not path.is_file():
-        raise checks.MissingPathError(f"base config must be an existing file, got {str(path)!r}")
+        raise checks.path_error(path, f"base config must be an existing file, got {str(path)!r}")
     spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ml_collections
 
-from beyondpar.base import files, settings
+from beyondpar.base import checks, files, settings
 
 CONFIG_FILE = "config.json"  # the run's config, rewritten atomically on allowed changes
 HISTORY_FILE = "config_history.jsonl"  # every allowed change, with the step it came at
@@ -42,6 +42,8 @@ def is_mutable(field: str) -> bool:
 def read_config(path: str | os.PathLike) -> dict:
     """A run's config.json; a garbled one is a ValueError naming the file."""
     file = Path(path) / CONFIG_FILE
+    if not file.is_file():
+        raise checks.path_error(file, f"a run folder must hold {CONFIG_FILE}, got none in {path}")
     try:
         data = json.loads(file.read_text())
     except json.JSONDecodeError as err:

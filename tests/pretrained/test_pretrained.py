@@ -287,6 +287,14 @@ def test_bad_folders_name_what_is_missing(tmp_path):
         pretrained.load(tmp_path / "no" / "such" / "folder")
 
 
+def test_missing_tokenizer_is_a_value_error_and_a_file_not_found_error(tmp_path):
+    folder = copy_checkpoint("gpt2-tiny", tmp_path)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="must hold tokenizer.json, got none") as raised:
+        pretrained.load(folder)
+    assert isinstance(raised.value, FileNotFoundError)
+
+
 def test_wrong_tensor_shape_is_named(tmp_path):
     def shrink(weights):
         weights["transformer.h.1.mlp.c_fc.weight"] = weights["transformer.h.1.mlp.c_fc.weight"][

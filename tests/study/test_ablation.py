@@ -95,6 +95,14 @@ def test_bad_grid():
         config_lib.load_config_file("configs/nope.py")
 
 
+def test_a_missing_base_config_is_one_error_for_the_whole_grid(tmp_path):
+    config = smoke_ablation()
+    config.base = str(tmp_path / "nope.py")
+    with pytest.raises(FileNotFoundError, match=r"^base config must be an existing file") as err:
+        ablation.dry_run(config, tmp_path / "runs")
+    assert isinstance(err.value, ValueError) and "grid points" not in str(err.value)
+
+
 @pytest.mark.slow
 def test_ablate_cli(tmp_path):
     args = [
