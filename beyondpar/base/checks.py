@@ -41,7 +41,7 @@ def as_float_array(name: str, x) -> jax.Array:
     """
     global _warned_float64
     if isinstance(x, (list, tuple)):
-        x = np.asarray(x)
+        x = jnp.asarray(x)  # Python numbers take JAX's default dtypes: no float64 to warn of
     dtype = getattr(x, "dtype", None)
     if dtype == np.float64 and not jax.config.jax_enable_x64 and not _warned_float64:
         _warned_float64 = True

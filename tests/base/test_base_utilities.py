@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 import types
+import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,6 +20,19 @@ import pytest
 from beyondpar.base import checks, cli, files, locks, settings, timing
 
 # ------------------------------------------------------------------ argument checks
+
+
+def test_lists_of_python_floats_are_not_float64_arrays_in_float32_mode(monkeypatch):
+    """Python numbers take JAX's default dtype: in float32 mode a list is float32 and says
+    nothing, while a float64 array is named once, before it is rounded."""
+    monkeypatch.setattr(checks, "_warned_float64", False)
+    with jax.enable_x64(False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert checks.as_float_array("weights", [0.25, 0.75]).dtype == np.float32
+            assert checks.as_float_array("weights", ([1, 2], [3, 4])).dtype == np.float32
+        with pytest.warns(UserWarning, match="weights is float64 but JAX runs in float32 mode"):
+            assert checks.as_float_array("weights", np.array([0.25])).dtype == np.float32
 
 
 def test_positive_int_rejects_zero_and_names_the_argument():
@@ -217,14 +232,18 @@ def test_read_json_lines_reports_json_values_that_are_not_objects(tmp_path):
     ]
 
 
-def test_atomic_files_get_the_mode_of_an_ordinary_new_file(tmp_path):
-    plain = tmp_path / "plain.txt"
-    plain.write_text("x")
-    written = files.write_text(tmp_path / "out" / "atomic.txt", "x")
-    umask = os.umask(0)
-    os.umask(umask)
-    assert stat.S_IMODE(written.stat().st_mode) == 0o666 & ~umask
-    assert stat.S_IMODE(written.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
+def test_atomic_files_get_the_mode_of_an_ordinary_new_file(tmp_path, monkeypatch):
+    """Under the usual umask 022 a new file is 0644, where a temporary file is 0600."""
+    monkeypatch.setattr(files, "_UMASK", 0o022)  # read once, when the module is imported
+    previous = os.umask(0o022)
+    try:
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+        written = files.write_text(tmp_path / "out" / "atomic.txt", "x")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644
+    assert stat.S_IMODE(plain.stat().st_mode) == 0o644
 
 
 _KILLED_WRITER = """
