@@ -168,24 +168,26 @@ def _rollout_sink(ops_LxTxT):
     return jax.lax.scan(step, sink, ops)[0]
 
 
-def sink_mass(attn_xTxT, sink_tokens: int = 1) -> jax.Array:
-    """(...): mean over queries of the attention on the first `sink_tokens` keys.
+def sink_mass(attn, sink_tokens: int = 1) -> jax.Array:
+    """(...) from attention `attn` (..., T, T): mean over queries of the attention on the
+    first `sink_tokens` keys.
 
     Trained language models park attention on the first token (an attention sink);
     a head whose sink mass is near 1 moves almost nothing between the other tokens.
     """
-    a = checks.square_matrices("attn", attn_xTxT)
+    a = checks.square_matrices("attn", attn)
     k = checks.positive_int("sink_tokens", sink_tokens)
     if k > a.shape[-1]:
         raise ValueError(f"sink_tokens must be at most T={a.shape[-1]}, got {k}")
     return jnp.mean(jnp.sum(a[..., :k], axis=-1), axis=-1)
 
 
-def drop_sink_tokens(attn_xTxT, sink_tokens: int) -> jax.Array:
-    """(..., T - k, T - k): the graph without the first k tokens, each row renormalised over
-    the keys that remain. A row that put all its attention on the dropped tokens keeps
-    its own token (a self-loop), so every row still sums to 1."""
-    a = checks.square_matrices("attn", attn_xTxT)
+def drop_sink_tokens(attn, sink_tokens: int) -> jax.Array:
+    """(..., T - k, T - k) from attention `attn` (..., T, T): the graph without the first k
+    tokens, each row renormalised over the keys that remain. A row that put all its
+    attention on the dropped tokens keeps its own token (a self-loop), so every row still
+    sums to 1."""
+    a = checks.square_matrices("attn", attn)
     t = a.shape[-1]
     if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int):
         raise ValueError(f"sink_tokens must be an integer, got {sink_tokens!r}")

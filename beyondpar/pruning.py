@@ -133,25 +133,27 @@ def orders(importances_LxH, gradient_LxH, fidelity_sequences, seed: int = 0) -> 
     }
 
 
-def fidelity_order(attn_NxLxHxTxT, importances_LxH, horizon: int = 100):
-    """Greedy global order: at each step the head whose removal lowers its layer's mean
+def fidelity_order(attn, importances, horizon: int = 100):
+    """Greedy global order over attention `attn` (N, L, H, T, T) with learned head weights
+    `importances` (L, H): at each step the head whose removal lowers its layer's mean
     minimax fidelity least (mix of the remaining heads, learned weights renormalised).
 
     Layers are independent here, so each layer's greedy sequence is found in H - 1 batched
     rounds over all layers at once and the sequences are merged by their losses.
     """
-    return merge_sequences(greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon))
+    return merge_sequences(greedy_sequences(attn, importances, horizon))
 
 
-def greedy_sequences(attn_NxLxHxTxT, importances_LxH, horizon: int = 100) -> list[list]:
-    """Per layer, [(fidelity lost, layer, head), ...] in greedy removal order."""
+def greedy_sequences(attn, importances, horizon: int = 100) -> list[list]:
+    """Per layer of attention `attn` (N, L, H, T, T) with head weights `importances` (L, H):
+    [(fidelity lost, layer, head), ...] in greedy removal order."""
     horizon = checks.positive_int("horizon", horizon)
     # Checked once: every candidate below is a convex mix of these rows.
-    attn = metrics.check_operator(attn_NxLxHxTxT, "attn_NxLxHxTxT")
+    attn = metrics.check_operator(attn, "attn")
     causal = metrics.is_causal(attn)  # and so is every mix: not checked again each round
     num_layers, num_heads = attn.shape[1], attn.shape[2]
     attn = _layers_first(attn)
-    imp = np.asarray(importances_LxH, np.float64)
+    imp = np.asarray(importances, np.float64)
     alive = np.ones((num_layers, num_heads), bool)
     current = _mixed_fidelity(attn, imp[:, None, :], horizon, causal)[:, 0]
     per_layer = [[] for _ in range(num_layers)]

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import graphs, metrics, synergy, weighting
+from beyondpar import graphs, metrics, pruning, synergy, weighting
 from beyondpar.analysis import measures
 from beyondpar.study import worked_example
 
@@ -40,6 +40,15 @@ def test_amplification_takes_lists_and_batches_of_heads():
     np.testing.assert_allclose(batch["best_individual"], [0.3, 0.6])
     np.testing.assert_allclose(batch["combined"], [0.35, 0.55])
     np.testing.assert_allclose(batch["gain"], [0.05, -0.05], atol=1e-12)
+
+
+def test_amplification_of_a_single_head_has_no_gain_over_itself():
+    amp = synergy.amplification([0.4], 0.4)
+    np.testing.assert_allclose(amp["best_individual"], 0.4)
+    np.testing.assert_allclose(amp["gain"], 0.0)
+    batch = synergy.amplification([[0.2], [0.7]], [0.5, 0.6])
+    np.testing.assert_allclose(batch["best_individual"], [0.2, 0.7])
+    np.testing.assert_allclose(batch["gain"], [0.3, -0.1], atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -360,8 +369,8 @@ def test_pairwise_synergy_follows_mass_that_returns_to_later_tokens():
 
 
 def test_public_functions_take_attention_and_weights_by_the_same_keywords():
-    """One name per concept across the public API: `attn` and `weights`, as in
-    graphs.combine_heads and synergy.optimal_weights."""
+    """One name per concept across the public API: `attn`, `weights` and `importances`,
+    as in graphs.combine_heads and synergy.optimal_weights."""
     attn = graphs.random_causal(3, (2,), 8, dtype=np.float64)
     w = np.array([0.25, 0.75])
     np.testing.assert_array_equal(
@@ -376,4 +385,12 @@ def test_public_functions_take_attention_and_weights_by_the_same_keywords():
     )
     np.testing.assert_array_equal(
         graphs.combine_heads(attn=attn, weights=w), graphs.combine_heads(attn, w)
+    )
+    np.testing.assert_array_equal(graphs.sink_mass(attn=attn), graphs.sink_mass(attn))
+    np.testing.assert_array_equal(
+        graphs.drop_sink_tokens(attn=attn, sink_tokens=1), graphs.drop_sink_tokens(attn, 1)
+    )
+    layers = attn[None, None]  # N x L x H x T x T
+    assert pruning.fidelity_order(attn=layers, importances=[w], horizon=12) == (
+        pruning.fidelity_order(layers, [w], 12)
     )
