@@ -213,6 +213,13 @@ def test_greedy_orders_reject_a_horizon_that_is_not_a_positive_integer(order, ho
         order(attn, np.ones((1, 2)), horizon=horizon)
 
 
+@pytest.mark.parametrize("order", [pruning.greedy_sequences, pruning.fidelity_order])
+def test_greedy_orders_name_attention_whose_rows_do_not_sum_to_one(order):
+    heads = np.array([[[1, 0], [0.2, 0.8]], [[1, 0], [0.6, 0.6]]], np.float32)
+    with pytest.raises(ValueError, match=r"^attn rows must sum to 1"):
+        order(attn=heads[None, None], importances=np.ones((1, 2)), horizon=5)
+
+
 def test_orders_rank_each_order_by_its_own_scores():
     projection = np.array([[3.0, 1.0, 2.0], [1.0, 4.0, 9.0]])
     gradient = np.array([[1.0, 2.0, 3.0], [6.0, 5.0, 1.0]])

@@ -35,6 +35,16 @@ def test_lists_of_python_floats_are_not_float64_arrays_in_float32_mode(monkeypat
             assert checks.as_float_array("weights", np.array([0.25])).dtype == np.float32
 
 
+def test_lists_and_tuples_of_float_arrays_keep_their_dtype_in_float64_mode():
+    with jax.enable_x64(True):
+        for stack in (list, tuple):
+            rows = stack([np.ones(2, np.float32), np.zeros(2, np.float32)])
+            assert checks.as_float_array("weights", rows).dtype == np.float32
+            halves = stack([np.ones(2, np.float16), np.zeros(2, np.float16)])
+            assert checks.as_float_array("weights", halves).dtype == np.float16
+            assert checks.as_float_array("weights", stack([1, 2])).dtype == np.float64
+
+
 def test_positive_int_rejects_zero_and_names_the_argument():
     """>= 1 means zero is refused, with the argument's name and the value in the message;
     one and numpy integers are accepted and come back as plain ints."""
