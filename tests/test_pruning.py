@@ -220,6 +220,19 @@ def test_greedy_orders_name_attention_whose_rows_do_not_sum_to_one(order):
         order(attn=heads[None, None], importances=np.ones((1, 2)), horizon=5)
 
 
+def test_greedy_orders_default_to_a_horizon_of_100_steps():
+    """Slowly mixing heads (strong self-attention) whose order within 10 steps differs
+    from that within 100: both greedy functions look 100 steps ahead unless told."""
+    rng = np.random.default_rng(0)
+    heads = np.tril(rng.random((1, 2, 3, 12, 12)) ** 4) + 20.0 * np.eye(12)
+    attn = (heads / heads.sum(-1, keepdims=True)).astype(np.float32)
+    weights = rng.random((2, 3))
+    within_100 = pruning.fidelity_order(attn, weights, horizon=100)
+    assert within_100 != pruning.fidelity_order(attn, weights, horizon=10)
+    assert pruning.fidelity_order(attn, weights) == within_100
+    assert pruning.merge_sequences(pruning.greedy_sequences(attn, weights)) == within_100
+
+
 def test_orders_rank_each_order_by_its_own_scores():
     projection = np.array([[3.0, 1.0, 2.0], [1.0, 4.0, 9.0]])
     gradient = np.array([[1.0, 2.0, 3.0], [6.0, 5.0, 1.0]])
