@@ -9,7 +9,7 @@ import pytest
 from beyondpar import checkpoints, pretrained
 from beyondpar.analysis import corpus
 from beyondpar.base import checks
-from beyondpar.pretrained import files
+from beyondpar.pretrained import files, gguf_file
 from beyondpar.study import config_lib, evaluate, workdir
 
 
@@ -44,6 +44,7 @@ MISSING = [
     (lambda p: corpus.fingerprint(p / "c.jsonl"), "--corpus .* is neither a file nor a folder"),
     (lambda p: pretrained.load_gguf(p / "m.gguf"), "must be a GGUF file or a folder holding one"),
     (lambda p: workdir.read_config(p), "a run folder must hold config.json, got none"),
+    (lambda p: gguf_file.GgufFile(p / "m.gguf"), "path must be an existing GGUF file, got"),
 ]
 
 
@@ -63,6 +64,7 @@ WRONG_KIND = [
     (lambda p: evaluate.reference_files(p / "notes.txt"), "reference folder must exist"),
     (lambda p: evaluate.evaluate_tree(p / "notes.txt"), "runs directory must exist"),
     (lambda p: config_lib.load_config_file(p), "base config must be an existing file"),
+    (lambda p: gguf_file.GgufFile(p), "path must be an existing GGUF file, got"),
 ]
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from beyondpar.base import checks
 from beyondpar.pretrained import files, gguf_header, gguf_quants, gguf_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
@@ -101,6 +102,8 @@ class GgufFile:
 
     def __init__(self, path: Path):
         self.path = path
+        if not Path(path).is_file():
+            raise checks.path_error(path, f"path must be an existing GGUF file, got {str(path)!r}")
         try:
             self.header = gguf_header.read(path)
         except (gguf_header.HeaderError, OSError) as err:
