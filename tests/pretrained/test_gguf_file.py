@@ -440,3 +440,24 @@ def test_a_llama_file_turning_part_of_each_head_is_the_scaled_rope_that_reads_th
     want, _ = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert np.abs(np.asarray(got) - expected("llama-tiny")["logits"]).max() > 1e-2
+
+
+def test_a_gguf_the_system_cannot_read_is_a_value_error_naming_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+
+    def refuse(p):
+        raise PermissionError(13, "Permission denied", str(p))
+
+    monkeypatch.setattr(gguf_file.gguf_header, "read", refuse)
+    with pytest.raises(ValueError, match=rf"GGUF file {path} cannot be read") as info:
+        gguf_file.GgufFile(path)
+    assert isinstance(info.value.__cause__, PermissionError)
+
+
+def test_find_expands_a_home_folder_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.gguf").write_bytes(b"")
+    assert gguf_file.find("~/models/m.gguf") == tmp_path / "models" / "m.gguf"
+    assert gguf_file.find("~/models") == tmp_path / "models" / "m.gguf"
