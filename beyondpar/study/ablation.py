@@ -7,6 +7,7 @@ skips what evaluation.jsonl already holds.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import shlex
@@ -16,7 +17,7 @@ import ml_collections
 import tqdm
 
 from beyondpar import checkpoints
-from beyondpar.base import checks, locks
+from beyondpar.base import locks
 from beyondpar.study import config_lib, evaluate, report, train
 from beyondpar.study import workdir as workdir_lib
 
@@ -53,8 +54,12 @@ def overrides(ablation: ml_collections.ConfigDict) -> dict:
     return {k: v for k, v in ablation.overrides.items() if v is not None}
 
 
-def run_config(ablation: ml_collections.ConfigDict, point: dict) -> ml_collections.ConfigDict:
-    config = config_lib.load_config_file(ablation.base, ablation.base_arg or None)
+def run_config(
+    ablation: ml_collections.ConfigDict, point: dict, base: ml_collections.ConfigDict | None = None
+) -> ml_collections.ConfigDict:
+    """The config of one grid point: a copy of `base` (default: the ablation's base config
+    file, read now) with the point's axes and the overrides set."""
+    config = _load_base(ablation) if base is None else copy.deepcopy(base)
     for label, value in point.items():
         _set_field(config, ablation.axes[label].split("."), value, f"axes.{label}")
     for field, value in overrides(ablation).items():
@@ -67,18 +72,23 @@ def check_point(config: ml_collections.ConfigDict) -> None:
     config_lib.validate(config)
 
 
+def _load_base(ablation: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The ablation's base config, read from its file."""
+    return config_lib.load_config_file(ablation.base, ablation.base_arg or None)
+
+
 def validated_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
     """{run name: config} for every point of the grid; a ValueError lists every invalid
-    point with its error before anything is trained."""
+    point with its error before anything is trained. The base config is read once: a bad
+    base is one error, not one per point."""
     configs, errors = {}, []
+    base = _load_base(ablation)
     points = grid(ablation)
     for point in points:
         name = run_name(point)
         try:
-            configs[name] = run_config(ablation, point)
+            configs[name] = run_config(ablation, point, base)
             check_point(configs[name])
-        except checks.MissingPathError:
-            raise  # the base config: one error for the whole grid, not one per point
         except (ValueError, TypeError) as err:
             errors.append(f"  {name}: {err}")
     if errors:

@@ -95,6 +95,13 @@ def test_bad_grid():
         config_lib.load_config_file("configs/nope.py")
 
 
+def test_each_grid_point_gets_its_own_copy_of_the_base_config():
+    configs = ablation.validated_configs(smoke_ablation())
+    assert sorted(c.model.num_heads for c in configs.values()) == [1, 2]
+    assert all(c.optim.num_epochs == 2 for c in configs.values())
+    assert len({id(c) for c in configs.values()}) == 2
+
+
 def test_a_missing_base_config_is_one_error_for_the_whole_grid(tmp_path):
     config = smoke_ablation()
     config.base = str(tmp_path / "nope.py")
