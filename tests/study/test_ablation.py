@@ -156,3 +156,9 @@ def test_run_reports_training_and_evaluation_failures_together(tmp_path, monkeyp
         ("heads-1_seed-3_task-cycle", "RuntimeError: loss is NaN at step 7"),
         ("heads-2_seed-3_task-cycle@?", "FileNotFoundError: no checkpoint saved"),
     ]
+
+
+def test_grid_values_are_cast_to_the_type_of_the_field():
+    run = ablation.run_config(smoke_ablation(), {"heads": "2", "seed": "1", "task": "copy"})
+    assert run.model.num_heads == 2 and type(run.model.num_heads) is int
+    assert run.seed == 1 and type(run.seed) is int
