@@ -4,11 +4,17 @@ Each XLA operation of the trace is named after its HLO instruction; the compiled
 maps that name to the JAX operation that made it (its `op_name`), which says whether it
 is forward (`jvp`) or backward (`transpose(jvp)`) work and in which module. Times are
 per step and per device (the trace holds every device's operations).
+
+An operation the compiler makes anew has no `op_name`: at one head XLA rewrites the
+attention's batched products (B x 1 x T x T) without the head axis, and they would count
+as unnamed work (a fifth of a 1-head step). A product or a reduction without one takes
+its name from the operations it reads (`op_names`).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import gzip
 import json
@@ -18,21 +24,110 @@ from collections.abc import Callable, Iterable
 
 import jax
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", re.M)
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
+_OPCODE = re.compile(r"\s*([\w\-]+)\(")
+_REFERENCE = re.compile(r"%([\w.\-]+)")
+_CALLS = re.compile(r"calls=%([\w.\-]+)")
+# What an unnamed operation is named after, the first that it (or what it calls) does.
+_WORK = {"dot": "dot_general", "convolution": "dot_general", "reduce": "reduce"}
 _OP_NAME = re.compile(r"op_name=\"([^\"]*)\"")
-_SOFTMAX_AND_DROPOUT = ("reduce_max", "reduce_sum", "exp", "div", "select_n", "Dropout")
+_SOFTMAX_AND_DROPOUT = ("reduce", "exp", "div", "select_n", "Dropout")
 UNNAMED = "other operations (copies, loops)"
 _COLLECTIVE_OPS = ("psum", "pmean", "all_gather", "psum_scatter")
 
 
 def op_names(compiled_text: str) -> dict[str, str | None]:
     """HLO instruction name -> the `op_name` of the JAX operation it came from (None when
-    the compiler made it without one)."""
-    names = {}
-    for m in _INSTRUCTION.finditer(compiled_text):
-        found = _OP_NAME.search(m.group(2))
-        names[m.group(1)] = found.group(1) if found else None
+    the compiler made it without one). A product (dot or convolution, alone or fused) or
+    a reduction without one is named `<module path>/dot_general` or `<module path>/reduce`
+    after the named operations it reads through unnamed ones: backward if any of them is
+    (forward work never reads backward results), else forward."""
+    instructions, work = _parse(compiled_text)
+    names = {name: instruction.op_name for name, instruction in instructions.items()}
+    for name, kind in work.items():
+        if names[name] is None:
+            names[name] = _inferred_name(instructions[name], instructions, kind)
     return names
+
+
+@dataclasses.dataclass(frozen=True)
+class _Instruction:
+    op_name: str | None
+    opcode: str
+    operands: tuple[str, ...]
+    calls: str | None  # the computation a fusion runs
+
+
+def _parse(compiled_text: str) -> tuple[dict[str, _Instruction], dict[str, str]]:
+    """(every instruction by name, {name: "dot_general" or "reduce"} of those that compute
+    a product or else a reduction, alone or in the computation they call)."""
+    instructions, bodies, current = {}, collections.defaultdict(set), None
+    for line in compiled_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            current = header.group(1)
+            continue
+        found = _INSTRUCTION.match(line)
+        if found:
+            instruction = _instruction(found.group(2))
+            instructions[found.group(1)] = instruction
+            bodies[current].add(instruction.opcode)
+    work = {}
+    for name, instruction in instructions.items():
+        opcodes = {instruction.opcode} | bodies.get(instruction.calls, set())
+        kind = next((kind for opcode, kind in _WORK.items() if opcode in opcodes), None)
+        if kind:
+            work[name] = kind
+    return instructions, work
+
+
+def _instruction(text: str) -> _Instruction:
+    """One instruction from the text after `%name = `: shape, opcode(operands), attributes."""
+    found = _OPCODE.match(text, _shape_end(text))
+    opcode, operands = "", ()
+    if found:
+        depth, end = 1, found.end()
+        while depth and end < len(text):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        opcode, operands = found.group(1), tuple(_REFERENCE.findall(text[found.end() : end]))
+    name, calls = _OP_NAME.search(text), _CALLS.search(text)
+    return _Instruction(
+        name.group(1) if name else None, opcode, operands, calls.group(1) if calls else None
+    )
+
+
+def _shape_end(text: str) -> int:
+    """Where an instruction's shape ends: a tuple's closing parenthesis, or the first space."""
+    if not text.startswith("("):
+        return max(text.find(" "), 0)
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return i + 1
+    return len(text)
+
+
+def _inferred_name(unnamed: _Instruction, instructions: dict, kind: str) -> str | None:
+    """`<module path>/<kind>` of the named operations `unnamed` reads (see `op_names`),
+    None when it reads none."""
+    named, queue, seen = [], collections.deque(unnamed.operands), set()
+    while queue:
+        operand = queue.popleft()
+        if operand in seen or operand not in instructions:
+            continue
+        seen.add(operand)
+        source = instructions[operand]
+        if source.op_name is None:
+            queue.extend(source.operands)
+        else:
+            named.append(source.op_name)
+    if not named:
+        return None
+    backward = [name for name in named if "transpose(jvp(" in name]
+    return f"{(backward or named)[0].rsplit('/', 1)[0]}/{kind}"
 
 
 def category(instruction: str, op_name: str | None) -> str:
