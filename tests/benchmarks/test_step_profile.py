@@ -160,3 +160,59 @@ def test_the_one_head_step_leaves_no_product_or_reduction_unnamed():
     assert [name for name in top_level if names[name] is None] == []
     kinds = collections.Counter(step_profile.category(n, names[n]) for n in dropped)
     assert kinds["forward: matmuls"] > 0 and kinds["backward: matmuls"] > 0
+
+
+FUSED = f"""
+HloModule jit_step_fn
+
+%fused_computation.7 (param_0.2: f32[2,4,8], param_1.3: f32[2,4,8]) -> f32[2,4] {{
+  %param_0.2 = f32[2,4,8]{{2,1,0}} parameter(0)
+  %param_1.3 = f32[2,4,8]{{2,1,0}} parameter(1)
+  %dot.5 = f32[2,4,4]{{2,1,0}} dot(%param_0.2, %param_1.3), lhs_batch_dims={{0}}
+  %constant.4 = f32[] constant(0)
+  ROOT %reduce.9 = f32[2,4]{{1,0}} reduce(%dot.5, %constant.4), to_apply=%add.2
+}}
+
+%fused_computation.8 (param_0.4: f32[2,4,8]) -> (f32[2,4], f32[2,4]) {{
+  %param_0.4 = f32[2,4,8]{{2,1,0}} parameter(0)
+  %constant.5 = f32[] constant(0)
+  %reduce.10 = f32[2,4]{{1,0}} reduce(%param_0.4, %constant.5), to_apply=%add.2
+  ROOT %tuple.3 = (f32[2,4]{{1,0}}, f32[2,4]{{1,0}}) tuple(%reduce.10, %reduce.10)
+}}
+
+ENTRY %main.2 (param.1: f32[2,4,8]) -> f32[2,4] {{
+  %param.1 = f32[2,4,8]{{2,1,0}} parameter(0)
+  %fwd = f32[2,4,8]{{2,1,0}} negate(%param.1), metadata={{op_name="{FWD}/mul"}}
+  %bwd = f32[2,4,8]{{2,1,0}} negate(%fwd), metadata={{op_name="{BWD}/div"}}
+  %product_fusion = f32[2,4]{{1,0}} fusion(%fwd, %fwd), kind=kOutput, calls=%fused_computation.7
+  %dot.8 = f32[2,4,4]{{2,1,0}} dot(%fwd, %param.1), lhs_batch_dims={{0}}, \
+control-predecessors={{%bwd}}
+  %sums = (f32[2,4]{{1,0}}, f32[2,4]{{1,0}}) fusion(%bwd), kind=kInput, calls=%fused_computation.8
+  ROOT %get-tuple-element.1 = f32[2,4]{{1,0}} get-tuple-element(%sums), index=0
+}}
+""".replace("\\\n", "")
+
+
+def test_a_fused_product_followed_by_a_reduction_counts_as_a_product():
+    names = step_profile.op_names(FUSED)
+    assert names["product_fusion"] == f"{FWD}/dot_general"
+    assert step_profile.category("product_fusion", names["product_fusion"]) == "forward: matmuls"
+
+
+def test_only_operands_name_an_unnamed_product_not_its_control_predecessors():
+    assert step_profile._instruction(
+        "f32[2] dot(%a, %b.1), control-predecessors={%c}"
+    ).operands == ("a", "b.1")
+    assert step_profile.op_names(FUSED)["dot.8"] == f"{FWD}/dot_general"
+
+
+def test_a_tuple_shaped_fusion_reads_its_operands():
+    text = "(f32[2]{0}, /*index=1*/f32[2]{0}) fusion(%bwd, %x.2), kind=kInput, calls=%f.8"
+    assert step_profile._shape_end(text) == text.index(" fusion(")
+    instruction = step_profile._instruction(text)
+    assert (instruction.opcode, instruction.operands, instruction.calls) == (
+        "fusion",
+        ("bwd", "x.2"),
+        "f.8",
+    )
+    assert step_profile.op_names(FUSED)["sums"] == f"{BWD}/reduce"
