@@ -29,10 +29,11 @@ _COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
 _OPCODE = re.compile(r"\s*([\w\-]+)\(")
 _REFERENCE = re.compile(r"%([\w.\-]+)")
 _CALLS = re.compile(r"calls=%([\w.\-]+)")
-# What an unnamed operation is named after, the first that it (or what it calls) does.
+# What an unnamed operation is named after: the first of these that it, or the
+# computation it calls (one level deep: XLA's CPU fusions nest no further), does.
 _WORK = {"dot": "dot_general", "convolution": "dot_general", "reduce": "reduce"}
 _OP_NAME = re.compile(r"op_name=\"([^\"]*)\"")
-_SOFTMAX_AND_DROPOUT = ("reduce", "exp", "div", "select_n", "Dropout")
+_SOFTMAX_AND_DROPOUT = ("reduce_max", "reduce_sum", "exp", "div", "select_n", "Dropout")
 UNNAMED = "other operations (copies, loops)"
 _COLLECTIVE_OPS = ("psum", "pmean", "all_gather", "psum_scatter")
 
@@ -42,7 +43,12 @@ def op_names(compiled_text: str) -> dict[str, str | None]:
     the compiler made it without one). A product (dot or convolution, alone or fused) or
     a reduction without one is named `<module path>/dot_general` or `<module path>/reduce`
     after the named operations it reads through unnamed ones: backward if any of them is
-    (forward work never reads backward results), else forward."""
+    (forward work never reads backward results; an unnamed reduction of the gradients in
+    an optimiser would count as backward too), with the module path of the first such.
+
+    A named operation keeps its name whatever the compiler made of it: the softmax
+    backward's row term (`model._attend_backward`) is a product named by its einsum at 4
+    heads and more, and an unnamed reduction at one head (softmax work there)."""
     instructions, work = _parse(compiled_text)
     names = {name: instruction.op_name for name, instruction in instructions.items()}
     for name, kind in work.items():
@@ -53,6 +59,9 @@ def op_names(compiled_text: str) -> dict[str, str | None]:
 
 @dataclasses.dataclass(frozen=True)
 class _Instruction:
+    """What naming an operation needs of an HLO instruction: the inputs it reads, and
+    the computation it calls, whose operations say what work a fusion does."""
+
     op_name: str | None
     opcode: str
     operands: tuple[str, ...]
@@ -75,7 +84,8 @@ def _parse(compiled_text: str) -> tuple[dict[str, _Instruction], dict[str, str]]
             bodies[current].add(instruction.opcode)
     work = {}
     for name, instruction in instructions.items():
-        opcodes = {instruction.opcode} | bodies.get(instruction.calls, set())
+        called = bodies.get(instruction.calls, set()) if instruction.calls else set()
+        opcodes = {instruction.opcode} | called
         kind = next((kind for opcode, kind in _WORK.items() if opcode in opcodes), None)
         if kind:
             work[name] = kind
@@ -110,7 +120,9 @@ def _shape_end(text: str) -> int:
     return len(text)
 
 
-def _inferred_name(unnamed: _Instruction, instructions: dict, kind: str) -> str | None:
+def _inferred_name(
+    unnamed: _Instruction, instructions: dict[str, _Instruction], kind: str
+) -> str | None:
     """`<module path>/<kind>` of the named operations `unnamed` reads (see `op_names`),
     None when it reads none."""
     named, queue, seen = [], collections.deque(unnamed.operands), set()
@@ -147,7 +159,8 @@ def category(instruction: str, op_name: str | None) -> str:
     if "dot_general" in op_name:
         return f"{phase}: matmuls"
     last = op_name.rsplit("/", 1)[-1]
-    if "/attn/" in op_name and any(part in last for part in _SOFTMAX_AND_DROPOUT):
+    softmax_work = last == "reduce" or any(part in last for part in _SOFTMAX_AND_DROPOUT)
+    if "/attn/" in op_name and softmax_work:
         return f"{phase}: attention softmax, mask and dropout"
     return f"{phase}: norms, activations, biases, residuals, loss"
 

@@ -142,8 +142,9 @@ def test_a_backward_operand_wins_over_forward_ones_in_any_order():
 
 
 def test_the_one_head_step_leaves_no_product_or_reduction_unnamed():
-    """The compiled 1-head training step: XLA drops the names of its attention products,
-    which then count by what they read, not as unnamed work."""
+    """The compiled 1-head training step: XLA drops the names of its attention products
+    (two per layer forward, four backward) and of the softmax backward's row term, which
+    then count by what they read, not as unnamed work."""
     from beyondpar import model, tasks
     from beyondpar.base import parallel
     from beyondpar.benchmarks import training
@@ -159,7 +160,13 @@ def test_the_one_head_step_leaves_no_product_or_reduction_unnamed():
     names = step_profile.op_names(text)
     assert [name for name in top_level if names[name] is None] == []
     kinds = collections.Counter(step_profile.category(n, names[n]) for n in dropped)
-    assert kinds["forward: matmuls"] > 0 and kinds["backward: matmuls"] > 0
+    layers = cfg.num_layers
+    assert kinds == {
+        "forward: matmuls": 2 * layers,
+        "backward: matmuls": 4 * layers,
+        "backward: attention softmax, mask and dropout": layers,
+    }
+    assert all("/attn/" in names[name] for name in dropped)
 
 
 FUSED = f"""
@@ -216,3 +223,20 @@ def test_a_tuple_shaped_fusion_reads_its_operands():
         "f.8",
     )
     assert step_profile.op_names(FUSED)["sums"] == f"{BWD}/reduce"
+
+
+def test_instructions_before_any_computation_header_call_nothing():
+    fragment = f"""
+  %fwd = f32[2,4,8]{{2,1,0}} fusion(%p), kind=kLoop, metadata={{op_name="{FWD}/mul"}}
+  %copy.1 = f32[2,4,8]{{2,1,0}} copy(%fwd)
+  %dot.1 = f32[2,8,8]{{2,1,0}} dot(%p, %p), lhs_batch_dims={{0}}
+"""
+    names = step_profile.op_names(fragment)
+    assert names["copy.1"] is None and names["dot.1"] is None
+
+
+@pytest.mark.parametrize("last", ["reduce_precision", "reduce_min", "reduce_and"])
+def test_only_sums_maxima_and_inferred_reductions_are_softmax_work(last):
+    assert step_profile.category("f.1", f"{BWD}/reduce").startswith("backward: attention")
+    kind = step_profile.category("f.2", f"{BWD}/{last}")
+    assert kind == "backward: norms, activations, biases, residuals, loss"
