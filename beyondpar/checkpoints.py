@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -71,14 +72,49 @@ def _key_name(key):
     return key
 
 
-def _checksums(directory: Path) -> dict[str, str]:
-    path = directory / CHECKSUMS
+def _read_checksums(path: Path) -> dict[str, str] | None:
+    """The recorded checksums by step ({} when there is no file); None when the file
+    cannot be read as a JSON object."""
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return {}  # unverifiable, not unreadable: the checkpoints themselves may be fine
+        sums = json.loads(path.read_text())
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+    return sums if isinstance(sums, dict) else None
+
+
+def _checksums(directory: Path) -> dict[str, str]:
+    """The recorded checksums by step; {} with a warning when the file is unreadable:
+    the checkpoints themselves may be fine, they just cannot be verified."""
+    path = directory / CHECKSUMS
+    sums = _read_checksums(path)
+    if sums is None:
+        warnings.warn(
+            f"{path} is unreadable: the checkpoints it covers are not verified", stacklevel=3
+        )
+        return {}
+    return sums
+
+
+DAMAGED_SUFFIX = ".damaged"
+
+
+def _recorded_before_save(directory: Path) -> dict[str, str]:
+    """The checksums a save adds to. An unreadable file is kept beside the new one for
+    inspection (not overwritten), and said so: the steps it covered go unverified."""
+    path = directory / CHECKSUMS
+    sums = _read_checksums(path)
+    if sums is not None:
+        return sums
+    aside = path.with_name(path.name + DAMAGED_SUFFIX)
+    path.replace(aside)
+    warnings.warn(
+        f"{path} was unreadable and is kept as {aside.name}: the steps saved before this "
+        "one are not verified",
+        stacklevel=3,
+    )
+    return {}
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, force: bool = False) -> bool:
@@ -88,7 +124,7 @@ def save(mgr: ocp.CheckpointManager, step: int, state, force: bool = False) -> b
     if saved and jax.process_index() == 0:
         directory = Path(mgr.directory)
         kept = {str(s) for s in mgr.all_steps()}
-        sums = {k: v for k, v in _checksums(directory).items() if k in kept}
+        sums = {k: v for k, v in _recorded_before_save(directory).items() if k in kept}
         sums[str(step)] = checksum(state)
         files.write_json(directory / CHECKSUMS, sums)
     return saved

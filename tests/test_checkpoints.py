@@ -193,3 +193,32 @@ def test_checksum_tells_apart_dtypes_with_the_same_bytes():
     assert as_int["w"].tobytes() == as_float["w"].tobytes()
     assert checkpoints.checksum(as_int) != checkpoints.checksum(as_float)
     assert checkpoints.checksum(as_int) == checkpoints.checksum({"w": np.zeros(3, np.int32)})
+
+
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", "\udcff"])
+def test_an_unreadable_checksums_file_is_said_and_kept_aside_not_overwritten(tmp_path, damage):
+    mgr = checkpoints.manager(tmp_path / "ck", save_every=1, keep=5)
+    checkpoints.save(mgr, 1, {"w": jnp.ones(2)})
+    sums_path = tmp_path / "ck" / checkpoints.CHECKSUMS
+    sums_path.write_bytes(damage.encode("utf-8", "surrogateescape"))
+    with pytest.warns(UserWarning, match="checksums.json is unreadable.*not verified"):
+        back = checkpoints.restore(mgr, 1, {"w": jnp.ones(2)})
+    np.testing.assert_array_equal(back["w"], [1.0, 1.0])
+    with pytest.warns(UserWarning, match="kept as checksums.json.damaged"):
+        checkpoints.save(mgr, 2, {"w": jnp.full((2,), 2.0)})
+    aside = sums_path.with_name("checksums.json.damaged")
+    assert aside.read_bytes() == damage.encode("utf-8", "surrogateescape")
+    assert json.loads(sums_path.read_text()) == {
+        "2": checkpoints.checksum({"w": jnp.full((2,), 2.0)})
+    }
+    assert checkpoints.list_steps(tmp_path / "ck") == [1, 2]
+
+
+def test_an_empty_checksums_object_is_replaced_without_a_warning(tmp_path, recwarn):
+    mgr = checkpoints.manager(tmp_path / "ck", save_every=1, keep=5)
+    (tmp_path / "ck").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "ck" / checkpoints.CHECKSUMS).write_text("{}")
+    checkpoints.save(mgr, 3, {"w": jnp.ones(2)})
+    assert not [w for w in recwarn if "checksums" in str(w.message)]
+    assert not (tmp_path / "ck" / "checksums.json.damaged").exists()
+    assert list(json.loads((tmp_path / "ck" / checkpoints.CHECKSUMS).read_text())) == ["3"]
