@@ -57,15 +57,21 @@ def initialize(coordinator_address: str = "", num_processes: int = 1, process_id
         return True
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if num_processes > 1:
-        if not coordinator_address:
+        if not _is_host_and_port(coordinator_address):
             raise ValueError(
                 "distributed.coordinator_address must be host:port when "
-                f"num_processes={num_processes} > 1, got ''"
+                f"num_processes={num_processes} > 1, got {coordinator_address!r}"
             )
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
     else:
         jax.distributed.initialize()
     return True
+
+
+def _is_host_and_port(address: str) -> bool:
+    """Whether `address` is host:port with a port number (IPv6 hosts in brackets)."""
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 def data_mesh(devices=None) -> jax.sharding.Mesh:
