@@ -98,8 +98,16 @@ def _spread(c):
 
 
 def check_operator(c, name: str = "c") -> jax.Array:
-    """`c` as a float array after checking it is a batch of row-stochastic T x T operators."""
+    """`c` as a float array after checking it is a batch of row-stochastic T x T operators.
+
+    Half-precision input (float16, bfloat16: attention saved from a model run in half
+    precision) is widened to float32, the narrowest dtype the recursions run in, and its
+    rows need sum to 1 only to within its own rounding (its machine epsilon, where that
+    exceeds `ROW_SUM_TOLERANCE`)."""
     c = checks.square_matrices(name, c)
+    tolerance = max(ROW_SUM_TOLERANCE, float(jnp.finfo(c.dtype).eps))
+    if jnp.finfo(c.dtype).bits < 32:
+        c = c.astype(jnp.float32)
     if c.shape[-1] < 2:
         raise ValueError(f"{name} must have at least T=2 tokens, got T={c.shape[-1]}")
     if c.size and checks.is_concrete(c):
@@ -109,9 +117,9 @@ def check_operator(c, name: str = "c") -> jax.Array:
             raise ValueError(f"{name} must be finite, got NaN or Inf entries")
         if minimum < 0:
             raise ValueError(f"{name} must be non-negative, got minimum entry {minimum:.3g}")
-        if row_error > ROW_SUM_TOLERANCE:
+        if row_error > tolerance:
             raise ValueError(
-                f"{name} rows must sum to 1 (tolerance {ROW_SUM_TOLERANCE}), "
+                f"{name} rows must sum to 1 (tolerance {tolerance:.3g}), "
                 f"got a row off by {row_error:.3g}"
             )
     return _spread(c)

@@ -666,6 +666,24 @@ def test_float32_attention_cast_to_float64_passes_row_check():
     assert metrics.hitting_time(c.astype(np.float64)).shape == (4,)
 
 
+@pytest.mark.parametrize("half", [jnp.float16, jnp.bfloat16])
+def test_half_precision_attention_is_checked_to_its_rounding_and_run_in_float32(half):
+    """Attention saved in half precision: rows off by its rounding pass, the metrics run
+    in float32 on the stored values, and a row off by more is still refused."""
+    c = graphs.random_causal(3, (2,), 64)
+    stored = jnp.asarray(c, half)
+    assert float(jnp.max(jnp.abs(jnp.sum(stored.astype(jnp.float64), -1) - 1))) > 1e-4
+    got = metrics.minimax_fidelity(stored)
+    assert got.dtype == jnp.float32
+    widened = stored.astype(jnp.float32)  # the same values, unchecked
+    want = metrics.objective_unchecked(widened, "fidelity", 100, 100, "reference")
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    eps = float(jnp.finfo(half).eps)
+    off = jnp.asarray(np.array([[0.5, 0.4], [0.0, 1.0]]), half)
+    with pytest.raises(ValueError, match=f"tolerance {eps:.3g}.*off by 0.(1|0996)"):
+        metrics.minimax_fidelity(off)
+
+
 GOOD = star(4)
 
 
