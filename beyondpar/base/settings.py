@@ -1,7 +1,11 @@
 """Settings compared field by field: a rerun into an existing output folder must keep the
-settings that made it, and a refusal names every field that differs, old -> new."""
+settings that made it, and a refusal names every field that differs, old -> new.
+Settings are compared in their JSON form, as they are saved: a tuple equals the list it
+is read back as."""
 
 from __future__ import annotations
+
+import json
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -16,9 +20,15 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def json_form(tree: dict) -> dict:
+    """`tree` as it reads back from a JSON file: tuples become lists."""
+    return json.loads(json.dumps(tree))
+
+
 def changes(old: dict, new: dict) -> dict[str, tuple]:
-    """{field: (old, new)} for every leaf that differs (missing on one side: None)."""
-    a, b = flatten(old), flatten(new)
+    """{field: (old, new)} for every leaf that differs (missing on one side: None), both
+    sides in their JSON form (tuples as lists)."""
+    a, b = flatten(json_form(old)), flatten(json_form(new))
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 

@@ -360,6 +360,19 @@ def test_refuse_changes_allows_only_free_fields():
     assert str(err.value) == "workdir w was made with other settings (model.heads: 4 -> 8); x"
 
 
+def test_refuse_changes_compares_settings_as_saved_in_json():
+    """Settings read back from JSON hold lists where the new run holds tuples; equal
+    values are no change, and a real change is named in its JSON form."""
+    saved = json.loads(json.dumps({"spec": {"layers": (0, 2), "residual": 0.5}}))
+    assert (
+        settings.refuse_changes(saved, {"spec": {"layers": (0, 2), "residual": 0.5}}, "w", "x")
+        == {}
+    )
+    with pytest.raises(ValueError) as err:
+        settings.refuse_changes(saved, {"spec": {"layers": (0,), "residual": 0.5}}, "w", "x")
+    assert str(err.value) == "w (spec.layers: [0, 2] -> [0]); x"
+
+
 # ------------------------------------------------------------------ timing
 
 
