@@ -130,8 +130,10 @@ def run_corpus(
 
 def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool):
     out_dir = Path(out_dir)
+    _check_folders(models, out_dir)
     with locks.lock(out_dir):
         records = files.read_json_lines(out_dir / SERIES_FILE, KEYS)
+        _check_folders([r["model"] for r in records] + models, out_dir)
         for record in records:
             settings.refuse_changes(
                 record["settings"],
@@ -155,6 +157,19 @@ def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool):
 def _folder(model: str) -> str:
     name = Path(model).name or "model"
     return re.sub(r"[^\w.-]+", "_", name)
+
+
+def _check_folders(models: list[str], out_dir: Path) -> None:
+    """Two models whose names give one report folder are a ValueError naming both."""
+    seen = {}
+    for model in dict.fromkeys(models):
+        other = seen.setdefault(_folder(model), model)
+        if other != model:
+            raise ValueError(
+                f"--model: {other} and {model} would share the report folder "
+                f"{out_dir / _folder(model)}; each model of a series needs its own folder "
+                "name (rename one, or analyse them into separate --out folders)"
+            )
 
 
 def _ordered(records: list[dict]) -> list[dict]:

@@ -143,6 +143,32 @@ def test_a_rerun_shows_only_the_models_asked_for_and_analyses_only_new_ones(tmp_
     assert recorded == [*models, "ckpt-400"]
 
 
+def test_models_sharing_a_folder_name_are_refused_before_anything_is_written(tmp_path):
+    """Each model's report goes to OUT/<its folder name>: two models with one name are
+    refused, naming both, with nothing analysed or written; so is a new model whose name
+    is that of a model already recorded from elsewhere."""
+    analysed = []
+
+    def analyse(model, folder):
+        analysed.append(model)
+        return {"0": {"sink_mass": 0.5}}, 0.5
+
+    wanted = {"spec": {"horizon": 20}}
+    out = tmp_path / "out"
+    with pytest.raises(ValueError) as err:
+        series._series(["a/gpt2", "b/gpt2"], wanted, analyse, out, "one text", False)
+    assert str(err.value) == (
+        f"--model: a/gpt2 and b/gpt2 would share the report folder {out / 'gpt2'}; each "
+        "model of a series needs its own folder name (rename one, or analyse them into "
+        "separate --out folders)"
+    )
+    assert analysed == [] and not out.exists()
+    series._series(["a/gpt2", "a/gpt2-untied"], wanted, analyse, out, "one text", False)
+    with pytest.raises(ValueError, match=r"^--model: a/gpt2 and c/gpt2 would share"):
+        series._series(["c/gpt2"], wanted, analyse, out, "one text", False)
+    assert analysed == ["a/gpt2", "a/gpt2-untied"]
+
+
 def test_a_corpus_series_refuses_a_rerun_with_another_window_count(tmp_path, monkeypatch):
     """The number of windows decides which windows the means are over, so a corpus series
     recorded over 3 windows refuses a rerun over 5 (naming the field) instead of mixing
