@@ -110,10 +110,7 @@ def _check_rollout(attn, weights, residual):
     a = checks.as_float_array("attn", attn)
     if a.ndim < 4:
         raise ValueError(f"attn must have shape (..., L, H, T, T), got shape {a.shape}")
-    if isinstance(residual, bool) or not (
-        isinstance(residual, (int, float, np.floating)) and 0.0 <= residual <= 1.0
-    ):
-        raise ValueError(f"residual must be a number in [0, 1], got {residual!r}")
+    checks.unit_interval("residual", residual)
     if weights is not None:
         w = checks.as_float_array("weights", weights)
         if w.ndim < 2 or w.shape[-2:] != a.shape[-4:-2]:

@@ -42,6 +42,7 @@ class AnalysisSpec:
     def __post_init__(self):
         checks.non_negative_int("--sink_tokens", self.sink_tokens)
         checks.positive_int("--folds", self.folds)
+        checks.unit_interval("--residual", self.residual)
 
     def check_length(self, num_tokens: int) -> None:
         """The window must keep at least two tokens once the sink tokens are dropped."""

@@ -92,6 +92,15 @@ def open_unit_interval(name: str, value) -> float:
     return float(value)
 
 
+def unit_interval(name: str, value) -> float:
+    """A number in the closed interval [0, 1] (a share); bools and NaN fail."""
+    if isinstance(value, bool) or not (
+        isinstance(value, (int, float, np.integer, np.floating)) and 0.0 <= value <= 1.0
+    ):
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
 def one_of(name: str, value, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")

@@ -143,6 +143,9 @@ def test_one_sequence_has_nothing_to_hold_out():
     [
         (dict(folds=0), "--folds must be an integer >= 1, got 0"),
         (dict(sink_tokens=-1), "--sink_tokens must be an integer >= 0, got -1"),
+        (dict(residual=1.5), r"^--residual must be a number in \[0, 1\], got 1.5$"),
+        (dict(residual=-0.1), r"^--residual must be a number in \[0, 1\], got -0.1$"),
+        (dict(residual=float("nan")), r"^--residual must be a number in \[0, 1\], got nan$"),
     ],
 )
 def test_bad_spec_names_the_flag(bad, message):
