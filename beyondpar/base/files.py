@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,14 +42,20 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def read_npz(path: str | os.PathLike) -> dict:
-    """Every array of an .npz file. The file is opened here so that it is closed even when
-    the archive is damaged (np.load leaves its own handle open when the zip is bad)."""
+    """Every array of an .npz file; a damaged or cut-short archive is a ValueError naming
+    it. The file is opened here so that it is closed even when the archive is damaged
+    (np.load leaves its own handle open when the zip is bad)."""
     with open(path, "rb") as handle:
-        data = np.load(handle)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError(f"{path} must be an .npz archive, got a single .npy array")
-        with data:
-            return {name: np.asarray(data[name]) for name in data.files}
+        try:
+            data = np.load(handle)
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError(f"{path} must be an .npz archive, got a single .npy array")
+            with data:
+                return {name: np.asarray(data[name]) for name in data.files}
+        except (zipfile.BadZipFile, EOFError) as err:
+            raise ValueError(
+                f"{path} is not a whole .npz archive (damaged or cut short: {err})"
+            ) from err
 
 
 def write_json(path: str | os.PathLike, obj) -> Path:

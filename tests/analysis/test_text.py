@@ -117,6 +117,14 @@ def test_bad_attention_files_are_named(tmp_path, attention, message):
         text_lib.attention_record(path, SPEC)
 
 
+def test_a_cut_short_attention_file_is_named(tmp_path):
+    path = tmp_path / "cut.npz"
+    np.savez(path, attention=np.ones((2, 2, 4, 4)) / 4)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match=f"^attention file {path}: {path} is not a whole .npz"):
+        text_lib.attention_record(path, SPEC)
+
+
 def test_empty_and_too_long_texts_and_bad_layers():
     with pytest.raises(ValueError, match="text must not be empty"):
         text_lib.text_record(HF / "llama-tiny", "  ", SPEC)

@@ -189,6 +189,21 @@ def test_run_turns_a_user_error_into_one_line_and_status_2(error):
 # ------------------------------------------------------------------ files
 
 
+def test_a_cut_short_npz_is_a_value_error_naming_it(tmp_path):
+    """An .npz cut anywhere (before its index, or inside an array) is one ValueError that
+    names the file, never a zipfile or EOF error."""
+    good = tmp_path / "good.npz"
+    np.savez(good, attention=np.ones((2, 8, 8)))
+    whole = good.read_bytes()
+    assert files.read_npz(good)["attention"].shape == (2, 8, 8)
+    cut = tmp_path / "cut.npz"
+    for size in (len(whole) // 2, 40):
+        cut.write_bytes(whole[:size])
+        with pytest.raises(ValueError) as err:
+            files.read_npz(cut)
+        assert str(err.value).startswith(f"{cut} is not a whole .npz archive (damaged or cut")
+
+
 def test_atomic_path_failure_leaves_target_and_folder_untouched(tmp_path):
     """A writer that fails mid-way leaves the old file as it was and no temporary file
     behind; the temporary file lives in the target's folder (so the rename is atomic)."""
