@@ -30,6 +30,11 @@ from beyondpar.pretrained import files, gguf_header, gguf_quants, gguf_tokenizer
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3")
 _GEMMA = ("gemma2", "gemma3")
+# Metadata that counts something (as config.json's sizes do): an integer >= 1 when given.
+_COUNTS = frozenset(
+    ("attention.head_count", "attention.head_count_kv", "attention.key_length")
+    + ("block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size")
+)
 
 _LLAMA_BLOCK = {
     "attn_norm": "input_layernorm",
@@ -125,7 +130,19 @@ class GgufFile:
         return self.header.metadata[key]
 
     def arch_value(self, key: str, default=...):
-        return self.value(f"{self.arch}.{key}", default)
+        """`<arch>.<key>`; a count (`_COUNTS`) the file holds must be an integer >= 1."""
+        name = f"{self.arch}.{key}"
+        value = self.value(name, default)
+        stored = self.value(name, None) is not None
+        if (
+            key in _COUNTS
+            and stored
+            and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+        ):
+            raise ValueError(
+                f"GGUF file {self.path}: metadata {name!r} must be an integer >= 1, got {value!r}"
+            )
+        return value
 
     # ------------------------------------------------------------------ config
 

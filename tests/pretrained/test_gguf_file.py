@@ -303,6 +303,18 @@ def rewrite(path, tmp_path, change) -> object:
         ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model must be 'gpt2'.*got 'bert'"),
         ({"tokenizer.ggml.pre": "chatglm-bpe"}, "tokenizer.ggml.pre must be one of .*chatglm"),
         ({"llama.attention.head_count": None}, "must hold metadata 'llama.attention.head_count'"),
+        (
+            {"llama.attention.head_count": 0},
+            r"changed.gguf: metadata 'llama.attention.head_count' must be an integer >= 1, got 0$",
+        ),
+        (
+            {"llama.attention.head_count_kv": 0},
+            r"metadata 'llama.attention.head_count_kv' must be an integer >= 1, got 0$",
+        ),
+        (
+            {"llama.embedding_length": 0},
+            r"metadata 'llama.embedding_length' must be an integer >= 1, got 0$",
+        ),
     ],
 )
 def test_unsupported_gguf_files_are_named(tmp_path, change, message):
