@@ -30,6 +30,21 @@ from beyondpar.pretrained import files, gguf_header, gguf_quants, gguf_tokenizer
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3")
 _GEMMA = ("gemma2", "gemma3")
+# config.json field -> the metadata (after `<arch>.`) it is read from.
+_CONFIG_KEYS = {
+    **dict.fromkeys(("hidden_size", "n_embd"), "embedding_length"),
+    **dict.fromkeys(("num_hidden_layers", "n_layer"), "block_count"),
+    **dict.fromkeys(("intermediate_size", "n_inner"), "feed_forward_length"),
+    **dict.fromkeys(("num_attention_heads", "n_head"), "attention.head_count"),
+    **dict.fromkeys(("max_position_embeddings", "n_positions"), "context_length"),
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "vocab_size": "vocab_size",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "layer_norm_epsilon": "attention.layer_norm_epsilon",
+    "rope_theta": "rope.freq_base",
+    "sliding_window": "attention.sliding_window",
+}
 # Metadata that counts something (as config.json's sizes do): an integer >= 1 when given.
 _COUNTS = frozenset(
     ("attention.head_count", "attention.head_count_kv", "attention.key_length")
@@ -143,6 +158,20 @@ class GgufFile:
                 f"GGUF file {self.path}: metadata {name!r} must be an integer >= 1, got {value!r}"
             )
         return value
+
+    def config_error(self, err: ValueError) -> ValueError:
+        """`err` of a family reading `config()`, worded for this file: a config.json field
+        is named by the metadata key it is read from."""
+
+        def key(match) -> str:
+            stored = _CONFIG_KEYS.get(match.group(1))
+            return (
+                f"metadata '{self.arch}.{stored}'" if stored else f"config field {match.group(1)!r}"
+            )
+
+        text = re.sub(r"config\.json field '(\w+)'", key, str(err))
+        text = text.replace("config.json", "the config its metadata gives")
+        return ValueError(f"GGUF file {self.path}: {text}")
 
     # ------------------------------------------------------------------ config
 

@@ -73,7 +73,11 @@ def load(path_or_name: str | os.PathLike, dtype=None, mesh=None, progress: bool 
 def load_gguf(path: str | os.PathLike, dtype=None, mesh=None, progress: bool = True):
     """(module, params, tokenizer) of a GGUF file, dequantised tensor by tensor."""
     source = gguf_file.GgufFile(gguf_file.find(path) or _not_gguf(path))
-    module = build(source.config())
+    config = source.config()
+    try:
+        module = build(config)
+    except ValueError as err:
+        raise source.config_error(err) from err
     available = set(source.hf_names())
     params, tokenizer = read_params(
         module, source, available, dtype, mesh, progress, alongside=source.tokenizer

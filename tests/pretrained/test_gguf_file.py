@@ -315,6 +315,11 @@ def rewrite(path, tmp_path, change) -> object:
             {"llama.embedding_length": 0},
             r"metadata 'llama.embedding_length' must be an integer >= 1, got 0$",
         ),
+        (
+            {"llama.attention.head_count_kv": 3},
+            r"changed.gguf: metadata 'llama.attention.head_count_kv' must divide "
+            r"num_attention_heads=4, got 3$",
+        ),
     ],
 )
 def test_unsupported_gguf_files_are_named(tmp_path, change, message):
