@@ -11,7 +11,6 @@ so a resumed run measures its remaining windows with the same weights.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +42,7 @@ def corpus_optimum(module, params, windows, spec, cspec, out_dir, progress=True)
     wanted = plan(len(windows.tokens), spec.folds, cspec.search_windows, layers)
     path = Path(out_dir) / OPTIMAL_FILE
     if path.exists():
-        found = json.loads(path.read_text())
+        found = files.read_json(path)
         if {k: found.get(k) for k in wanted} != wanted:
             raise ValueError(
                 f"{path} holds weights searched for other folds ({found.get('folds')} with "

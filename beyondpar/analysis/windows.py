@@ -13,7 +13,6 @@ model's loss and next-token accuracy as heads are removed in each order, with ar
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -179,7 +178,7 @@ def _check_settings(out_dir: Path, wanted: dict) -> None:
     path = out_dir / SETTINGS_FILE
     if path.exists():
         settings.refuse_changes(
-            json.loads(path.read_text()),
+            files.read_json(path),
             wanted,
             f"{out_dir} holds a corpus analysis with other settings",
             "use another --out, or the old settings",

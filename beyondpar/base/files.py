@@ -58,6 +58,18 @@ def read_npz(path: str | os.PathLike) -> dict:
             ) from err
 
 
+def read_json(path: str | os.PathLike) -> dict:
+    """The JSON object a file holds; a damaged one (not JSON, or not an object) is a
+    ValueError naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON (damaged or cut short?): {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
 def write_json(path: str | os.PathLike, obj) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 

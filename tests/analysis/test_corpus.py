@@ -215,6 +215,14 @@ def test_summary_means_wins_and_description(corpus_run):
     assert json.loads(report)["num_windows"] == 7
 
 
+def test_a_damaged_settings_file_is_named(tmp_path):
+    path = tmp_path / windows_lib.SETTINGS_FILE
+    path.write_text('{"corpus": "c.txt", "spec": {"hor')
+    cspec = windows_lib.CorpusSpec(tokens=24, max_windows=2)
+    with pytest.raises(ValueError, match=f"^{path} is not valid JSON"):
+        windows_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
+
+
 def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tmp_path):
     out, _, _, cspec, spec = corpus_run
     copy = tmp_path / "copy"

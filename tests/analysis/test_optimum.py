@@ -36,6 +36,16 @@ def test_weights_searched_on_other_windows_of_the_same_folds_are_refused(tmp_pat
     assert optimum.corpus_optimum(module, None, corpus_windows, spec, same, tmp_path) == stored
 
 
+def test_a_damaged_weights_file_is_named(tmp_path):
+    module, corpus_windows = stub_model(6, 2)
+    spec = measures.AnalysisSpec(optimal_weights=True, folds=2)
+    path = tmp_path / optimum.OPTIMAL_FILE
+    path.write_text(json.dumps(optimum.plan(6, 2, 3, [0, 1]))[:50])
+    cspec = windows.CorpusSpec(tokens=8, search_windows=3)
+    with pytest.raises(ValueError, match=f"^{path} is not valid JSON"):
+        optimum.corpus_optimum(module, None, corpus_windows, spec, cspec, tmp_path)
+
+
 def test_each_window_is_measured_with_the_weights_of_its_own_folds_search():
     """Cross-fitting: the windows of fold f take fold f's weights (searched on windows
     outside f), layers never searched get uniform weights, and a plan that does not

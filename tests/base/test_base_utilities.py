@@ -189,6 +189,20 @@ def test_run_turns_a_user_error_into_one_line_and_status_2(error):
 # ------------------------------------------------------------------ files
 
 
+def test_a_damaged_json_file_is_a_value_error_naming_it(tmp_path):
+    path = tmp_path / "settings.json"
+    files.write_json(path, {"spec": {"layers": [0]}})
+    assert files.read_json(path) == {"spec": {"layers": [0]}}
+    path.write_text('{"spec": {"lay')
+    with pytest.raises(ValueError) as err:
+        files.read_json(path)
+    assert str(err.value).startswith(f"{path} is not valid JSON (damaged or cut short?): ")
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError) as err:
+        files.read_json(path)
+    assert str(err.value) == f"{path} must hold a JSON object, got list"
+
+
 def test_a_cut_short_npz_is_a_value_error_naming_it(tmp_path):
     """An .npz cut anywhere (before its index, or inside an array) is one ValueError that
     names the file, never a zipfile or EOF error."""
