@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from beyondpar.base import files
+from beyondpar.base import files, locks
 
 
 def to_json(value):
@@ -215,15 +215,17 @@ def plot_pairwise(record: dict, plt):
 
 
 def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
-    """report.md, analysis.json and the PNG plots; returns their paths."""
+    """report.md, analysis.json and the PNG plots; returns their paths. The folder is
+    locked while they are written: another process writing there is FolderBusy."""
     out_dir = Path(out_dir)
-    written = [
-        files.write_text(out_dir / "report.md", markdown(record)),
-        files.write_json(out_dir / "analysis.json", to_json(record)),
-    ]
     plots = {"sink_share.png": plot_sink_share, "fidelity_heads.png": plot_head_fidelity}
     if any("pairwise_synergy" in d for d in record["layers"].values()):
         plots["pairwise_synergy.png"] = plot_pairwise
     plt = files.pyplot()
     figures = {name: lambda plot=plot: plot(record, plt) for name, plot in plots.items()}
-    return written + files.write_figures(out_dir, figures)
+    with locks.lock(out_dir):
+        written = [
+            files.write_text(out_dir / "report.md", markdown(record)),
+            files.write_json(out_dir / "analysis.json", to_json(record)),
+        ]
+        return written + files.write_figures(out_dir, figures)

@@ -1,11 +1,15 @@
 """The single-text report: every cell is the record's number, in its own column."""
 
+import fcntl
+import os
+
 import numpy as np
 import pytest
 
 from beyondpar import graphs
 from beyondpar.analysis import measures, text_report
 from beyondpar.analysis import text as text_lib
+from beyondpar.base import locks
 
 T = 8
 
@@ -141,3 +145,18 @@ def test_layer_row_gives_uniform_mix_median_and_p10_each_in_its_column(parked):
     report = text_report.markdown({**parked, "layers": {5: changed}})
     row = table_rows(report, "## Layers")["5"]
     assert row[5:7] == ["30.000", "7.500"]
+
+
+def test_a_folder_another_process_writes_is_refused_with_nothing_written(parked, tmp_path):
+    out = tmp_path / "report"
+    out.mkdir()
+    other = os.open(out / locks.LOCK_FILE, os.O_RDWR | os.O_CREAT)  # as another process's
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with pytest.raises(locks.FolderBusy, match=f"{out} is in use by another process"):
+            text_report.write(parked, out)
+        assert sorted(p.name for p in out.iterdir()) == [locks.LOCK_FILE]
+    finally:
+        os.close(other)
+    names = sorted(p.name for p in text_report.write(parked, out))
+    assert names == ["analysis.json", "fidelity_heads.png", "report.md", "sink_share.png"]
