@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from beyondpar.base import files
+from beyondpar.base import files, locks
 
 
 def _ci(stat: dict, scale: float = 100, digits: int = 3) -> str:
@@ -269,12 +269,14 @@ def plot_pruning(summary: dict, plt):
 
 
 def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
-    """report.md and the PNG plots; returns their paths."""
+    """report.md and the PNG plots; returns their paths. The folder is locked while they
+    are written: another process writing there is FolderBusy."""
     out_dir = Path(out_dir)
-    written = [files.write_text(out_dir / "report.md", markdown(summary))]
     plots = {"fidelity_layers.png": plot_layers}
     if "pruning" in summary:
         plots["pruning.png"] = plot_pruning
     plt = files.pyplot()
     figures = {name: lambda plot=plot: plot(summary, plt) for name, plot in plots.items()}
-    return written + files.write_figures(out_dir, figures)
+    with locks.lock(out_dir):
+        written = [files.write_text(out_dir / "report.md", markdown(summary))]
+        return written + files.write_figures(out_dir, figures)

@@ -1,9 +1,13 @@
 """The corpus report on a summary of known numbers: every cell is the summary's value, in
 percent with its 95% interval as [low, high], in its own column."""
 
+import fcntl
+import os
+
 import pytest
 
 from beyondpar.analysis import corpus_report
+from beyondpar.base import locks
 
 
 def stat(mean: float) -> dict:
@@ -164,3 +168,18 @@ def test_table_without_sink_has_its_own_baseline_and_values(summary):
     assert rows["1"][:3] == ["2", "31.000 [30.000, 33.000]", "36.000 [35.000, 38.000]"]
     assert rows["1"][-1] == "0.300"
     assert cells(report, "## Layers\n")["baseline: uniform causal"][2] == "6.250"
+
+
+def test_a_folder_another_process_writes_is_refused_with_nothing_written(summary, tmp_path):
+    out = tmp_path / "report"
+    out.mkdir()
+    other = os.open(out / locks.LOCK_FILE, os.O_RDWR | os.O_CREAT)  # as another process's
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with pytest.raises(locks.FolderBusy, match=f"{out} is in use by another process"):
+            corpus_report.write(summary, out)
+        assert sorted(p.name for p in out.iterdir()) == [locks.LOCK_FILE]
+    finally:
+        os.close(other)
+    names = sorted(p.name for p in corpus_report.write(summary, out))
+    assert names[-1] == "report.md"
