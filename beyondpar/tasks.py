@@ -68,6 +68,9 @@ TASKS = ("copy", "cycle", "zero", "shift", "pair_sum", "induction")
 # Tasks whose targets need attention: the copy target is the current token and `zero`
 # a constant, both carried without any head.
 ATTENTION_TASKS = ("cycle", "shift", "pair_sum", "induction")
+# The smallest sizes a task can be made at: a position to read and a later one to predict,
+# and two tokens to tell apart.
+MIN_SEQ_LEN, MIN_VOCAB_SIZE = 2, 2
 
 
 def make_examples(
@@ -76,8 +79,8 @@ def make_examples(
     """`num` random sequences of task `name`; `lag` is k for `shift` and `pair_sum`."""
     for arg, value, low in (
         ("num", num, 1),
-        ("seq_len", seq_len, 2),
-        ("vocab_size", vocab_size, 2),
+        ("seq_len", seq_len, MIN_SEQ_LEN),
+        ("vocab_size", vocab_size, MIN_VOCAB_SIZE),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{arg} must be an integer >= {low}, got {value!r}")

@@ -115,6 +115,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     task = config.task
     if task.name not in tasks.TASKS:
         raise ValueError(f"task.name must be one of {tasks.TASKS}, got {task.name!r}")
+    for name, value, low in (
+        ("model.vocab_size", cfg.vocab_size, tasks.MIN_VOCAB_SIZE),
+        ("task.seq_len", task.seq_len, tasks.MIN_SEQ_LEN),
+    ):
+        if value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     tasks.check(task.name, task.seq_len, cfg.vocab_size, task.lag)
     if task.seq_len > cfg.max_len:
         raise ValueError(f"task.seq_len must be <= model.max_len={cfg.max_len}, got {task.seq_len}")

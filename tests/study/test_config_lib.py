@@ -122,3 +122,16 @@ def test_validate_rejects_zero_for_settings_that_must_be_positive(path):
     node[leaf] = type(node[leaf])(0)
     with pytest.raises(ValueError, match=rf"{path} must be > 0, got 0"):
         config_lib.validate(config)
+
+
+@pytest.mark.parametrize("path", ["model.vocab_size", "task.seq_len"])
+def test_validate_refuses_sizes_no_task_can_be_made_at(path):
+    """One token or one position leaves nothing to tell apart or to predict; the task
+    generators refuse both, so the config is refused before a run writes anything."""
+    config = small_config()
+    section, leaf = path.split(".")
+    config[section][leaf] = 2
+    config_lib.validate(config)
+    config[section][leaf] = 1
+    with pytest.raises(ValueError, match=rf"^{path} must be an integer >= 2, got 1$"):
+        config_lib.validate(config)
