@@ -80,7 +80,8 @@ def _load_base(ablation: ml_collections.ConfigDict) -> ml_collections.ConfigDict
 def validated_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
     """{run name: config} for every point of the grid; a ValueError lists every invalid
     point with its error before anything is trained. The base config is read once: a bad
-    base is one error, not one per point."""
+    base is one error, not one per point; so is a bad `steps`."""
+    evaluate.check_steps(ablation.steps)
     configs, errors = {}, []
     base = _load_base(ablation)
     points = grid(ablation)

@@ -280,6 +280,12 @@ def _pairs(runs: list[Path], steps: str) -> Iterator[tuple[Path, int | None]]:
             yield run, saved[-1]
 
 
+def check_steps(steps: str) -> None:
+    """Which saved steps `evaluate_tree` evaluates: 'latest' or 'all'."""
+    if steps not in ("latest", "all"):
+        raise ValueError(f"steps must be 'latest' or 'all', got {steps!r}")
+
+
 def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool = True):
     """Evaluate every run under `root`; append records to root/evaluation.jsonl.
 
@@ -287,8 +293,7 @@ def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool
     Returns (new records, failures as (run/step, message)); a failed checkpoint does not
     stop the others.
     """
-    if steps not in ("latest", "all"):
-        raise ValueError(f"steps must be 'latest' or 'all', got {steps!r}")
+    check_steps(steps)
     root = Path(root)
     if not root.is_dir():
         raise checks.path_error(root, f"runs directory must exist, got {str(root)!r}")

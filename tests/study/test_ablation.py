@@ -162,3 +162,17 @@ def test_grid_values_are_cast_to_the_type_of_the_field():
     run = ablation.run_config(smoke_ablation(), {"heads": "2", "seed": "1", "task": "copy"})
     assert run.model.num_heads == 2 and type(run.model.num_heads) is int
     assert run.seed == 1 and type(run.seed) is int
+
+
+def test_a_bad_steps_value_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    """`steps` is read only when the trained grid is evaluated; a typo in it is refused
+    by the dry run and before the first run trains."""
+    monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+    config = smoke_ablation()
+    config.steps = "some"
+    message = r"^steps must be 'latest' or 'all', got 'some'$"
+    with pytest.raises(ValueError, match=message):
+        ablation.dry_run(config, tmp_path)
+    with pytest.raises(ValueError, match=message):
+        ablation.run(config, tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
