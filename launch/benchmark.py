@@ -35,4 +35,4 @@ def main(argv):
 
 if __name__ == "__main__":
     parallel.use_all_cpu_cores()
-    cli.run(main)
+    cli.run(main, positional=True)

@@ -434,3 +434,32 @@ def test_ablate_dry_run_prints_one_train_command_per_run_and_trains_nothing():
         "--config.seed=0 --config.task.name=copy --workdir=W/heads-1_seed-0_task-copy"
     )
     assert all(c.startswith("python launch/train.py --config=configs/smoke.py") for c in commands)
+
+
+@pytest.mark.parametrize(
+    "launcher, flags",
+    [
+        ("analyze.py", ["--model=tests/data/hf/gpt2-tiny", "--text", "hello", "--out={out}"]),
+        ("train.py", ["--config=configs/smoke.py", "--workdir={out}"]),
+        ("ablate.py", ["--config=configs/ablation.py:base=smoke", "--workdir={out}"]),
+        ("evaluate.py", ["--runs={out}"]),
+        ("example2.py", ["--out={out}"]),
+    ],
+)
+def test_launchers_refuse_words_that_are_not_flags(tmp_path, launcher, flags):
+    """An unquoted flag value with spaces leaves words that are not flags: the launcher
+    stops before doing anything, naming them, instead of running on the first word."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / launcher)]
+        + [f.format(out=out) for f in flags]
+        + ["there", "friend"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    extra = "['there', 'friend']"
+    assert done.stderr == f"error: {launcher} takes only flags, got extra arguments {extra}\n"
+    assert not out.exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from absl import app, flags
 
@@ -53,11 +54,14 @@ def parse_flags(argv: list[str]) -> list[str]:
         fail(f"{', '.join(overrides)} must name fields of the config, got no field {missing!r}")
 
 
-def run(main: Callable[[list[str]], int | None]) -> None:
+def run(main: Callable[[list[str]], int | None], positional: bool = False) -> None:
     """`app.run(main)` where every user error is one line and exit status 2; `main`'s
-    return value is the exit status."""
+    return value is the exit status. Unless `positional`, words that are not flags are
+    refused: a flag value with spaces, unquoted, must not be cut to its first word."""
 
     def guarded(argv):
+        if not positional and len(argv) > 1:
+            fail(f"{Path(argv[0]).name} takes only flags, got extra arguments {argv[1:]}")
         try:
             return main(argv)
         except USER_ERRORS as err:

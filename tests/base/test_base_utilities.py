@@ -173,7 +173,7 @@ from beyondpar.base import cli, locks
 errors = {"value": ValueError, "missing": FileNotFoundError, "busy": locks.FolderBusy}
 def main(argv):
     raise errors[argv[1]](f"{argv[1]}\\nsecond line")
-cli.run(main)
+cli.run(main, positional=True)
 """
 
 
@@ -184,6 +184,30 @@ def test_run_turns_a_user_error_into_one_line_and_status_2(error):
     )
     assert (done.returncode, done.stderr) == (2, f"error: {error}; second line\n")
     assert done.stdout == ""
+
+
+_PRINTS_ARGV = """
+import sys
+from beyondpar.base import cli
+cli.run(lambda argv: print("ran", argv), positional=sys.argv.pop(1) == "positional")
+"""
+
+
+def _run_printing_argv(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _PRINTS_ARGV, *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_run_refuses_words_that_are_not_flags_unless_main_takes_them():
+    """`--text hello there` would run on 'hello' alone: extra words are one line and exit
+    status 2 before `main` runs; a `main` that reads them gets them."""
+    done = _run_printing_argv("flags", "there", "friend")
+    assert done.stderr == "error: -c takes only flags, got extra arguments ['there', 'friend']\n"
+    assert (done.returncode, done.stdout) == (2, "")
+    assert _run_printing_argv("flags").stdout == "ran ['-c']\n"
+    done = _run_printing_argv("positional", "x")
+    assert (done.returncode, done.stdout) == (0, "ran ['-c', 'x']\n")
 
 
 # ------------------------------------------------------------------ files
