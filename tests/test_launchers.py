@@ -463,3 +463,29 @@ def test_launchers_refuse_words_that_are_not_flags(tmp_path, launcher, flags):
     extra = "['there', 'friend']"
     assert done.stderr == f"error: {launcher} takes only flags, got extra arguments {extra}\n"
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "launcher, flags",
+    [
+        ("train.py", ["--config=configs/smoke.py", "--workdir={file}"]),
+        ("ablate.py", ["--config=configs/ablation.py:base=smoke", "--workdir={file}"]),
+        ("example2.py", ["--out={file}"]),
+    ],
+)
+def test_launchers_name_a_folder_flag_that_is_a_file(tmp_path, launcher, flags):
+    """A workdir or report folder that is an existing file is a usage error naming the
+    flag, not a traceback."""
+    file = tmp_path / "file"
+    file.write_text("keep")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / launcher), *(f.format(file=file) for f in flags)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    flag = flags[-1].split("=")[0]
+    assert done.stderr == f"error: {flag} must be a folder, got '{file}', which is a file\n"
+    assert file.read_text() == "keep"

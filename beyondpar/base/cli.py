@@ -4,6 +4,7 @@ never a page of usage text."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -64,10 +65,29 @@ def run(main: Callable[[list[str]], int | None], positional: bool = False) -> No
             fail(f"{Path(argv[0]).name} takes only flags, got extra arguments {argv[1:]}")
         try:
             return main(argv)
+        except (FileExistsError, NotADirectoryError) as err:  # a folder to make is a file
+            fail(not_a_folder(err))
         except USER_ERRORS as err:
             fail(str(err))
 
     app.run(guarded, flags_parser=parse_flags)
+
+
+def not_a_folder(err: OSError) -> str:
+    """What making a folder that is a file (or lies inside one) means on the command line:
+    the path flag that names it, and the file in the way."""
+    if err.filename is None:
+        return str(err)
+    path = Path(os.fsdecode(err.filename)).absolute()
+    file = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+    for name, value in flags.FLAGS.flag_values_dict().items():
+        if isinstance(value, str) and value:
+            given = Path(value).absolute()
+            if file == given:
+                return f"--{name} must be a folder, got {value!r}, which is a file"
+            if file in given.parents:
+                return f"--{name} must be a folder, got {value!r}, inside the file {str(file)!r}"
+    return f"{str(file)!r} is a file, not a folder"
 
 
 def exactly_one(**given) -> str:

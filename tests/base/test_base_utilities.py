@@ -210,6 +210,39 @@ def test_run_refuses_words_that_are_not_flags_unless_main_takes_them():
     assert (done.returncode, done.stdout) == (0, "ran ['-c', 'x']\n")
 
 
+_WRITES_UNDER_OUT = """
+from pathlib import Path
+from absl import flags
+from beyondpar.base import cli, files
+OUT = flags.DEFINE_string("out", None, "Folder.")
+cli.run(lambda argv: files.write_text(Path(OUT.value) / "a" / "x.txt", "x"))
+"""
+
+
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        ("file", "--out must be a folder, got '{out}', which is a file"),
+        ("file/sub", "--out must be a folder, got '{out}', inside the file '{file}'"),
+    ],
+    ids=["file", "inside_a_file"],
+)
+def test_run_names_the_flag_whose_folder_is_a_file(tmp_path, out, message):
+    """A folder to write into that is a file, or lies inside one, is one line naming the
+    flag and the file, exit status 2, and the file is left as it was."""
+    file = tmp_path / "file"
+    file.write_text("keep")
+    out = tmp_path / out
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITES_UNDER_OUT, f"--out={out}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stderr == f"error: {message.format(out=out, file=file)}\n"
+    assert (done.returncode, file.read_text()) == (2, "keep")
+
+
 # ------------------------------------------------------------------ files
 
 
