@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from absl import app, flags
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from beyondpar.base.locks import FolderBusy
 
@@ -44,15 +45,47 @@ def config(holder):
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with a bad flag or a missing required one in one line."""
+    """absl's flag parsing, with a bad flag, a missing required one or a config file that
+    does not load in one line."""
     try:
         return flags.FLAGS(argv)
     except flags.Error as err:
         fail(str(err))
-    except (AttributeError, KeyError) as err:  # ml_collections: an override of no field
+    except Exception as err:
+        problem = config_file_problem(err)
+        if problem is not None:
+            fail(problem)
+        if not isinstance(err, (AttributeError, KeyError)):
+            raise
+        # ml_collections: an override of no field
         overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
         missing = str(err).strip("'\"")
         fail(f"{', '.join(overrides)} must name fields of the config, got no field {missing!r}")
+
+
+def config_file_problem(err: Exception) -> str | None:
+    """The config-file flag whose file raised `err` while it was loaded (run, or asked for
+    its `get_config`), the file and what went wrong; None when no config file raised it."""
+    tb = err.__traceback__
+    while tb is not None and not isinstance(tb.tb_frame.f_locals.get("self"), ConfigFileFlagParser):
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    name = tb.tb_frame.f_locals["self"].name
+    file = str(tb.tb_frame.f_locals.get("path", "")).split(":", 1)[0]
+    return f"--{name}: {load_problem(file, err)}"
+
+
+def load_problem(file, err: Exception) -> str:
+    """`err`, raised by config file `file` while it ran or was asked for `get_config`, in
+    words naming the file."""
+    if isinstance(err, AttributeError) and err.name == "get_config":
+        problem = "defines no get_config()"
+    elif isinstance(err, SyntaxError):
+        problem = f"has a syntax error: {err}"
+    else:
+        problem = f"raised {type(err).__name__}: {one_line(err)}"
+    return f"config file {str(file)!r} {problem}"
 
 
 def run(main: Callable[[list[str]], int | None], positional: bool = False) -> None:

@@ -13,7 +13,7 @@ import ml_collections
 
 from beyondpar import metrics, tasks
 from beyondpar import model as model_lib
-from beyondpar.base import checks
+from beyondpar.base import checks, cli
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -163,5 +163,8 @@ def load_config_file(path: str | os.PathLike, arg: str | None = None) -> ml_coll
         raise checks.path_error(path, f"base config must be an existing file, got {str(path)!r}")
     spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    try:
+        spec.loader.exec_module(module)
+        return module.get_config(arg) if arg else module.get_config()
+    except Exception as err:  # noqa: BLE001 - whatever the file raised, named with the file
+        raise ValueError(f"base {cli.load_problem(path, err)}") from err

@@ -243,6 +243,35 @@ def test_run_names_the_flag_whose_folder_is_a_file(tmp_path, out, message):
     assert (done.returncode, file.read_text()) == (2, "keep")
 
 
+_LOADS_CONFIG = """
+from ml_collections import config_flags
+from beyondpar.base import cli
+CONFIG = config_flags.DEFINE_config_file("config")
+cli.run(lambda argv: print(cli.config(CONFIG)))
+"""
+
+
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("def get_config():\n    return 1 / 0\n", "raised ZeroDivisionError: division by zero"),
+        ("def get_config(:\n", "has a syntax error: invalid syntax (c.py, line 1)"),
+        ("x = 1\n", "defines no get_config()"),
+    ],
+    ids=["raises", "syntax_error", "no_get_config"],
+)
+def test_config_file_that_does_not_load_is_one_line_naming_it(tmp_path, source, problem):
+    (tmp_path / "c.py").write_text(source)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADS_CONFIG, f"--config={tmp_path / 'c.py'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stderr == f"error: --config: config file '{tmp_path / 'c.py'}' {problem}\n"
+    assert (done.returncode, done.stdout) == (2, "")
+
+
 # ------------------------------------------------------------------ files
 
 

@@ -135,3 +135,19 @@ def test_validate_refuses_sizes_no_task_can_be_made_at(path):
     config[section][leaf] = 1
     with pytest.raises(ValueError, match=rf"^{path} must be an integer >= 2, got 1$"):
         config_lib.validate(config)
+
+
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("def get_config():\n    return 1 / 0\n", "raised ZeroDivisionError: division by zero"),
+        ("def get_config(:\n", "has a syntax error: invalid syntax (c.py, line 1)"),
+        ("x = 1\n", "defines no get_config()"),
+    ],
+    ids=["raises", "syntax_error", "no_get_config"],
+)
+def test_load_config_file_names_a_file_that_does_not_load(tmp_path, source, problem):
+    (tmp_path / "c.py").write_text(source)
+    with pytest.raises(ValueError) as err:
+        config_lib.load_config_file(tmp_path / "c.py")
+    assert str(err.value) == f"base config file '{tmp_path / 'c.py'}' {problem}"
