@@ -65,6 +65,12 @@ def test_analyze_flag_rules_are_one_line(tmp_path, flags, message):
             ["--config=configs/smoke.py", "--config.optim.lr=1", "--workdir=W"],
             "error: --config.optim.lr must name fields of the config, got no field 'lr'\n",
         ),
+        (
+            "train.py",
+            ["--config=configs/smoke.py", "--config.optim.learnin_rate=1", "--workdir=W"],
+            "error: --config.optim.learnin_rate must name fields of the config, got no field "
+            '\'learnin_rate\'; Did you mean "learning_rate" instead of "learnin_rate"?\n',
+        ),
         ("train.py", ["--config=configs/nope.py", "--workdir=W"], "No such file or directory"),
         (
             "ablate.py",

@@ -59,8 +59,15 @@ def parse_flags(argv: list[str]) -> list[str]:
             raise
         # ml_collections: an override of no field
         overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-        missing = str(err).strip("'\"")
-        fail(f"{', '.join(overrides)} must name fields of the config, got no field {missing!r}")
+        fail(f"{', '.join(overrides)} must name fields of the config, got no field {_missing(err)}")
+
+
+def _missing(err: Exception) -> str:
+    """The message of ml_collections' error for a missing field, which may be wrapped in
+    another error and repr'd by str(): "'name'; Did you mean ...?" on one line."""
+    while err.args and isinstance(err.args[0], Exception):
+        err = err.args[0]
+    return one_line(err.args[0] if err.args and isinstance(err.args[0], str) else err)
 
 
 def config_file_problem(err: Exception) -> str | None:
