@@ -9,7 +9,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from beyondpar.base import cli, files, parallel
+from beyondpar.base import cli, files, locks, parallel
 from beyondpar.study import evaluate, report
 
 RUNS = flags.DEFINE_string("runs", None, "Folder holding runs (config.json + checkpoints).")
@@ -39,15 +39,17 @@ def evaluate_runs(root: Path) -> int:
 
 
 def evaluate_reference(folder: Path) -> int:
-    records, failures = evaluate.evaluate_reference_folder(folder)
+    evaluate.reference_files(folder)  # a bad --reference is refused before --out is made
     out = Path(OUT.value or "out/reference")
-    print(f"evaluated {len(records)} checkpoint(s), failed {len(failures)}")
-    if records:
-        lines = "".join(f"{json.dumps(r)}\n" for r in records)
-        written = [files.write_text(out / "records.jsonl", lines)]
-        written += report.write_report(records, out, failures)
-        for path in written:
-            print(f"wrote {path}")
+    with locks.lock(out):  # one process per report folder, as for --runs
+        records, failures = evaluate.evaluate_reference_folder(folder)
+        print(f"evaluated {len(records)} checkpoint(s), failed {len(failures)}")
+        if records:
+            lines = "".join(f"{json.dumps(r)}\n" for r in records)
+            written = [files.write_text(out / "records.jsonl", lines)]
+            written += report.write_report(records, out, failures)
+            for path in written:
+                print(f"wrote {path}")
     for name, message in failures:
         print(f"FAILED {name}: {message}")
     return 1 if failures else 0

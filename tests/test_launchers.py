@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from beyondpar.base import locks
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -269,6 +271,7 @@ fake_evaluate = types.SimpleNamespace(
     evaluate_tree=lambda root, steps: (["new"], [("run-b", "boom")]),
     read_records=lambda path, problems: [{"r": 1}, {"r": 2}, {"r": 3}],
     evaluate_reference_folder=lambda folder: ([{"r": 1}], []),
+    reference_files=lambda folder: [],
 )
 def write_report(records, out, failures):
     calls.append(str(out))
@@ -489,3 +492,25 @@ def test_launchers_name_a_folder_flag_that_is_a_file(tmp_path, launcher, flags):
     flag = flags[-1].split("=")[0]
     assert done.stderr == f"error: {flag} must be a folder, got '{file}', which is a file\n"
     assert file.read_text() == "keep"
+
+
+def test_evaluate_reference_stops_at_once_when_another_process_holds_its_out_folder(tmp_path):
+    """Two reference evaluations into one --out would each write records.jsonl whole and
+    lose the other's: the second stops before evaluating, naming the folder."""
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    (reference / "1_heads_copy.npz").write_bytes(b"not a checkpoint")
+    out = tmp_path / "out"
+    with locks.lock(out):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "launch" / "evaluate.py")]
+            + [f"--reference={reference}", f"--out={out}"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith(f"error: workdir {out} is in use by another process (pid ")
+    assert done.stdout == ""
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
