@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import tqdm
 
+from beyondpar import pretrained
 from beyondpar.analysis import corpus, corpus_report, measures, text_report, windows
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, locks, settings
@@ -104,7 +105,8 @@ def run(models: list[str], text: str, spec, out_dir, dtype=None, progress=True, 
         text_report.write(full, folder)
         return summarize(full), float(np.mean(full["rollout"]["network_fidelity"]))
 
-    return _series(models, text_settings(text, spec, dtype), analyse, out_dir, "one text", progress)
+    wanted = text_settings(text, spec, dtype)
+    return _series(models, wanted, analyse, out_dir, "one text", progress, pretrained.fingerprint)
 
 
 def run_corpus(
@@ -125,10 +127,14 @@ def run_corpus(
         corpus_report.write(summary, folder)
         return summarize(summary), summary["rollout"]["network_fidelity"]["mean"]
 
-    return _series(models, wanted, analyse, out_dir, f"one corpus ({corpus_path})", progress)
+    what = f"one corpus ({corpus_path})"
+    return _series(models, wanted, analyse, out_dir, what, progress, pretrained.fingerprint)
 
 
-def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool):
+def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool, fingerprint=None):
+    """Analyse the models not yet recorded into `out_dir`. `fingerprint` (model -> str,
+    `pretrained.fingerprint`) is recorded with each model, and a model recorded with
+    another is refused rather than skipped: its files changed since."""
     out_dir = Path(out_dir)
     _check_folders(models, out_dir)
     with locks.lock(out_dir):
@@ -142,16 +148,32 @@ def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool):
                 "use another --out, or the old settings",
             )
         done = {r["model"] for r in records}
+        _check_unchanged([r for r in records if r["model"] in models], fingerprint, out_dir)
         todo = [m for m in models if m not in done]
         for model in tqdm.tqdm(todo, desc="models", unit="model", disable=not progress):
             layers, network = analyse(model, out_dir / _folder(model))
             line = {"model": model, "label": label(model), "settings": wanted, "layers": layers}
+            if fingerprint is not None:
+                line["model_sha256"] = fingerprint(model)
             line["network_fidelity_pct"] = 100 * network
             files.append_json_line(out_dir / SERIES_FILE, line)
             records.append(line)
         shown = [r for r in records if r["model"] in models]
         written = files.write_text(out_dir / REPORT_FILE, markdown(_ordered(shown), what))
     return shown, written
+
+
+def _check_unchanged(records: list[dict], fingerprint, out_dir: Path) -> None:
+    """A recorded model whose files changed since (another fingerprint) is a ValueError;
+    records written before fingerprints were recorded are taken as they are."""
+    for record in records:
+        if fingerprint is None or "model_sha256" not in record:
+            continue
+        if fingerprint(record["model"]) != record["model_sha256"]:
+            raise ValueError(
+                f"--model {record['model']} changed since {out_dir / SERIES_FILE} recorded it "
+                "(its files' fingerprint differs); use another --out, or the model it recorded"
+            )
 
 
 def _folder(model: str) -> str:

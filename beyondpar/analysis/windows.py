@@ -155,6 +155,7 @@ def analyze_windows(
 def _settings(model, corpus_path, cspec, spec, dtype) -> dict:
     return {
         "model": str(model),
+        "model_sha256": pretrained.fingerprint(model),
         "corpus": str(corpus_path),
         "corpus_sha256": corpus.fingerprint(corpus_path),
         "corpus_spec": dataclasses.asdict(cspec),
@@ -174,11 +175,14 @@ _FREE = (
 
 
 def _check_settings(out_dir: Path, wanted: dict) -> None:
-    """A first run writes its settings; a rerun must match them but for `_FREE`."""
+    """A first run writes its settings; a rerun must match them but for `_FREE`. Settings
+    written before the model's fingerprint was recorded take the model's as theirs."""
     path = out_dir / SETTINGS_FILE
     if path.exists():
+        old = files.read_json(path)
+        old.setdefault("model_sha256", wanted["model_sha256"])
         settings.refuse_changes(
-            files.read_json(path),
+            old,
             wanted,
             f"{out_dir} holds a corpus analysis with other settings",
             "use another --out, or the old settings",

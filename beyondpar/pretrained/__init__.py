@@ -25,6 +25,7 @@ from beyondpar.pretrained.loading import (  # noqa: F401
     FAMILIES,
     build,
     family,
+    fingerprint,
     layer_name,
     load,
     load_gguf,

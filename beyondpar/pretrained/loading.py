@@ -11,6 +11,7 @@ each tensor; the tensors are read by a few threads at a time, largest first.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import importlib
 import math
 import os
@@ -83,6 +84,35 @@ def load_gguf(path: str | os.PathLike, dtype=None, mesh=None, progress: bool = T
         module, source, available, dtype, mesh, progress, alongside=source.tokenizer
     )
     return module, params, tokenizer
+
+
+FINGERPRINT_SAMPLE_BYTES = 1 << 20
+
+
+def fingerprint(path_or_name: str | os.PathLike) -> str:
+    """SHA-256 over the files `load` reads (a GGUF file; a folder's config, tokenizer and
+    weight files): each one's name in the folder, size, and first and last MiB.
+
+    A run resumed on a model changed in place (re-quantised, fine-tuned, another model
+    copied over it, a cache name whose snapshot moved) sees another fingerprint, without
+    reading every byte of a large model; a GGUF file is the same model under any name."""
+    gguf_path = gguf_file.find(path_or_name)
+    if gguf_path is not None:
+        named = [(b"", gguf_path)]
+    else:
+        folder = files.resolve(path_or_name)
+        weights = sorted(set(files.shard_files(folder).values()))
+        named = [(p.name.encode(), p) for p in [folder / files.CONFIG, folder / files.TOKENIZER]]
+        named += [(p.name.encode(), p) for p in weights]
+    digest = hashlib.sha256()
+    for name, path in named:
+        size = path.stat().st_size
+        digest.update(name + b"\0" + str(size).encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read(FINGERPRINT_SAMPLE_BYTES))
+            f.seek(max(size - FINGERPRINT_SAMPLE_BYTES, 0))
+            digest.update(f.read(FINGERPRINT_SAMPLE_BYTES))
+    return digest.hexdigest()
 
 
 def _not_gguf(path):

@@ -184,6 +184,7 @@ def test_a_corpus_series_refuses_a_rerun_with_another_window_count(tmp_path, mon
 
     monkeypatch.setattr(windows, "run", fake_run)
     monkeypatch.setattr(corpus_report, "write", lambda summary, folder: [])
+    monkeypatch.setattr(series.pretrained, "fingerprint", lambda model: f"sha of {model}")
     text = tmp_path / "corpus.txt"
     text.write_text("one two three four five six seven eight nine ten\n")
     spec = measures.AnalysisSpec(horizon=30, max_steps=40)
@@ -192,7 +193,9 @@ def test_a_corpus_series_refuses_a_rerun_with_another_window_count(tmp_path, mon
     shown, _ = series.run_corpus(["ckpt-7"], text, three, spec, out, progress=False)
     assert analysed == [("ckpt-7", 3)]
     assert shown[0]["network_fidelity_pct"] == pytest.approx(25.0)
-    recorded = json.loads((out / series.SERIES_FILE).read_text())["settings"]
+    line = json.loads((out / series.SERIES_FILE).read_text())
+    assert line["model_sha256"] == "sha of ckpt-7"
+    recorded = line["settings"]
     assert (recorded["tokens"], recorded["max_windows"]) == (16, 3)
     series.run_corpus(["ckpt-7"], text, three, spec, out, progress=False)
     assert analysed == [("ckpt-7", 3)]
@@ -200,3 +203,32 @@ def test_a_corpus_series_refuses_a_rerun_with_another_window_count(tmp_path, mon
     with pytest.raises(ValueError, match=r"other settings \(max_windows: 3 -> 5\)"):
         series.run_corpus(["ckpt-7", "ckpt-9"], text, five, spec, out, progress=False)
     assert analysed == [("ckpt-7", 3)]
+
+
+def test_a_recorded_model_whose_files_changed_is_refused_not_skipped(tmp_path):
+    """Each model is recorded with its fingerprint: a rerun skips it while it is the same
+    and refuses it, naming it, once another model's files are under its name; records
+    written without a fingerprint are skipped as before."""
+    analysed, prints = [], {"ckpt-1": "a", "ckpt-2": "b"}
+
+    def analyse(model, folder):
+        analysed.append(model)
+        return {"0": {"sink_mass": 0.5}}, 0.5
+
+    wanted = {"spec": {"horizon": 20}}
+    run = lambda models: series._series(  # noqa: E731
+        models, wanted, analyse, tmp_path, "one text", False, prints.get
+    )
+    run(["ckpt-1", "ckpt-2"])
+    lines = [json.loads(x) for x in (tmp_path / series.SERIES_FILE).open()]
+    assert [x["model_sha256"] for x in lines] == ["a", "b"]
+    run(["ckpt-1", "ckpt-2"])
+    assert analysed == ["ckpt-1", "ckpt-2"]
+    prints["ckpt-2"] = "c"
+    with pytest.raises(ValueError, match="^--model ckpt-2 changed since .*series.jsonl recorded"):
+        run(["ckpt-2"])
+    run(["ckpt-1"])  # the changed model is not asked for: nothing to refuse
+    del lines[1]["model_sha256"]
+    (tmp_path / series.SERIES_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run(["ckpt-2"])
+    assert analysed == ["ckpt-1", "ckpt-2"]

@@ -4,6 +4,8 @@ counts and maps checked against hand-built documents and records."""
 import dataclasses
 import json
 import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,11 +135,40 @@ def test_a_corpus_count_that_is_not_a_positive_integer_is_named(name, value):
     assert getattr(windows.CorpusSpec(tokens=8, **{name: 1}), name) == 1
 
 
-def _settings(tmp_path, **changes):
+HF = Path(__file__).parents[1] / "data" / "hf"
+
+
+def _settings(tmp_path, model=HF / "gpt2-tiny", **changes):
     corpus_file = tmp_path / "corpus.txt"
     corpus_file.write_text("1 2 3 4\n")
     cspec = windows.CorpusSpec(**{"tokens": 4, **changes})
-    return windows._settings("model", corpus_file, cspec, measures.AnalysisSpec(), None)
+    return windows._settings(str(model), corpus_file, cspec, measures.AnalysisSpec(), None)
+
+
+def test_a_rerun_on_a_model_changed_in_place_is_refused(tmp_path):
+    """The settings hold the model's fingerprint, not only its path: another model copied
+    over the same folder is another run."""
+    model = tmp_path / "model"
+    shutil.copytree(HF / "gpt2-tiny", model)
+    out = tmp_path / "out"
+    out.mkdir()
+    first = _settings(tmp_path, model)
+    windows._check_settings(out, first)
+    windows._check_settings(out, _settings(tmp_path, model))  # the same files: accepted
+    shutil.rmtree(model)
+    shutil.copytree(HF / "gpt2-untied", model)
+    with pytest.raises(ValueError, match="other settings .model_sha256: '[0-9a-f]{64}' -> "):
+        windows._check_settings(out, _settings(tmp_path, model))
+    assert json.loads((out / windows.SETTINGS_FILE).read_text()) == first
+
+
+def test_settings_saved_without_a_model_fingerprint_take_the_models(tmp_path):
+    wanted = _settings(tmp_path)
+    older = {k: v for k, v in wanted.items() if k != "model_sha256"}
+    (tmp_path / windows.SETTINGS_FILE).write_text(json.dumps(older))
+    windows._check_settings(tmp_path, wanted)
+    kept = json.loads((tmp_path / windows.SETTINGS_FILE).read_text())
+    assert kept["model_sha256"] == wanted["model_sha256"]
 
 
 @pytest.mark.parametrize(

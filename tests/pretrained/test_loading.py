@@ -276,3 +276,29 @@ def test_a_qwen2_gguf_with_a_sliding_window_windows_every_layer(tmp_path):
     assert attn.shape[1] == 2
     assert not attn[..., i - j >= 5].any()
     assert (attn[..., i - j == 4] > 0).all()
+
+
+def test_fingerprint_follows_the_files_load_reads_not_their_folder(tmp_path, qwen2_gguf):
+    """A copy of a model is the same model; another model, a weight changed near either
+    end of its file or a GGUF file cut short is another; a GGUF file under another name is
+    the same."""
+    import shutil
+
+    tiny = pretrained.fingerprint(HF / "gpt2-tiny")
+    copy = tmp_path / "copy"
+    shutil.copytree(HF / "gpt2-tiny", copy)
+    assert pretrained.fingerprint(copy) == tiny
+    assert pretrained.fingerprint(HF / "gpt2-untied") != tiny
+    weights = copy / files.WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor
+    weights.write_bytes(bytes(data))
+    assert pretrained.fingerprint(copy) != tiny
+    (copy / files.CONFIG).write_text((HF / "gpt2-tiny" / files.CONFIG).read_text() + " ")
+    weights.write_bytes((HF / "gpt2-tiny" / files.WEIGHTS).read_bytes())
+    assert pretrained.fingerprint(copy) != tiny  # the config's size changed
+    renamed = tmp_path / "renamed.gguf"
+    shutil.copyfile(qwen2_gguf, renamed)
+    assert pretrained.fingerprint(renamed) == pretrained.fingerprint(qwen2_gguf)
+    renamed.write_bytes(renamed.read_bytes()[:-1])
+    assert pretrained.fingerprint(renamed) != pretrained.fingerprint(qwen2_gguf)
