@@ -109,8 +109,18 @@ def run(main: Callable[[list[str]], int | None], positional: bool = False) -> No
             fail(not_a_folder(err))
         except USER_ERRORS as err:
             fail(str(err))
+        except KeyboardInterrupt:
+            interrupted(argv[0])
 
     app.run(guarded, flags_parser=parse_flags)
+
+
+def interrupted(program: str) -> None:
+    """Ctrl-C: one line and the shell's status for it (130), not a traceback. Whatever
+    was written before is whole (files are written atomically), and the launchers that
+    resume (train, ablate, a corpus or series analysis) go on from it when rerun."""
+    print(f"{Path(program).name}: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 
 def not_a_folder(err: OSError) -> str:

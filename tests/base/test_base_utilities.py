@@ -186,6 +186,29 @@ def test_run_turns_a_user_error_into_one_line_and_status_2(error):
     assert done.stdout == ""
 
 
+_INTERRUPTED = """
+import os, signal
+from pathlib import Path
+from beyondpar.base import cli, files
+def main(argv):
+    files.write_text(Path(os.environ["OUT"]) / "done.txt", "whole")
+    os.kill(os.getpid(), signal.SIGINT)
+cli.run(main)
+"""
+
+
+def test_ctrl_c_is_one_line_and_status_130_with_what_was_written_kept(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OUT": str(tmp_path)},
+    )
+    assert (done.returncode, done.stderr) == (130, "-c: interrupted\n")
+    assert (tmp_path / "done.txt").read_text() == "whole"
+
+
 _PRINTS_ARGV = """
 import sys
 from beyondpar.base import cli
