@@ -35,9 +35,9 @@ MISSING = [
     (lambda p: files.shard_files(_folder_with_config(p / "m")), "must hold model.safetensors"),
     (lambda p: files.shard_files(_index_of_an_absent_shard(p / "m")), "shards that are absent"),
     (lambda p: files.read_tokenizer(p), "must hold tokenizer.json, got none"),
-    (lambda p: evaluate.reference_files(p / "reference"), "reference folder must exist"),
+    (lambda p: evaluate.reference_files(p / "reference"), "reference folder must be an existing"),
     (lambda p: evaluate.reference_files(p), r"no <H>_heads_<task>.npz or .pt files"),
-    (lambda p: evaluate.evaluate_tree(p / "runs"), "runs directory must exist"),
+    (lambda p: evaluate.evaluate_tree(p / "runs"), "runs directory must be an existing"),
     (lambda p: evaluate.evaluate_tree(p, progress=False), "no runs under"),
     (lambda p: config_lib.load_config_file(p / "cpu.py"), "base config must be an existing file"),
     (lambda p: corpus.read_documents(p / "c.txt"), "--corpus .* is neither a file nor a folder"),
@@ -61,8 +61,14 @@ def test_a_path_that_names_nothing_is_a_value_error_and_a_file_not_found_error(
 WRONG_KIND = [
     (lambda p: checkpoints.import_reference(p, 4), "must be an existing checkpoint file"),
     (lambda p: pretrained.load(p / "notes.txt"), "must be a checkpoint folder or a model name"),
-    (lambda p: evaluate.reference_files(p / "notes.txt"), "reference folder must exist"),
-    (lambda p: evaluate.evaluate_tree(p / "notes.txt"), "runs directory must exist"),
+    (
+        lambda p: evaluate.reference_files(p / "notes.txt"),
+        "reference folder must be an existing folder",
+    ),
+    (
+        lambda p: evaluate.evaluate_tree(p / "notes.txt"),
+        "runs directory must be an existing folder",
+    ),
     (lambda p: config_lib.load_config_file(p), "base config must be an existing file"),
     (lambda p: gguf_file.GgufFile(p), "path must be an existing GGUF file, got"),
 ]

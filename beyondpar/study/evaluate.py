@@ -296,7 +296,9 @@ def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool
     check_steps(steps)
     root = Path(root)
     if not root.is_dir():
-        raise checks.path_error(root, f"runs directory must exist, got {str(root)!r}")
+        raise checks.path_error(
+            root, f"runs directory must be an existing folder, got {str(root)!r}"
+        )
     runs = find_runs(root)
     if not runs:
         raise checks.MissingPathError(
@@ -358,7 +360,9 @@ def reference_files(folder: str | os.PathLike) -> list[Path]:
     """`<H>_heads_<task>.npz|.pt` in a folder (a .pt beside its .npz is the same weights)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise checks.path_error(folder, f"reference folder must exist, got {str(folder)!r}")
+        raise checks.path_error(
+            folder, f"reference folder must be an existing folder, got {str(folder)!r}"
+        )
     paths = sorted(
         p
         for p in folder.iterdir()

@@ -427,7 +427,8 @@ class _Loop:
 def _summary(config, workdir, start, last_step, values, seconds) -> str:
     """One line a person reads at the end of a run."""
     if start >= last_step:
-        return f"{workdir}: already trained to step {last_step}; nothing to do"
+        past = f" (past the {last_step} steps the config asks for)" if start > last_step else ""
+        return f"{workdir}: already trained to step {start}{past}; nothing to do"
     loss = values.get("train/loss", float("nan"))
     acc = values.get("eval/accuracy_predictable", float("nan"))
     resumed = f" (resumed from {start})" if start else ""

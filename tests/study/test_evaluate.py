@@ -134,7 +134,7 @@ def test_evaluate_cli_on_reference(tmp_path):
 def test_bad_steps_argument(tmp_path):
     with pytest.raises(ValueError, match="steps must be 'latest' or 'all', got 'first'"):
         evaluate.evaluate_tree(tmp_path, steps="first")
-    with pytest.raises(FileNotFoundError, match="runs directory must exist"):
+    with pytest.raises(FileNotFoundError, match="runs directory must be an existing folder"):
         evaluate.evaluate_tree(tmp_path / "nope")
 
 

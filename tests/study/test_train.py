@@ -522,3 +522,17 @@ def test_log_eval_and_checkpoint_cadence(tmp_path, monkeypatch):
     got = train.evaluate_split(train.make_eval_step(module, mesh), params, evaluation, 32, mesh)
     for name, value in got.items():
         np.testing.assert_allclose(records[-1][f"eval/{name}"], value, rtol=1e-6)
+
+
+def test_a_run_already_past_its_config_names_the_step_it_holds():
+    """Rerun with fewer steps than it holds, a run says what it holds, not the config's
+    smaller count; at exactly its count it says only that."""
+    past = train._summary(None, "wd", 64, 32, {}, 0.0)
+    assert (
+        past
+        == "wd: already trained to step 64 (past the 32 steps the config asks for); nothing to do"
+    )
+    assert (
+        train._summary(None, "wd", 32, 32, {}, 0.0)
+        == "wd: already trained to step 32; nothing to do"
+    )
