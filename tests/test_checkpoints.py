@@ -175,6 +175,15 @@ def test_checksums_keep_only_the_steps_still_on_disk(tmp_path):
     assert sums["3"] == checkpoints.checksum({"w": jnp.full((2,), 3.0)})
 
 
+def test_a_step_the_manager_does_not_save_gets_no_checksum(tmp_path):
+    mgr = checkpoints.manager(tmp_path / "ck", save_every=2, keep=5)
+    assert checkpoints.save(mgr, 2, {"w": jnp.full((2,), 2.0)}) is True
+    assert checkpoints.save(mgr, 3, {"w": jnp.full((2,), 3.0)}) is False
+    assert checkpoints.list_steps(tmp_path / "ck") == [2]
+    sums = json.loads((tmp_path / "ck" / checkpoints.CHECKSUMS).read_text())
+    assert sums == {"2": checkpoints.checksum({"w": jnp.full((2,), 2.0)})}
+
+
 def test_load_step_zero_is_step_zero_not_the_latest(tmp_path):
     mgr = checkpoints.manager(tmp_path / "ck", save_every=1, keep=5)
     for step in (0, 5):

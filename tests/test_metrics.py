@@ -684,6 +684,16 @@ def test_half_precision_attention_is_checked_to_its_rounding_and_run_in_float32(
         metrics.minimax_fidelity(off)
 
 
+def test_a_negative_entry_smaller_than_the_row_tolerance_is_still_refused():
+    """Entries must be non-negative exactly: the row-sum tolerance does not excuse them."""
+    c = np.array([[1.0 + 1e-6, -1e-6], [0.0, 1.0]])
+    with pytest.raises(ValueError, match="c must be non-negative, got minimum entry -1e-06"):
+        metrics.check_operator(c)
+    half = jnp.asarray(np.array([[1.0, -1e-4], [0.0, 1.0]]), jnp.float16)
+    with pytest.raises(ValueError, match="c must be non-negative, got minimum entry -0.0001"):
+        metrics.check_operator(half)
+
+
 GOOD = star(4)
 
 

@@ -166,6 +166,40 @@ def test_a_coordinator_in_the_environment_joins_with_its_settings(monkeypatch):
     assert calls == [("jax_cpu_collectives_implementation", "gloo"), ()]
 
 
+@pytest.mark.parametrize(
+    "address,ok",
+    [
+        ("localhost:1234", True),
+        ("10.0.0.1:65535", True),
+        ("[::1]:1234", True),
+        ("[fe80::1]:8476", True),
+        (":1234", False),
+        ("h:0", False),
+        ("h:65536", False),
+        ("h:-1", False),
+        ("localhost", False),
+    ],
+)
+def test_a_coordinator_address_is_a_host_and_a_port_number(address, ok, monkeypatch):
+    """Only host:port (an IPv6 host in brackets) reaches jax.distributed; anything else
+    is refused before it could wait on a coordinator that cannot exist."""
+    calls = []
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args: calls.append(args))
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)
+    assert parallel._is_host_and_port(address) is ok
+    if ok:
+        assert parallel.initialize(address, 2, 1) is True
+        assert calls == [(address, 2, 1)]
+    else:
+        with pytest.raises(
+            ValueError, match=f"host:port when num_processes=2 > 1, got {address!r}"
+        ):
+            parallel.initialize(address, 2, 1)
+        assert calls == []
+
+
 # Faults while filling a 64 MB malloc buffer for the second time, after the entry points'
 # setup (one per 4 KB page, 16,384, when its pages are new). A fresh interpreter: the
 # allocator setting is process-wide and JAX's devices are set before its first use.
