@@ -71,7 +71,8 @@ def initialize(coordinator_address: str = "", num_processes: int = 1, process_id
 def _is_host_and_port(address: str) -> bool:
     """Whether `address` is host:port with a port number (IPv6 hosts in brackets)."""
     host, _, port = address.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+    bracketed = host.startswith("[") == host.endswith("]")
+    return bool(host) and bracketed and port.isdigit() and 0 < int(port) < 65536
 
 
 def data_mesh(devices=None) -> jax.sharding.Mesh:
