@@ -259,13 +259,13 @@ def test_cpu_device_count_divides_the_batch():
     assert parallel.cpu_device_count(3) == 3
 
 
-@pytest.mark.parametrize("address", ["", "localhost", "localhost:", "host:port", ":1234", "h:0"])
-def test_distributed_needs_a_coordinator_with_a_port(address):
+def test_distributed_needs_a_coordinator():
+    """Other addresses without a port: tests/base/test_parallel.py, with jax.distributed
+    stubbed (a wrong check would otherwise wait on a coordinator)."""
     with pytest.raises(
-        ValueError,
-        match=f"coordinator_address must be host:port when num_processes=2 > 1, got {address!r}",
+        ValueError, match="coordinator_address must be host:port when num_processes=2 > 1, got ''"
     ):
-        parallel.initialize(address, 2, 0)
+        parallel.initialize("", 2, 0)
 
 
 def test_load_errors(smoke_run, tmp_path):
