@@ -216,10 +216,13 @@ def plot_pairwise(record: dict, plt):
 
 def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
     """report.md, analysis.json and the PNG plots; returns their paths. The folder is
-    locked while they are written: another process writing there is FolderBusy."""
+    locked while they are written: another process writing there is FolderBusy. A plot
+    this record has no data for (pairwise synergy, when not asked for) is removed if an
+    earlier analysis left one, so the folder holds one analysis only."""
     out_dir = Path(out_dir)
     plots = {"sink_share.png": plot_sink_share, "fidelity_heads.png": plot_head_fidelity}
-    if any("pairwise_synergy" in d for d in record["layers"].values()):
+    pairwise = any("pairwise_synergy" in d for d in record["layers"].values())
+    if pairwise:
         plots["pairwise_synergy.png"] = plot_pairwise
     plt = files.pyplot()
     figures = {name: lambda plot=plot: plot(record, plt) for name, plot in plots.items()}
@@ -228,4 +231,6 @@ def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
             files.write_text(out_dir / "report.md", markdown(record)),
             files.write_json(out_dir / "analysis.json", to_json(record)),
         ]
+        if not pairwise:
+            (out_dir / "pairwise_synergy.png").unlink(missing_ok=True)
         return written + files.write_figures(out_dir, figures)

@@ -160,3 +160,16 @@ def test_a_folder_another_process_writes_is_refused_with_nothing_written(parked,
         os.close(other)
     names = sorted(p.name for p in text_report.write(parked, out))
     assert names == ["analysis.json", "fidelity_heads.png", "report.md", "sink_share.png"]
+
+
+def test_a_rerun_without_pairwise_synergy_removes_the_old_plot(parked, tmp_path):
+    """A folder holds one analysis: the pairwise plot of an earlier run that asked for it
+    goes when a rerun does not, and the other plots are rewritten."""
+    heads = np.stack([np.eye(T), np.asarray(graphs.uniform_causal(T)), np.eye(T)])
+    attn = np.stack([heads, heads]).astype(np.float32)[:, None]
+    with_pairs = record(measures.AnalysisSpec(horizon=20, max_steps=20), attn)
+    first = sorted(p.name for p in text_report.write(with_pairs, tmp_path))
+    assert "pairwise_synergy.png" in first
+    second = sorted(p.name for p in text_report.write(parked, tmp_path))
+    assert "pairwise_synergy.png" not in second
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*second, locks.LOCK_FILE])
