@@ -37,7 +37,7 @@ def markdown(summary: dict) -> str:
     lines = [f"# Corpus analysis: {summary['source']}", "", _corpus_line(summary), ""]
     lines += [_values_line(spec, k), ""]
     if "optimal" in summary:
-        lines += [_optimal_line(summary["optimal"]), ""]
+        lines += [_optimal_line(summary["optimal"], k), ""]
     lines += [
         "Rollout: network fidelity "
         f"{_ci(summary['rollout']['network_fidelity'], digits=4)}%, first token's share at "
@@ -88,7 +88,7 @@ def _values_line(spec: dict, k: int) -> str:
     return line
 
 
-def _optimal_line(optimal: dict) -> str:
+def _optimal_line(optimal: dict, sink_tokens: int) -> str:
     folds = ", ".join(
         f"fold {f} (windows {a}-{b - 1}) searched on windows {_windows(s)}"
         for f, ((a, b), s) in enumerate(
@@ -105,7 +105,8 @@ def _optimal_line(optimal: dict) -> str:
         "windows outside the fold, and every window measured with the mix whose search did "
         f"not see it: {folds}. 'optimal in sample' is each search's own value on the windows "
         "it was searched on, averaged over folds: what an optimum scored where it was found "
-        "claims, for comparison. The graph without the sink tokens has its own search."
+        "claims, for comparison."
+        + (" The graph without the sink tokens has its own search." if sink_tokens else "")
     )
 
 

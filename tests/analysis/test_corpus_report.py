@@ -183,3 +183,11 @@ def test_a_folder_another_process_writes_is_refused_with_nothing_written(summary
         os.close(other)
     names = sorted(p.name for p in corpus_report.write(summary, out))
     assert names[-1] == "report.md"
+
+
+@pytest.mark.parametrize("sink_tokens", [0, 2])
+def test_the_optimum_line_names_a_search_without_the_sink_only_when_there_is_one(sink_tokens):
+    optimal = {"folds": [[0, 2], [2, 4]], "search_windows": [[2, 3], [0, 1]], "held_out": True}
+    line = corpus_report._optimal_line(optimal, sink_tokens)
+    assert "fold 0 (windows 0-1) searched on windows 2, 3" in line
+    assert ("without the sink tokens has its own search" in line) == bool(sink_tokens)
