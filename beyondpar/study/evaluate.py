@@ -342,8 +342,12 @@ def evaluate_reference(
     """Record of a checkpoint released with the paper, named <H>_heads_<task>.npz|.pt."""
     path = Path(path)
     heads, sep, task = path.stem.partition("_heads_")
-    if not (sep and heads.isdigit() and task in tasks.TASKS):
+    if not (sep and heads.isdigit()):
         raise ValueError(f"path must be named <H>_heads_<task>.npz or .pt, got {path.name!r}")
+    if task not in tasks.TASKS:
+        raise ValueError(
+            f"path {path.name!r} must name a task of {tasks.TASKS} after '_heads_', got {task!r}"
+        )
     module, params = checkpoints.import_reference(path, int(heads))
     cfg = module.config
     key = jax.random.PRNGKey(spec.seed)
@@ -375,12 +379,18 @@ def reference_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def evaluate_reference_folder(folder, spec: EvalSpec = EvalSpec()):
-    """(records, failures) of every released checkpoint in `folder`; an unreadable file is
-    named in failures and the others are evaluated."""
+    """(records, failures) of every released checkpoint in `folder`; a file that fails is
+    named in failures with why (a bad name, or unreadable) and the others are evaluated."""
     records, failures = [], []
     for path in reference_files(folder):
         try:
             records.append(evaluate_reference(path, spec))
         except Exception as err:  # noqa: BLE001 - zip, pickle and shape errors alike
-            failures.append((path.name, f"unreadable: {type(err).__name__}: {err}".splitlines()[0]))
+            failures.append((path.name, _reference_failure(err)))
     return records, failures
+
+
+def _reference_failure(err: Exception) -> str:
+    """One line on why a released checkpoint failed: its name, or reading it."""
+    named = isinstance(err, ValueError) and str(err).startswith("path ")
+    return (str(err) if named else f"unreadable: {type(err).__name__}: {err}").splitlines()[0]

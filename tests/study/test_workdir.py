@@ -423,6 +423,23 @@ def test_damaged_reference_files_are_named(tmp_path):
     assert all(message.startswith("unreadable: ") for _, message in failures)
 
 
+def test_a_reference_file_of_an_unknown_task_is_named_for_its_task_not_as_unreadable(tmp_path):
+    shutil.copy(DATA / "1_heads_cycle.npz", tmp_path / "1_heads_zzz.npz")
+    shutil.copy(DATA / "1_heads_cycle.npz", tmp_path / "x_heads_copy.npz")
+    spec = evaluate.EvalSpec(num_sequences=2, pruning=False, optimal_weights=False)
+    records, failures = evaluate.evaluate_reference_folder(tmp_path, spec)
+    assert records == []
+    assert dict(failures) == {
+        "1_heads_zzz.npz": (
+            "path '1_heads_zzz.npz' must name a task of ('copy', 'cycle', 'zero', 'shift', "
+            "'pair_sum', 'induction') after '_heads_', got 'zzz'"
+        ),
+        "x_heads_copy.npz": (
+            "path must be named <H>_heads_<task>.npz or .pt, got 'x_heads_copy.npz'"
+        ),
+    }
+
+
 # ---------------------------------------------------------------- NaN
 
 
