@@ -514,3 +514,20 @@ def test_evaluate_reference_stops_at_once_when_another_process_holds_its_out_fol
     assert done.stderr.startswith(f"error: workdir {out} is in use by another process (pid ")
     assert done.stdout == ""
     assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_evaluate_reference_that_is_missing_makes_no_out_folder(tmp_path):
+    """A --reference folder that does not exist is refused before --out is made or locked."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "evaluate.py")]
+        + [f"--reference={tmp_path / 'nope'}", f"--out={out}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    message = f"error: reference folder must exist, got '{tmp_path / 'nope'}'\n"
+    assert (done.stderr, done.stdout) == (message, "")
+    assert not out.exists()

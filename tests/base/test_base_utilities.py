@@ -233,6 +233,13 @@ def test_run_refuses_words_that_are_not_flags_unless_main_takes_them():
     assert (done.returncode, done.stdout) == (0, "ran ['-c', 'x']\n")
 
 
+def test_run_refuses_a_single_word_that_is_not_a_flag():
+    """`--text hello there` unquoted leaves one word over: it too is refused."""
+    done = _run_printing_argv("flags", "there")
+    assert done.stderr == "error: -c takes only flags, got extra arguments ['there']\n"
+    assert (done.returncode, done.stdout) == (2, "")
+
+
 _WRITES_UNDER_OUT = """
 from pathlib import Path
 from absl import flags
@@ -280,8 +287,12 @@ cli.run(lambda argv: print(cli.config(CONFIG)))
         ("def get_config():\n    return 1 / 0\n", "raised ZeroDivisionError: division by zero"),
         ("def get_config(:\n", "has a syntax error: invalid syntax (c.py, line 1)"),
         ("x = 1\n", "defines no get_config()"),
+        (
+            "def get_config():\n    return None.steps\n",
+            "raised AttributeError: 'NoneType' object has no attribute 'steps'",
+        ),
     ],
-    ids=["raises", "syntax_error", "no_get_config"],
+    ids=["raises", "syntax_error", "no_get_config", "raises_attribute_error"],
 )
 def test_config_file_that_does_not_load_is_one_line_naming_it(tmp_path, source, problem):
     (tmp_path / "c.py").write_text(source)
@@ -292,6 +303,34 @@ def test_config_file_that_does_not_load_is_one_line_naming_it(tmp_path, source, 
         timeout=60,
     )
     assert done.stderr == f"error: --config: config file '{tmp_path / 'c.py'}' {problem}\n"
+    assert (done.returncode, done.stdout) == (2, "")
+
+
+def _load_config(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _LOADS_CONFIG, *flags], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_config_file_given_an_argument_is_named_without_the_argument(tmp_path):
+    """`--config=c.py:arg` names the file c.py, not 'c.py:arg'."""
+    (tmp_path / "c.py").write_text("def get_config(arg):\n    raise RuntimeError(arg)\n")
+    done = _load_config(f"--config={tmp_path / 'c.py'}:small")
+    problem = "raised RuntimeError: small"
+    assert done.stderr == f"error: --config: config file '{tmp_path / 'c.py'}' {problem}\n"
+    assert (done.returncode, done.stdout) == (2, "")
+
+
+def test_override_through_a_missing_field_is_one_line_naming_the_field(tmp_path):
+    """An override whose path goes through a field the config lacks (ml_collections raises
+    a KeyError, not an AttributeError) is one line and exit status 2, not a traceback."""
+    source = "import ml_collections\ndef get_config():\n"
+    source += "    return ml_collections.ConfigDict({'optim': {'learning_rate': 0.1}})\n"
+    (tmp_path / "c.py").write_text(source)
+    done = _load_config(f"--config={tmp_path / 'c.py'}", "--config.optim.lr.x=1")
+    assert done.stderr == (
+        "error: --config.optim.lr.x must name fields of the config, got no field 'lr'\n"
+    )
     assert (done.returncode, done.stdout) == (2, "")
 
 

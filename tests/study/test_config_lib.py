@@ -143,8 +143,12 @@ def test_validate_refuses_sizes_no_task_can_be_made_at(path):
         ("def get_config():\n    return 1 / 0\n", "raised ZeroDivisionError: division by zero"),
         ("def get_config(:\n", "has a syntax error: invalid syntax (c.py, line 1)"),
         ("x = 1\n", "defines no get_config()"),
+        (
+            "def get_config():\n    return None.steps\n",
+            "raised AttributeError: 'NoneType' object has no attribute 'steps'",
+        ),
     ],
-    ids=["raises", "syntax_error", "no_get_config"],
+    ids=["raises", "syntax_error", "no_get_config", "raises_attribute_error"],
 )
 def test_load_config_file_names_a_file_that_does_not_load(tmp_path, source, problem):
     (tmp_path / "c.py").write_text(source)
