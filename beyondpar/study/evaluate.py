@@ -378,11 +378,13 @@ def reference_files(folder: str | os.PathLike) -> list[Path]:
     return paths
 
 
-def evaluate_reference_folder(folder, spec: EvalSpec = EvalSpec()):
+def evaluate_reference_folder(folder, spec: EvalSpec = EvalSpec(), progress: bool = True):
     """(records, failures) of every released checkpoint in `folder`; a file that fails is
-    named in failures with why (a bad name, or unreadable) and the others are evaluated."""
+    named in failures with why (a bad name, or unreadable) and the others are evaluated.
+    `progress`: a bar over the files (each takes seconds to minutes)."""
     records, failures = [], []
-    for path in reference_files(folder):
+    paths = reference_files(folder)
+    for path in tqdm.tqdm(paths, desc="evaluating", unit="file", disable=not progress):
         try:
             records.append(evaluate_reference(path, spec))
         except Exception as err:  # noqa: BLE001 - zip, pickle and shape errors alike

@@ -423,11 +423,15 @@ def test_damaged_reference_files_are_named(tmp_path):
     assert all(message.startswith("unreadable: ") for _, message in failures)
 
 
-def test_a_reference_file_of_an_unknown_task_is_named_for_its_task_not_as_unreadable(tmp_path):
+def test_a_reference_file_of_an_unknown_task_is_named_for_its_task_not_as_unreadable(
+    tmp_path, capsys
+):
     shutil.copy(DATA / "1_heads_cycle.npz", tmp_path / "1_heads_zzz.npz")
     shutil.copy(DATA / "1_heads_cycle.npz", tmp_path / "x_heads_copy.npz")
     spec = evaluate.EvalSpec(num_sequences=2, pruning=False, optimal_weights=False)
     records, failures = evaluate.evaluate_reference_folder(tmp_path, spec)
+    bar = capsys.readouterr().err
+    assert "evaluating: 100%" in bar and "2/2" in bar
     assert records == []
     assert dict(failures) == {
         "1_heads_zzz.npz": (
