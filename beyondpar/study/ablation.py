@@ -130,9 +130,16 @@ def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progres
         records = [
             r for r in evaluate.read_records(workdir / evaluate.RECORDS_FILE) if r["run"] in configs
         ]
-        failures = failed + failures
+        failures = failed + _not_trained_again(failures, failed)
         written = report.write_report(records, workdir / REPORT_DIR, failures) if records else []
     return written, failures
+
+
+def _not_trained_again(evaluation_failures: list, training_failures: list) -> list:
+    """Evaluation's failures less a run whose training failed before saving anything
+    (`<run>@?`): its training error already names it."""
+    failed_runs = {f"{name}@?" for name, _ in training_failures}
+    return [(name, message) for name, message in evaluation_failures if name not in failed_runs]
 
 
 def _train_all(configs: dict, workdir: Path, progress: bool) -> list[tuple[str, str]]:

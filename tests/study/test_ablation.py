@@ -134,7 +134,8 @@ def test_ablate_cli(tmp_path):
 def test_run_reports_training_and_evaluation_failures_together(tmp_path, monkeypatch):
     """A run whose training raises is named with the first line of its error, the other
     runs still train, and a run left without a checkpoint is reported by evaluation: both
-    kinds of failure come back from `run`, training's first."""
+    kinds of failure come back from `run`, training's first, and a run whose training
+    failed before its first checkpoint is named once, by its training error."""
     study = ablation_config.get_config()
     study.levels.task = ("cycle",)
     study.levels.heads = (1, 2)
@@ -143,10 +144,10 @@ def test_run_reports_training_and_evaluation_failures_together(tmp_path, monkeyp
 
     def fake_train(config, workdir):
         trained.append((config.model.num_heads, config.seed, Path(workdir).name))
-        if config.model.num_heads == 1:
-            raise RuntimeError("loss is NaN at step 7\nTraceback details")
         (Path(workdir) / "checkpoints").mkdir(parents=True)
         (Path(workdir) / "config.json").write_text(json.dumps(config.to_dict()))
+        if config.model.num_heads == 1:
+            raise RuntimeError("loss is NaN at step 7\nTraceback details")
 
     monkeypatch.setattr(train, "train_and_evaluate", fake_train)
     written, failures = ablation.run(study, tmp_path, progress=False)
