@@ -29,7 +29,10 @@ def _index_of_an_absent_shard(path):
 MISSING = [
     (lambda p: checkpoints.load(p), "directory must hold orbax checkpoints, got none in"),
     (lambda p: checkpoints.import_reference(p / "4_heads_copy.npz", 4), "existing checkpoint"),
-    (lambda p: pretrained.load(p / "model"), "must be a checkpoint folder or a model name"),
+    (
+        lambda p: pretrained.load(p / "model"),
+        "must be a checkpoint folder, a GGUF file or a model name",
+    ),
     (lambda p: pretrained.load("tiny-org/absent"), "neither a folder nor in the local"),
     (lambda p: pretrained.load(p), "checkpoint folder must hold config.json, got none"),
     (lambda p: files.shard_files(_folder_with_config(p / "m")), "must hold model.safetensors"),
@@ -60,7 +63,10 @@ def test_a_path_that_names_nothing_is_a_value_error_and_a_file_not_found_error(
 
 WRONG_KIND = [
     (lambda p: checkpoints.import_reference(p, 4), "must be an existing checkpoint file"),
-    (lambda p: pretrained.load(p / "notes.txt"), "must be a checkpoint folder or a model name"),
+    (
+        lambda p: pretrained.load(p / "notes.txt"),
+        "must be a checkpoint folder, a GGUF file or a model name",
+    ),
     (
         lambda p: evaluate.reference_files(p / "notes.txt"),
         "reference folder must be an existing folder",

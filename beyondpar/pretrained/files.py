@@ -51,7 +51,8 @@ def resolve(path_or_name: str | os.PathLike) -> Path:
     name = str(path_or_name)
     if path.exists() or not _NAME.match(name):
         raise checks.path_error(
-            path, f"path_or_name must be a checkpoint folder or a model name, got {name!r}"
+            path,
+            f"path_or_name must be a checkpoint folder, a GGUF file or a model name, got {name!r}",
         )
     repo = hub_cache() / f"models--{name.replace('/', '--')}"
     ref = repo / "refs" / "main"

@@ -148,7 +148,10 @@ def test_analyze_cli(tmp_path):
     assert (tmp_path / "report.md").exists() and (tmp_path / "sink_share.png").exists()
     assert f"wrote {tmp_path / 'report.md'}" in done.stdout
     failed = run(f"--model={tmp_path / 'nothing'}", "--text=x", f"--out={tmp_path / 'x'}")
-    assert failed.returncode == 2 and "must be a checkpoint folder or a model name" in failed.stderr
+    assert (
+        failed.returncode == 2
+        and "must be a checkpoint folder, a GGUF file or a model name" in failed.stderr
+    )
     assert not (tmp_path / "x").exists()
 
 

@@ -283,7 +283,9 @@ def test_bad_folders_name_what_is_missing(tmp_path):
         (folder / missing).unlink()
         with pytest.raises(FileNotFoundError, match=message):
             pretrained.load(folder)
-    with pytest.raises(FileNotFoundError, match="must be a checkpoint folder or a model name"):
+    with pytest.raises(
+        FileNotFoundError, match="must be a checkpoint folder, a GGUF file or a model name"
+    ):
         pretrained.load(tmp_path / "no" / "such" / "folder")
 
 
