@@ -121,6 +121,24 @@ def test_open_unit_interval_excludes_both_ends():
     assert checks.open_unit_interval("dropout", np.float32(0.25)) == 0.25
 
 
+def test_unit_interval_includes_both_ends():
+    """A share in the closed interval [0, 1]: both ends pass through as floats, while
+    values outside it, NaN, bools and strings are refused naming the argument."""
+    for good, value in (
+        (0, 0.0),
+        (1, 1.0),
+        (1.0, 1.0),
+        (np.float32(0.25), 0.25),
+        (np.int64(1), 1.0),
+    ):
+        assert checks.unit_interval("--residual", good) == value
+        assert type(checks.unit_interval("--residual", good)) is float
+    for bad in (-0.01, 1.01, float("nan"), True, False, "0.5"):
+        with pytest.raises(ValueError) as err:
+            checks.unit_interval("--residual", bad)
+        assert str(err.value) == f"--residual must be a number in [0, 1], got {bad!r}"
+
+
 # ------------------------------------------------------------------ command lines
 
 
@@ -364,6 +382,23 @@ def test_a_cut_short_npz_is_a_value_error_naming_it(tmp_path):
         with pytest.raises(ValueError) as err:
             files.read_npz(cut)
         assert str(err.value).startswith(f"{cut} is not a whole .npz archive (damaged or cut")
+
+
+def test_an_empty_npz_is_a_value_error_naming_it(tmp_path):
+    """A file with no bytes at all (a write that never started) is the same one error."""
+    empty = tmp_path / "empty.npz"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError) as err:
+        files.read_npz(empty)
+    assert str(err.value).startswith(f"{empty} is not a whole .npz archive (damaged or cut")
+
+
+def test_a_json_file_that_is_not_utf8_is_a_value_error_naming_it(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_bytes(b'{"model": "\xff\xfe"}')
+    with pytest.raises(ValueError) as err:
+        files.read_json(path)
+    assert str(err.value).startswith(f"{path} is not valid JSON (damaged or cut short?): ")
 
 
 def test_atomic_path_failure_leaves_target_and_folder_untouched(tmp_path):

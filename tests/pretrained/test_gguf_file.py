@@ -329,6 +329,20 @@ def test_unsupported_gguf_files_are_named(tmp_path, change, message):
         pretrained.load(changed)
 
 
+@pytest.mark.parametrize("value", [True, 2.0, -1])
+def test_a_gguf_count_that_is_not_a_positive_integer_is_named(tmp_path, value):
+    path = export(HF / "llama-tiny", tmp_path / "model.gguf")
+    source = gguf_file.GgufFile(path)
+    assert source.arch_value("attention.head_count") == 4
+    source.header.metadata["llama.attention.head_count"] = value
+    with pytest.raises(ValueError) as err:
+        source.arch_value("attention.head_count")
+    assert str(err.value) == (
+        f"GGUF file {path}: metadata 'llama.attention.head_count' must be an integer >= 1, "
+        f"got {value!r}"
+    )
+
+
 @pytest.mark.parametrize(
     "name,extra,message",
     [

@@ -302,3 +302,28 @@ def test_fingerprint_follows_the_files_load_reads_not_their_folder(tmp_path, qwe
     assert pretrained.fingerprint(renamed) == pretrained.fingerprint(qwen2_gguf)
     renamed.write_bytes(renamed.read_bytes()[:-1])
     assert pretrained.fingerprint(renamed) != pretrained.fingerprint(qwen2_gguf)
+
+
+def test_fingerprint_samples_the_end_and_the_size_of_a_large_file(tmp_path):
+    """A file over twice the sample: a byte changed in its last MiB, or more bytes whose
+    first and last MiB are the same, give another fingerprint."""
+    big = loading.FINGERPRINT_SAMPLE_BYTES * 3
+    path = tmp_path / "model.gguf"
+    path.write_bytes(bytes(big))
+    before = pretrained.fingerprint(path)
+    assert pretrained.fingerprint(path) == before
+    path.write_bytes(bytes(big - 1) + b"\x01")
+    assert pretrained.fingerprint(path) != before
+    path.write_bytes(bytes(big + loading.FINGERPRINT_SAMPLE_BYTES))
+    assert pretrained.fingerprint(path) != before
+
+
+def test_fingerprint_covers_the_tokenizer_of_a_folder(tmp_path):
+    import shutil
+
+    tiny = pretrained.fingerprint(HF / "gpt2-tiny")
+    copy = tmp_path / "copy"
+    shutil.copytree(HF / "gpt2-tiny", copy)
+    tokenizer = copy / files.TOKENIZER
+    tokenizer.write_text(tokenizer.read_text() + " ")
+    assert pretrained.fingerprint(copy) != tiny
