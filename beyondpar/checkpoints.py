@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -117,8 +118,31 @@ def _recorded_before_save(directory: Path) -> dict[str, str]:
     return {}
 
 
+@contextlib.contextmanager
+def _interrupt_after():
+    """Ctrl-C during the block lands when it ends: a save cut short by it left a
+    half-written step folder and orbax's threads reporting on the closed event loop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit = []
+    previous = signal.signal(signal.SIGINT, lambda *_: hit.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hit and callable(previous):
+        previous(signal.SIGINT, None)  # Python's own handler raises KeyboardInterrupt
+
+
 def save(mgr: ocp.CheckpointManager, step: int, state, force: bool = False) -> bool:
-    """Save `state` at `step` (synchronously) and record its checksum beside it."""
+    """Save `state` at `step` (synchronously) and record its checksum beside it; Ctrl-C
+    waits until both are whole."""
+    with _interrupt_after():
+        return _save(mgr, step, state, force)
+
+
+def _save(mgr: ocp.CheckpointManager, step: int, state, force: bool) -> bool:
     saved = mgr.save(step, args=ocp.args.StandardSave(state), force=force)
     mgr.wait_until_finished()
     if saved and jax.process_index() == 0:

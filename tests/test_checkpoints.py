@@ -231,3 +231,27 @@ def test_an_empty_checksums_object_is_replaced_without_a_warning(tmp_path, recwa
     assert not [w for w in recwarn if "checksums" in str(w.message)]
     assert not (tmp_path / "ck" / "checksums.json.damaged").exists()
     assert list(json.loads((tmp_path / "ck" / checkpoints.CHECKSUMS).read_text())) == ["3"]
+
+
+def test_ctrl_c_during_a_save_lands_once_the_checkpoint_and_its_checksum_are_whole(
+    tmp_path, monkeypatch
+):
+    import os
+    import signal
+
+    mgr = checkpoints.manager(tmp_path / "ck", save_every=1, keep=5)
+    real_save = mgr.save
+
+    def interrupted_save(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the save starts
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(mgr, "save", interrupted_save)
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save(mgr, 1, {"w": jnp.ones(2)})
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert checkpoints.list_steps(tmp_path / "ck") == [1]
+    sums = json.loads((tmp_path / "ck" / checkpoints.CHECKSUMS).read_text())
+    assert sums == {"1": checkpoints.checksum({"w": jnp.ones(2)})}
+    assert [p.name for p in (tmp_path / "ck").iterdir() if "tmp" in p.name] == []

@@ -333,8 +333,10 @@ def _train(config, workdir: Path, mesh, main: bool) -> dict:
     writer = MetricsWriter(workdir / METRICS_FILE, main)
     writer.truncate_after(start)
     loop = _Loop(config, mesh, module, tx, k["dropout"], writer, mgr, last_step)
-    state, values = loop.run(state, start, main)
-    mgr.close()
+    try:
+        state, values = loop.run(state, start, main)
+    finally:  # also on Ctrl-C: a save under way finishes rather than dying with the process
+        mgr.close()
     if main:
         print(_summary(config, workdir, start, last_step, values, time.perf_counter() - started))
     return state
