@@ -227,6 +227,14 @@ def test_ctrl_c_is_one_line_and_status_130_with_what_was_written_kept(tmp_path):
     assert (tmp_path / "done.txt").read_text() == "whole"
 
 
+def test_ctrl_c_names_the_launcher_without_its_folder(capsys):
+    """A launcher started by its path is named by its file name alone."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.interrupted("/opt/venv/bin/beyondpar-train")
+    assert exit_info.value.code == 130
+    assert capsys.readouterr() == ("", "beyondpar-train: interrupted\n")
+
+
 _PRINTS_ARGV = """
 import sys
 from beyondpar.base import cli
