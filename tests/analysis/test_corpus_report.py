@@ -191,3 +191,15 @@ def test_the_optimum_line_names_a_search_without_the_sink_only_when_there_is_one
     line = corpus_report._optimal_line(optimal, sink_tokens)
     assert "fold 0 (windows 0-1) searched on windows 2, 3" in line
     assert ("without the sink tokens has its own search" in line) == bool(sink_tokens)
+
+
+def test_a_report_without_sink_tokens_says_nothing_of_a_search_without_them(summary):
+    """The report passes its own sink-token count to the optimum's line."""
+    summary["optimal"] = {
+        "folds": [[0, 2], [2, 4]],
+        "search_windows": [[2, 3], [0, 1]],
+        "held_out": True,
+    }
+    report = corpus_report.markdown(summary)
+    assert "fold 1 (windows 2-3) searched on windows 0, 1" in report
+    assert "without the sink tokens has its own search" not in report
