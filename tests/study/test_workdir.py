@@ -444,6 +444,19 @@ def test_a_reference_file_of_an_unknown_task_is_named_for_its_task_not_as_unread
     }
 
 
+def test_a_reference_failure_is_one_line(tmp_path, monkeypatch):
+    """A reading error of several lines is named by its first, after 'unreadable:'."""
+    (tmp_path / "4_heads_copy.npz").write_bytes(b"")
+
+    def fails(path, spec):
+        raise OSError("cannot read the archive\nsecond line\nthird line")
+
+    monkeypatch.setattr(evaluate, "evaluate_reference", fails)
+    records, failures = evaluate.evaluate_reference_folder(tmp_path, progress=False)
+    assert records == []
+    assert failures == [("4_heads_copy.npz", "unreadable: OSError: cannot read the archive")]
+
+
 # ---------------------------------------------------------------- NaN
 
 
