@@ -71,8 +71,10 @@ def initialize(coordinator_address: str = "", num_processes: int = 1, process_id
 def _is_host_and_port(address: str) -> bool:
     """Whether `address` is host:port with a port number (IPv6 hosts in brackets)."""
     host, _, port = address.rpartition(":")
-    bracketed = host.startswith("[") == host.endswith("]")
-    return bool(host) and bracketed and port.isdigit() and 0 < int(port) < 65536
+    if host.startswith("[") or ":" in host:  # IPv6: only in brackets, then the port
+        inner = host[1:-1] if host.startswith("[") and host.endswith("]") else ""
+        host = "" if "[" in inner or "]" in inner else inner
+    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
 
 
 def data_mesh(devices=None) -> jax.sharding.Mesh:

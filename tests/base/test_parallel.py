@@ -181,6 +181,11 @@ def test_a_coordinator_in_the_environment_joins_with_its_settings(monkeypatch):
         ("localhost", False),
         ("[::1]", False),
         ("[fe80::1", False),
+        ("::1", False),
+        ("fe80::1", False),
+        ("[h]]:1", False),
+        ("[]:1", False),
+        ("host:\uff11\uff12", False),
     ],
 )
 def test_a_coordinator_address_is_a_host_and_a_port_number(address, ok, monkeypatch):
