@@ -147,9 +147,9 @@ def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool, f
                 f"{out_dir / SERIES_FILE} holds a series analysed with other settings",
                 "use another --out, or the old settings",
             )
-        done = {r["model"] for r in records}
-        _check_unchanged([r for r in records if r["model"] in models], fingerprint, out_dir)
-        todo = [m for m in models if m not in done]
+        done, asked = {_key(r["model"]) for r in records}, {_key(m) for m in models}
+        _check_unchanged([r for r in records if _key(r["model"]) in asked], fingerprint, out_dir)
+        todo = [m for m in models if _key(m) not in done]
         for model in tqdm.tqdm(todo, desc="models", unit="model", disable=not progress):
             layers, network = analyse(model, out_dir / _folder(model))
             line = {"model": model, "label": label(model), "settings": wanted, "layers": layers}
@@ -158,7 +158,7 @@ def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool, f
             line["network_fidelity_pct"] = 100 * network
             files.append_json_line(out_dir / SERIES_FILE, line)
             records.append(line)
-        shown = [r for r in records if r["model"] in models]
+        shown = [r for r in records if _key(r["model"]) in asked]
         written = files.write_text(out_dir / REPORT_FILE, markdown(_ordered(shown), what))
     return shown, written
 
@@ -176,6 +176,12 @@ def _check_unchanged(records: list[dict], fingerprint, out_dir: Path) -> None:
             )
 
 
+def _key(model: str) -> str:
+    """One spelling of a model: a path that exists by its real path (`a/`, `./a` and an
+    absolute `a` are one model), a name as it is."""
+    return os.path.realpath(model) if os.path.exists(model) else model
+
+
 def _folder(model: str) -> str:
     name = Path(model).name or "model"
     return re.sub(r"[^\w.-]+", "_", name)
@@ -186,7 +192,7 @@ def _check_folders(models: list[str], out_dir: Path) -> None:
     seen = {}
     for model in dict.fromkeys(models):
         other = seen.setdefault(_folder(model), model)
-        if other != model:
+        if _key(other) != _key(model):
             raise ValueError(
                 f"--model: {other} and {model} would share the report folder "
                 f"{out_dir / _folder(model)}; each model of a series needs its own folder "

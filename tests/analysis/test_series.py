@@ -232,3 +232,26 @@ def test_a_recorded_model_whose_files_changed_is_refused_not_skipped(tmp_path):
     (tmp_path / series.SERIES_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
     run(["ckpt-2"])
     assert analysed == ["ckpt-1", "ckpt-2"]
+
+
+def test_a_model_spelled_another_way_is_the_same_model(tmp_path, monkeypatch):
+    """`a/`, `./a` and the absolute path of `a` are one model: a rerun so spelled skips
+    it, rather than refusing it as another model with the same folder name."""
+    (tmp_path / "models" / "a").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    analysed = []
+
+    def analyse(model, folder):
+        analysed.append(model)
+        return {"0": {"sink_mass": 0.5}}, 0.5
+
+    out = tmp_path / "out"
+    wanted = {"spec": {"horizon": 20}}
+    series._series(["models/a"], wanted, analyse, out, "one text", False)
+    for spelling in ["models/a/", "./models/a", str(tmp_path / "models" / "a")]:
+        shown, _ = series._series([spelling], wanted, analyse, out, "one text", False)
+        assert [r["model"] for r in shown] == ["models/a"]
+    assert analysed == ["models/a"]
+    (tmp_path / "other" / "a").mkdir(parents=True)
+    with pytest.raises(ValueError, match="^--model: models/a and other/a would share"):
+        series._series(["other/a"], wanted, analyse, out, "one text", False)
