@@ -247,10 +247,14 @@ def test_ctrl_c_during_a_save_lands_once_the_checkpoint_and_its_checksum_are_who
         return real_save(*args, **kwargs)
 
     monkeypatch.setattr(mgr, "save", interrupted_save)
-    handler = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        checkpoints.save(mgr, 1, {"w": jnp.ones(2)})
-    assert signal.getsignal(signal.SIGINT) is handler
+    # Python's own Ctrl-C handler, as in a terminal (a background job may ignore SIGINT).
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.save(mgr, 1, {"w": jnp.ones(2)})
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert checkpoints.list_steps(tmp_path / "ck") == [1]
     sums = json.loads((tmp_path / "ck" / checkpoints.CHECKSUMS).read_text())
     assert sums == {"1": checkpoints.checksum({"w": jnp.ones(2)})}

@@ -208,6 +208,7 @@ _INTERRUPTED = """
 import os, signal
 from pathlib import Path
 from beyondpar.base import cli, files
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, not a background job
 def main(argv):
     files.write_text(Path(os.environ["OUT"]) / "done.txt", "whole")
     os.kill(os.getpid(), signal.SIGINT)
