@@ -7,7 +7,9 @@ import contextlib
 import json
 import os
 import tempfile
+import tokenize
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,18 +43,33 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+# What a damaged archive raises while its index or an array is read: the zip layer, the
+# decompressor, and numpy's parser of an array's header (ValueError, SyntaxError, ...).
+_DAMAGED_NPZ = (
+    zipfile.BadZipFile,
+    EOFError,
+    zlib.error,
+    ValueError,
+    SyntaxError,
+    tokenize.TokenError,
+)
+
+
 def read_npz(path: str | os.PathLike) -> dict:
-    """Every array of an .npz file; a damaged or cut-short archive is a ValueError naming
-    it. The file is opened here so that it is closed even when the archive is damaged
-    (np.load leaves its own handle open when the zip is bad)."""
+    """Every array of an .npz file; a file that is not one, or a damaged or cut-short
+    archive, is a ValueError naming it. The file is opened here so that it is closed even
+    when the archive is damaged (np.load leaves its own handle open when the zip is bad)."""
     with open(path, "rb") as handle:
+        start = handle.read(6)
+        handle.seek(0)
+        if start.startswith(b"\x93NUMPY"):
+            raise ValueError(f"{path} must be an .npz archive, got a single .npy array")
+        if start and not start.startswith(b"PK"):
+            raise ValueError(f"{path} is not an .npz archive (it does not start as a zip file)")
         try:
-            data = np.load(handle)
-            if not isinstance(data, np.lib.npyio.NpzFile):
-                raise ValueError(f"{path} must be an .npz archive, got a single .npy array")
-            with data:
+            with np.load(handle) as data:
                 return {name: np.asarray(data[name]) for name in data.files}
-        except (zipfile.BadZipFile, EOFError) as err:
+        except _DAMAGED_NPZ as err:
             raise ValueError(
                 f"{path} is not a whole .npz archive (damaged or cut short: {err})"
             ) from err

@@ -45,8 +45,8 @@ def read_config(path: str | os.PathLike) -> dict:
     if not file.is_file():
         raise checks.path_error(file, f"a run folder must hold {CONFIG_FILE}, got none in {path}")
     try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{file} is not valid JSON ({err}); the run cannot be read") from err
     if not isinstance(data, dict):
         raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")

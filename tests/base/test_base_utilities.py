@@ -621,3 +621,31 @@ def test_best_time_is_the_fastest_call_after_a_warm_up(monkeypatch):
 
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     assert timing.best_time(fn, 3) == pytest.approx(0.1)
+
+
+def test_an_npz_damaged_inside_or_not_an_npz_at_all_is_named(tmp_path):
+    """Flipped bytes in a compressed array or in an array's header, a text file and a
+    single .npy array under an .npz name: each one ValueError naming the file."""
+    attention = np.random.default_rng(0).random((2, 50, 50))
+    compressed, plain = tmp_path / "c.npz", tmp_path / "u.npz"
+    np.savez_compressed(compressed, attention=attention)
+    np.savez(plain, attention=attention)
+    data = bytearray(compressed.read_bytes())
+    data[200] ^= 0xFF
+    data[300] ^= 0xFF
+    (tmp_path / "flipped.npz").write_bytes(bytes(data))
+    data = bytearray(plain.read_bytes())
+    at = data.find(b"{'descr'")
+    data[at + 3 : at + 9] = b"(((((("
+    (tmp_path / "header.npz").write_bytes(bytes(data))
+    for name in ("flipped.npz", "header.npz"):
+        with pytest.raises(ValueError, match="is not a whole .npz archive") as err:
+            files.read_npz(tmp_path / name)
+        assert str(err.value).startswith(f"{tmp_path / name} ")
+    (tmp_path / "text.npz").write_text("hello, a text file\n")
+    with pytest.raises(ValueError, match="text.npz is not an .npz archive .it does not start"):
+        files.read_npz(tmp_path / "text.npz")
+    with open(tmp_path / "single.npz", "wb") as f:
+        np.save(f, attention)
+    with pytest.raises(ValueError, match="single.npz must be an .npz archive, got a single"):
+        files.read_npz(tmp_path / "single.npz")

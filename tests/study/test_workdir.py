@@ -559,3 +559,11 @@ def test_a_damaged_npz_is_named_and_its_file_closed(tmp_path):
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
     with pytest.raises(ValueError, match="single.npz must be an .npz archive"):
         files.read_npz(single)
+
+
+@pytest.mark.parametrize("damage", [b'{"model": ', b"\xff\xfe not text", b"[1, 2]"])
+def test_a_damaged_config_json_is_one_error_naming_it(tmp_path, damage):
+    (tmp_path / workdir.CONFIG_FILE).write_bytes(damage)
+    with pytest.raises(ValueError) as err:
+        workdir.read_config(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / workdir.CONFIG_FILE} ")
