@@ -6,7 +6,6 @@ import contextlib
 import gc
 import hashlib
 import io
-import json
 import logging
 import os
 import signal
@@ -79,10 +78,9 @@ def _read_checksums(path: Path) -> dict[str, str] | None:
     if not path.exists():
         return {}
     try:
-        sums = json.loads(path.read_text())
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return files.read_json(path)
+    except ValueError:  # not JSON, not UTF-8, or not an object
         return None
-    return sums if isinstance(sums, dict) else None
 
 
 def _checksums(directory: Path) -> dict[str, str]:

@@ -44,13 +44,7 @@ def read_config(path: str | os.PathLike) -> dict:
     file = Path(path) / CONFIG_FILE
     if not file.is_file():
         raise checks.path_error(file, f"a run folder must hold {CONFIG_FILE}, got none in {path}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{file} is not valid JSON ({err}); the run cannot be read") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
-    return data
+    return files.read_json(file)
 
 
 def prepare(path: str | os.PathLike, config: ml_collections.ConfigDict, step: int) -> None:
