@@ -24,7 +24,8 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from beyondpar.analysis import corpus_report, measures, series, text_report, windows
+from beyondpar import measure
+from beyondpar.analysis import corpus_report, series, text_report, windows
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import cli, parallel
 
@@ -63,8 +64,8 @@ SINK_TOKENS = flags.DEFINE_integer(
 CORPUS_ONLY = ("tokens", "max_windows", "batch_size", "pruning", "search_windows")
 
 
-def spec() -> measures.AnalysisSpec:
-    return measures.AnalysisSpec(
+def spec() -> measure.MeasureSpec:
+    return measure.MeasureSpec(
         horizon=HORIZON.value,
         max_steps=MAX_STEPS.value,
         residual=RESIDUAL.value,

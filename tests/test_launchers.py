@@ -31,7 +31,7 @@ def probe_lines(probe: str, launcher: str, *args: str) -> list[str]:
 
 
 # Loads launch/analyze.py once and, for each command line, reports the source chosen and
-# the AnalysisSpec built from the flags, or the ValueError a flag rule raised. One process
+# the MeasureSpec built from the flags, or the ValueError a flag rule raised. One process
 # serves every command line: absl's flags are reset to their defaults between them.
 _PROBE = """
 import dataclasses, json, sys, runpy

@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import graphs, metrics, pruning, synergy, weighting
-from beyondpar.analysis import measures
+from beyondpar import graphs, measure, metrics, pruning, synergy, weighting
 from beyondpar.study import worked_example
 
 
@@ -259,8 +258,8 @@ def test_cross_head_share_of_signals_is_the_share_of_the_layer_analysis():
     first mix is the learned one, not the uniform mix beside it."""
     attn = graphs.random_causal(5, (2, 3), 12, dtype=np.float64)
     w = np.array([0.2, 0.5, 0.3])
-    spec = measures.AnalysisSpec(horizon=20, max_steps=25, pairwise=False)
-    out = measures.analyze_layer(attn, w, spec)
+    spec = measure.MeasureSpec(horizon=20, max_steps=25, pairwise=False)
+    out = measure.measure_layer(attn, w, spec)
     share = np.asarray(synergy.cross_head_share(attn, w, 20))
     np.testing.assert_allclose(out["cross_head_share_mean"], share.mean(-1), rtol=1e-5)
     uniform = np.asarray(synergy.cross_head_share(attn, np.ones(3), 20)).mean(-1)
@@ -295,7 +294,7 @@ def test_validate_false_skips_the_check_and_nothing_else():
         (lambda x, v: metrics.hitting_time(x, 30, "reference", validate=v)),
         (lambda x, v: synergy.head_diversity(x, validate=v)),
         (lambda x, v: synergy.cross_head_share(x, w, 30, validate=v)),
-        (lambda x, v: measures.operator_fields(x, measures.AnalysisSpec(horizon=30), v)),
+        (lambda x, v: measure.operator_fields(x, measure.MeasureSpec(horizon=30), v)),
     ]
     for fn in pairs:
         jax.tree.map(np.testing.assert_array_equal, fn(a, False), fn(a, True))

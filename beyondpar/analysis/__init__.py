@@ -2,10 +2,10 @@
 
 `text.text_record` analyses one text (or `text.attention_record` attention from
 elsewhere), `windows.run` a corpus in windows with bootstrap intervals, `series` a text or
-corpus through every checkpoint of a series; `measures` holds the per-layer numbers.
+corpus through every checkpoint of a series. Each layer is measured by
+`beyondpar.measure`, the measurement every workflow shares.
 """
 
-from beyondpar.analysis.measures import AnalysisSpec, analyze_layer  # noqa: F401
 from beyondpar.analysis.text import (  # noqa: F401
     analyze_attention,
     analyze_tokens,

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import tqdm
 
-from beyondpar import pretrained
-from beyondpar.analysis import corpus, corpus_report, measures, text_report, windows
+from beyondpar import measure, pretrained
+from beyondpar.analysis import corpus, corpus_report, text_report, windows
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, locks, settings
 
@@ -88,7 +88,7 @@ def summarize(record: dict) -> dict:
     return out
 
 
-def text_settings(text: str, spec: measures.AnalysisSpec, dtype) -> dict:
+def text_settings(text: str, spec: measure.MeasureSpec, dtype) -> dict:
     return {
         "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "spec": dataclasses.asdict(spec),

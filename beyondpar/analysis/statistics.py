@@ -13,16 +13,8 @@ from collections.abc import Hashable
 
 import numpy as np
 
-FIELDS = (
-    "fidelity",
-    "fidelity_median",
-    "fidelity_p10",
-    "hitting_time_reference",
-    "hitting_time_normalized",
-    "tv_mixing_time_normalized",
-    "spectral_mixing_time_normalized",
-)
-_SCALARS = ("best_head_fidelity", "head_diversity", "cross_head_share_mean")
+from beyondpar.measure import record
+
 N_RESAMPLES = 2000
 # Bytes of resampled values one batch of a bootstrap call holds: batches that stay in the
 # cache make a layer's calls about twice as fast as one batch of all resamples.
@@ -129,9 +121,10 @@ def _summarize_layer(rows: list[dict], seed: int) -> dict:
     """One layer's summary: its graph, sink mass, and the graph without the sink tokens,
     from one set of bootstrap calls over all their columns."""
     graphs = {"full": rows}
-    if "without_sink" in rows[0]:
-        graphs["without_sink"] = [r["without_sink"] for r in rows]
-    blocks = {("sink_mass",): [r["sink_mass"] for r in rows]}
+    if record.WITHOUT_SINK in rows[0]:
+        graphs[record.WITHOUT_SINK] = [r[record.WITHOUT_SINK] for r in rows]
+    sink_mass = record.SINK_MASS.name
+    blocks = {(sink_mass,): [r[sink_mass] for r in rows]}
     for name, graph_rows in graphs.items():
         blocks.update({(name, *key): v for key, v in _graph_blocks(graph_rows).items()})
     stat = intervals(blocks, seed)
@@ -140,18 +133,18 @@ def _summarize_layer(rows: list[dict], seed: int) -> dict:
         graph_stat = {key[1:]: v for key, v in stat.items() if key[0] == name}
         out[name] = _summarize_graph(graph_rows, graph_stat)
     layer = out.pop("full")
-    layer["sink_mass"] = stat["sink_mass",]
+    layer[sink_mass] = stat[sink_mass,]
     layer.update(out)
     return layer
 
 
 def _graph_blocks(rows: list[dict]) -> dict[tuple, list]:
     """A graph's values over windows by key: W x H per head field, W per scalar."""
-    blocks = {("heads", f): [r["heads"][f] for r in rows] for f in FIELDS}
+    blocks = {("heads", f): [r["heads"][f] for r in rows] for f in record.OPERATOR_FIELDS}
     for mix in rows[0]["mixes"]:
-        for f in (*FIELDS, "gain"):
+        for f in record.MIX_FIELDS:
             blocks["mixes", mix, f] = [r["mixes"][mix][f] for r in rows]
-    blocks.update({(name,): [r[name] for r in rows] for name in _SCALARS})
+    blocks.update({(name,): [r[name] for r in rows] for name in record.LAYER_SCALARS})
     return blocks
 
 
@@ -159,13 +152,13 @@ def _summarize_graph(rows: list[dict], stat: dict[tuple, dict]) -> dict:
     """A graph's summary from `stat`, the intervals of its `_graph_blocks`."""
     mixes = {}
     for mix in rows[0]["mixes"]:
-        mixes[mix] = {f: stat["mixes", mix, f] for f in (*FIELDS, "gain")}
-        gains = np.asarray([r["mixes"][mix]["gain"] for r in rows])
+        mixes[mix] = {f: stat["mixes", mix, f] for f in record.MIX_FIELDS}
+        gains = np.asarray([r["mixes"][mix][record.GAIN.name] for r in rows])
         mixes[mix]["wins_share"] = float(np.mean(gains > 0))
     fid = np.asarray([r["heads"]["fidelity"] for r in rows])
     return {
-        "heads": {f: stat["heads", f] for f in FIELDS},
+        "heads": {f: stat["heads", f] for f in record.OPERATOR_FIELDS},
         "mixes": mixes,
         "best_head": int(np.argmax(fid.mean(0))),
-        **{name: stat[name,] for name in _SCALARS},
+        **{name: stat[name,] for name in record.LAYER_SCALARS},
     }

@@ -14,12 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondpar import graphs, metrics, pretrained
-from beyondpar.analysis.measures import AnalysisSpec, analyze_layer, baselines
 from beyondpar.base import files
 from beyondpar.base.timing import Timer
+from beyondpar.measure import MeasureSpec, baselines, measure_layer
 
 
-def _selected(spec: AnalysisSpec, num_layers: int) -> tuple[int, ...]:
+def _selected(spec: MeasureSpec, num_layers: int) -> tuple[int, ...]:
     layers = tuple(range(num_layers)) if spec.layers is None else spec.layers
     bad = [layer for layer in layers if not 0 <= layer < num_layers]
     if bad:
@@ -31,7 +31,7 @@ def analyze_tokens(
     module,
     params,
     tokens_BxT,
-    spec: AnalysisSpec,
+    spec: MeasureSpec,
     timer: Timer | None = None,
     extra=None,
     extra_without_sink=None,
@@ -60,7 +60,7 @@ def analyze_tokens(
             rollout.add(graphs.combine_heads(attn, weights))
         if layer in layers:
             fixed, fixed_inner = _at_layer(extra, layer), _at_layer(extra_without_sink, layer)
-            out[layer] = analyze_layer(attn, weights, spec, timer, fixed, fixed_inner)
+            out[layer] = measure_layer(attn, weights, spec, timer, fixed, fixed_inner)
     with timer.part("rollout"):
         summary = rollout.record()
     return {"layers": out, "rollout": summary, **baselines(np.shape(tokens_BxT)[-1], spec)}
@@ -130,7 +130,7 @@ def _product_step(product, mixed_BxTxT, residual):
     return jnp.matmul(op, product, precision=jax.lax.Precision.HIGHEST)
 
 
-def analyze_attention(attn, spec: AnalysisSpec, timer: Timer | None = None) -> dict:
+def analyze_attention(attn, spec: MeasureSpec, timer: Timer | None = None) -> dict:
     """Record of attention from anywhere: L x H x T x T or B x L x H x T x T (uniform
     weights, since no output projection is known)."""
     attn = np.asarray(attn)
@@ -144,7 +144,7 @@ def analyze_attention(attn, spec: AnalysisSpec, timer: Timer | None = None) -> d
     timer = timer or Timer()
     layers = _selected(spec, attn.shape[1])
     spec.check_length(attn.shape[-1])
-    out = {layer: analyze_layer(attn[:, layer], None, spec, timer) for layer in layers}
+    out = {layer: measure_layer(attn[:, layer], None, spec, timer) for layer in layers}
     with timer.part("rollout"):
         rollout = SinkRollout(attn.shape[1], spec.residual)
         for layer in range(attn.shape[1]):
@@ -176,7 +176,7 @@ def largest_shares(sink_share_BxT, labels, count: int = 10) -> list[dict]:
     return [{"position": int(i), "token": labels[i], "share": float(share[i])} for i in top]
 
 
-def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None, mesh=None) -> dict:
+def text_record(path_or_name, text: str, spec: MeasureSpec, dtype=None, mesh=None) -> dict:
     """Load a checkpoint (onto `mesh`, default one device), tokenise `text`, analyse it:
     the record `analysis_report` writes."""
     timer = Timer()
@@ -201,7 +201,7 @@ def text_record(path_or_name, text: str, spec: AnalysisSpec, dtype=None, mesh=No
     }
 
 
-def attention_record(path, spec: AnalysisSpec) -> dict:
+def attention_record(path, spec: MeasureSpec) -> dict:
     """Analyse attention saved by any framework: an .npz with key `attention`."""
     try:
         data = files.read_npz(path)

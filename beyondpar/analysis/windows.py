@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import tqdm
 
-from beyondpar import pretrained
-from beyondpar.analysis import corpus, loss_pruning, measures, optimum, statistics, text
+from beyondpar import measure, pretrained
+from beyondpar.analysis import corpus, loss_pruning, optimum, statistics, text
 from beyondpar.base import files, locks, settings
+from beyondpar.measure import record
 
 WINDOWS_FILE = "windows.jsonl"
 SETTINGS_FILE = "settings.json"
@@ -68,7 +69,7 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
         summary = statistics.summarize(records, cspec.seed)
         summary.update(
             description(model, corpus_path, windows, cspec, spec),
-            baseline=measures.baselines(cspec.tokens, spec),
+            baseline=measure.baselines(cspec.tokens, spec),
         )
         if found is not None:
             summary["optimal"] = optimum.summary(found)
@@ -202,19 +203,13 @@ def window_record(record: dict, b: int) -> dict:
     }
 
 
-# A graph's entries that are not one number per window: pairwise synergy (H x H, left to
-# the single-text report) and the optimum's search record (per fold).
-_NOT_PER_WINDOW = ("pairwise_synergy", "optimal")
-_GRAPHS = ("without_sink",)
-
-
 def _index(graph: dict, b: int) -> dict:
     """Window b's entries of a layer's record (and of its graph without the sink)."""
     out = {}
     for key, value in graph.items():
-        if key in _NOT_PER_WINDOW:
+        if key in record.NOT_PER_SEQUENCE:
             continue
-        out[key] = _index(value, b) if key in _GRAPHS else _pick(value, b)
+        out[key] = _index(value, b) if key == record.WITHOUT_SINK else _pick(value, b)
     return out
 
 

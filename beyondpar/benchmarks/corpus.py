@@ -11,7 +11,8 @@ import time
 import jax
 import numpy as np
 
-from beyondpar.analysis import corpus, corpus_report, measures, statistics
+from beyondpar import measure
+from beyondpar.analysis import corpus, corpus_report, statistics
 from beyondpar.analysis import windows as windows_lib
 from beyondpar.base.timing import Timer, timed
 from beyondpar.benchmarks.machine import matmul_flops_per_s, peak_rss_gb
@@ -50,7 +51,7 @@ def corpus_suite(
     (module, params), build_s = timed(lambda: random_model(config))
     seconds = {"build + random init": build_s}
     data = random_windows(windows, tokens, config["vocab_size"])
-    spec = measures.AnalysisSpec(pairwise=False, sink_tokens=1)
+    spec = measure.MeasureSpec(pairwise=False, sink_tokens=1)
     timer = Timer()
     records = {}
     start = time.perf_counter()
@@ -93,7 +94,7 @@ def _summary_and_report_seconds(records, data, spec, tokens: int, batch_size: in
     cspec = windows_lib.CorpusSpec(tokens=tokens, batch_size=batch_size)
     summary.update(
         windows_lib.description("random SmolLM2-135M shape", "random ids", data, cspec, spec),
-        baseline=measures.baselines(tokens, spec),
+        baseline=measure.baselines(tokens, spec),
     )
     seconds["summary (bootstrap intervals)"] = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as out:

@@ -10,9 +10,9 @@ import tempfile
 
 import numpy as np
 
-from beyondpar import metrics, pretrained, synergy
-from beyondpar.analysis import measures, text_report
+from beyondpar import measure, metrics, pretrained, synergy
 from beyondpar.analysis import text as text_lib
+from beyondpar.analysis import text_report
 from beyondpar.base.timing import Timer, timed
 from beyondpar.benchmarks.baselines import paper_fidelity
 from beyondpar.benchmarks.machine import peak_rss_gb
@@ -59,7 +59,7 @@ def pretrained_suite(
 
 def _analysis_times(module, params, tokens) -> dict:
     """Seconds per part of the analysis (no pairwise synergy) and of writing its report."""
-    spec = measures.AnalysisSpec(pairwise=False)
+    spec = measure.MeasureSpec(pairwise=False)
     timer = Timer()
     record = text_lib.analyze_tokens(module, params, tokens, spec, timer)
     record.update(

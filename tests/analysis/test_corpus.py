@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beyondpar import pretrained, pruning
-from beyondpar.analysis import corpus, corpus_report, loss_pruning, measures, optimum, series
+from beyondpar import measure, pretrained, pruning
+from beyondpar.analysis import corpus, corpus_report, loss_pruning, optimum, series
 from beyondpar.analysis import text as text_lib
 from beyondpar.analysis import windows as windows_lib
 from beyondpar.base import files, parallel
@@ -18,7 +18,7 @@ from conftest import DATA, analyze_cli
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = DATA / "text" / "declaration.txt"
-SPEC = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False)
+SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
 
 
 class WordTokenizer:
@@ -169,7 +169,7 @@ def corpus_run(tmp_path_factory):
     cspec = windows_lib.CorpusSpec(
         tokens=24, max_windows=7, batch_size=4, pruning=True, pruning_windows=3, pruning_points=3
     )
-    spec = measures.AnalysisSpec(
+    spec = measure.MeasureSpec(
         horizon=20, max_steps=20, pairwise=False, sink_tokens=1, optimal_weights=True
     )
     summary, windows = windows_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
@@ -344,7 +344,7 @@ def test_pruning_points_are_the_nearest_heads_to_even_spacing(monkeypatch):
     tokens = np.arange(5 * 6).reshape(5, 6)
     windows = types.SimpleNamespace(tokens=tokens)
     cspec = windows_lib.CorpusSpec(tokens=6, pruning_windows=3, pruning_points=4, seed=5)
-    spec = measures.AnalysisSpec(horizon=7)
+    spec = measure.MeasureSpec(horizon=7)
     curves = loss_pruning.corpus_curves(module, None, windows, cspec, spec, progress=False)
     assert curves["windows"] == 3
     np.testing.assert_array_equal(seen["tokens"], tokens[:3])
@@ -478,7 +478,7 @@ def test_in_sample_values_are_each_searchs_own_windows_and_beat_every_head(corpu
     out, summary, windows, _, spec = corpus_run
     found = json.loads((out / optimum.OPTIMAL_FILE).read_text())
     module, params, _ = pretrained.load(HF / "llama-tiny")
-    plain = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    plain = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
     for fold, searched in enumerate(found["search_windows"]):
         extra = {"o": np.asarray(found["weights"][fold])}
         inner = {"o": np.asarray(found["weights_without_sink"][fold])}

@@ -7,7 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from beyondpar.analysis import measures, optimum, windows
+from beyondpar import measure
+from beyondpar.analysis import optimum, windows
 
 
 def test_a_single_window_is_not_held_out():
@@ -25,7 +26,7 @@ def stub_model(num_windows: int, num_layers: int):
 
 def test_weights_searched_on_other_windows_of_the_same_folds_are_refused(tmp_path):
     module, corpus_windows = stub_model(6, 2)
-    spec = measures.AnalysisSpec(optimal_weights=True, folds=2)
+    spec = measure.MeasureSpec(optimal_weights=True, folds=2)
     stored = optimum.plan(6, 2, 3, [0, 1])  # three search windows per fold
     (tmp_path / optimum.OPTIMAL_FILE).write_text(json.dumps(stored))
     fewer = windows.CorpusSpec(tokens=8, search_windows=2)
@@ -38,7 +39,7 @@ def test_weights_searched_on_other_windows_of_the_same_folds_are_refused(tmp_pat
 
 def test_a_damaged_weights_file_is_named(tmp_path):
     module, corpus_windows = stub_model(6, 2)
-    spec = measures.AnalysisSpec(optimal_weights=True, folds=2)
+    spec = measure.MeasureSpec(optimal_weights=True, folds=2)
     path = tmp_path / optimum.OPTIMAL_FILE
     path.write_text(json.dumps(optimum.plan(6, 2, 3, [0, 1]))[:50])
     cspec = windows.CorpusSpec(tokens=8, search_windows=3)
@@ -90,7 +91,7 @@ def test_the_corpus_search_scores_its_mix_at_the_analysis_horizon(tmp_path, monk
     module, corpus_windows = stub_model(4, 1)
     cspec = windows.CorpusSpec(tokens=3, search_windows=2)
     for horizon, want in ((2, 0.25), (100, 0.5)):
-        spec = measures.AnalysisSpec(horizon=horizon, optimal_weights=True, folds=2)
+        spec = measure.MeasureSpec(horizon=horizon, optimal_weights=True, folds=2)
         out = tmp_path / str(horizon)
         out.mkdir()
         found = optimum.corpus_optimum(module, None, corpus_windows, spec, cspec, out, False)

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from beyondpar.analysis import corpus_report, measures, series, windows
+from beyondpar import measure
+from beyondpar.analysis import corpus_report, series, windows
 
 
 def line(label: str, layers: dict, network: float = 1.0) -> dict:
@@ -187,7 +188,7 @@ def test_a_corpus_series_refuses_a_rerun_with_another_window_count(tmp_path, mon
     monkeypatch.setattr(series.pretrained, "fingerprint", lambda model: f"sha of {model}")
     text = tmp_path / "corpus.txt"
     text.write_text("one two three four five six seven eight nine ten\n")
-    spec = measures.AnalysisSpec(horizon=30, max_steps=40)
+    spec = measure.MeasureSpec(horizon=30, max_steps=40)
     out = tmp_path / "out"
     three = windows.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
     shown, _ = series.run_corpus(["ckpt-7"], text, three, spec, out, progress=False)

@@ -6,6 +6,9 @@ import pytest
 from scipy import stats
 
 from beyondpar.analysis import statistics
+from beyondpar.measure import record
+
+FIELDS = record.OPERATOR_FIELDS
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -45,8 +48,8 @@ def test_two_windows_give_the_percentile_interval_of_their_resampled_means():
 def window(head_fidelity, gain, network_fidelity=0.1, first_token_share=0.9):
     """One window's record of one layer: every field of each head is its fidelity, and the
     uniform mix scores its best head plus `gain`."""
-    heads = {f: [float(x) for x in head_fidelity] for f in statistics.FIELDS}
-    mix = {f: float(max(head_fidelity) + gain) for f in statistics.FIELDS}
+    heads = {f: [float(x) for x in head_fidelity] for f in FIELDS}
+    mix = {f: float(max(head_fidelity) + gain) for f in FIELDS}
     layer = {
         "heads": heads,
         "mixes": {"uniform": {**mix, "gain": float(gain)}},
@@ -108,11 +111,11 @@ CONSTANT = 0.33
 def random_graph(rng, heads, constant_head_field):
     """One window's graph with ties (values on a grid of 1/20), a constant head field, a
     constant head within a varying field, a constant mix field and a constant scalar."""
-    graph = {"heads": {f: (rng.integers(0, 20, heads) / 20).tolist() for f in statistics.FIELDS}}
+    graph = {"heads": {f: (rng.integers(0, 20, heads) / 20).tolist() for f in FIELDS}}
     graph["heads"][constant_head_field] = [CONSTANT] * heads
     graph["heads"]["hitting_time_reference"][0] = CONSTANT
     graph["mixes"] = {
-        mix: {f: float(rng.integers(0, 20) / 20) for f in (*statistics.FIELDS, "gain")}
+        mix: {f: float(rng.integers(0, 20) / 20) for f in record.MIX_FIELDS}
         for mix in ("learned", "uniform")
     }
     graph["mixes"]["uniform"]["fidelity_p10"] = CONSTANT
@@ -146,7 +149,7 @@ def reference_graph(rows, seed):
         return {k: v[0] for k, v in reference_interval(np.c_[values], seed).items()}
 
     mixes = {
-        mix: {f: scalar([r["mixes"][mix][f] for r in rows]) for f in (*statistics.FIELDS, "gain")}
+        mix: {f: scalar([r["mixes"][mix][f] for r in rows]) for f in record.MIX_FIELDS}
         for mix in rows[0]["mixes"]
     }
     for mix, stat in mixes.items():
@@ -154,7 +157,8 @@ def reference_graph(rows, seed):
     fidelity = np.mean([r["heads"]["fidelity"] for r in rows], axis=0)
     return {
         "heads": {
-            f: reference_interval([r["heads"][f] for r in rows], seed) for f in statistics.FIELDS
+            f: reference_interval([r["heads"][f] for r in rows], seed)
+            for f in record.OPERATOR_FIELDS
         },
         "mixes": mixes,
         "best_head": int(np.argmax(fidelity)),

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beyondpar import graphs, metrics, pretrained
-from beyondpar.analysis import measures, series, text_report
+from beyondpar import graphs, measure, metrics, pretrained
+from beyondpar.analysis import series, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import parallel
 from conftest import DATA, analyze_cli
@@ -17,7 +17,7 @@ from conftest import DATA, analyze_cli
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = "Multi-head attention lets every head of a layer read the earlier tokens"
-SPEC = measures.AnalysisSpec(horizon=40, max_steps=40)
+SPEC = measure.MeasureSpec(horizon=40, max_steps=40)
 
 
 def test_text_record_measures_the_models_own_attention():
@@ -66,7 +66,7 @@ def test_attention_from_elsewhere_and_the_report(tmp_path):
     path = tmp_path / "attn.npz"
     np.savez(path, attention=attn)
     record = text_lib.attention_record(
-        path, measures.AnalysisSpec(horizon=30, max_steps=30, layers=(1,))
+        path, measure.MeasureSpec(horizon=30, max_steps=30, layers=(1,))
     )
     assert list(record["layers"]) == [1] and record["num_sequences"] == 2
     uniform = graphs.combine_heads(attn[:, 1].astype(np.float64))
@@ -132,7 +132,7 @@ def test_empty_and_too_long_texts_and_bad_layers():
     with pytest.raises(ValueError, match="fit the model's context of 64 tokens, got 158 tokens"):
         text_lib.text_record(HF / "llama-tiny", text, SPEC)
     with pytest.raises(ValueError, match=r"layers must be in \[0, 2\), got \[2\]"):
-        text_lib.text_record(HF / "llama-tiny", SHORT, measures.AnalysisSpec(layers=(0, 2)))
+        text_lib.text_record(HF / "llama-tiny", SHORT, measure.MeasureSpec(layers=(0, 2)))
 
 
 def test_analyze_cli(tmp_path):
@@ -159,8 +159,8 @@ def test_operator_fields_of_both_walks_come_from_one_sweep():
     """Reference and normalised walks are measured in one kernel pass: each field equals
     its own kernel with horizon and step cap kept apart."""
     ops = graphs.random_causal(2, (2, 5), 12, dtype=np.float64)
-    spec = measures.AnalysisSpec(horizon=15, max_steps=25, eps=0.3)
-    fields = measures.operator_fields(ops, spec)
+    spec = measure.MeasureSpec(horizon=15, max_steps=25, eps=0.3)
+    fields = measure.operator_fields(ops, spec)
     norm = metrics.operator_metrics(ops, 15, 25, 0.3, "normalized")
     node = np.asarray(norm.node_fidelity)
     np.testing.assert_allclose(fields["fidelity"], norm.minimax_fidelity, rtol=1e-12)
@@ -190,14 +190,14 @@ def test_sink_mass_drop_and_uniform_baseline_closed_forms():
     parked[:, 0] = 1  # every query reads only token 0
     np.testing.assert_array_equal(graphs.drop_sink_tokens(parked, 1), np.eye(3))
     for t in (5, 40, 120):  # uniform causal attention keeps exactly 1/T of its worst token
-        base = measures.baseline(t, SPEC)
+        base = measure.baseline(t, SPEC)
         assert base["fidelity"] == pytest.approx(1 / t, rel=1e-5)
     with pytest.raises(ValueError, match=r"sink_tokens must be in \[0, 5\) for T=6 tokens, got 5"):
         graphs.drop_sink_tokens(attn, 5)
 
 
 def test_sink_tokens_analysis_measures_the_graph_without_them():
-    spec = measures.AnalysisSpec(horizon=30, max_steps=30, sink_tokens=2, pairwise=False)
+    spec = measure.MeasureSpec(horizon=30, max_steps=30, sink_tokens=2, pairwise=False)
     record = text_lib.text_record(HF / "llama-tiny", SHORT, spec)
     module, params, tokenizer = pretrained.load(HF / "llama-tiny")
     ids = np.asarray([tokenizer.encode(SHORT).ids])
@@ -296,7 +296,7 @@ def test_analyze_cli_mesh_flag(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads((out / "analysis.json").read_text())["layers"]["1"]["heads"]["fidelity"]
     # The same analysis on one device, in this process (the flags above, as a spec).
-    spec = measures.AnalysisSpec(horizon=20, layers=(1,), pairwise=False)
+    spec = measure.MeasureSpec(horizon=20, layers=(1,), pairwise=False)
     want = text_lib.text_record(HF / "llama-tiny", SHORT, spec)["layers"][1]["heads"]["fidelity"]
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
@@ -313,7 +313,7 @@ def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
     lines = (out / "series.jsonl").read_text().splitlines()
     assert len(lines) == 2
     record = text_lib.text_record(
-        tmp_path / "ckpts" / "step20", SHORT, measures.AnalysisSpec(horizon=20, pairwise=False)
+        tmp_path / "ckpts" / "step20", SHORT, measure.MeasureSpec(horizon=20, pairwise=False)
     )
     first = json.loads(lines[1])  # step20 sorts after step100 as a path
     assert first["label"] == "step 20"

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import graphs, metrics, pretrained, pruning, synergy
-from beyondpar.analysis import loss_pruning, measures
+from beyondpar import graphs, measure, metrics, pretrained, pruning, synergy
+from beyondpar.analysis import loss_pruning
 from beyondpar.analysis import text as text_lib
 from conftest import DATA
 
@@ -31,7 +31,7 @@ def tiny_record():
     ids = tokenizer.encode(SHORT).ids
     tokens = np.asarray([ids, ids[::-1]])  # two sequences of the same length
     h = module.config.num_heads
-    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
     record = text_lib.analyze_tokens(
         module,
         params,
@@ -46,12 +46,12 @@ def tiny_record():
 def test_sink_tokens_may_leave_exactly_two_tokens():
     """k sink tokens of a T-token window leave T - k tokens: T - k = 2 is the smallest
     graph the analysis accepts, T - k = 1 is refused with the window named."""
-    spec = measures.AnalysisSpec(sink_tokens=3)
+    spec = measure.MeasureSpec(sink_tokens=3)
     spec.check_length(5)  # two tokens remain
     with pytest.raises(ValueError, match=r"less than the window minus 1 \(3\), got 3"):
         spec.check_length(4)
     with pytest.raises(ValueError, match=r"less than the window minus 1 \(3\), got 3"):
-        measures.baselines(4, spec)
+        measure.baselines(4, spec)
 
 
 def test_per_sequence_mixes_of_each_layer_pick_their_own_head(tiny_record):
@@ -86,8 +86,8 @@ def test_cross_head_share_is_measured_on_the_learned_mix():
     one: with unequal weights the two differ, and the record matches the learned one."""
     attn = graphs.random_causal(5, (2, 3), 9)
     weights = np.asarray([0.7, 0.25, 0.05], np.float32)
-    spec = measures.AnalysisSpec(horizon=25, max_steps=25, pairwise=False)
-    out = measures.analyze_layer(attn, weights, spec)
+    spec = measure.MeasureSpec(horizon=25, max_steps=25, pairwise=False)
+    out = measure.measure_layer(attn, weights, spec)
     learned = np.asarray(synergy.cross_head_share(attn, weights, 25)).mean(-1)
     uniform = np.asarray(synergy.cross_head_share(attn, np.full(3, 1 / 3), 25)).mean(-1)
     assert np.max(np.abs(learned - uniform)) > 1e-3  # the check below can tell them apart
@@ -98,10 +98,10 @@ def test_optimum_is_cross_fitted_over_the_folds_asked_for():
     """Six sequences in three contiguous folds: every fold searched on the other four, one
     weight vector and one in-sample value per fold, each sequence mixed with its fold's."""
     attn = graphs.random_causal(11, (6, 2), 6)
-    spec = measures.AnalysisSpec(
+    spec = measure.MeasureSpec(
         horizon=15, max_steps=15, pairwise=False, optimal_weights=True, folds=3
     )
-    out = measures.analyze_layer(attn, None, spec)
+    out = measure.measure_layer(attn, None, spec)
     o = out["optimal"]
     assert o["held_out"]
     assert o["fold"].tolist() == [0, 0, 1, 1, 2, 2]
@@ -136,7 +136,7 @@ def test_attention_of_one_sequence_records_its_shape(tmp_path):
     attn = np.broadcast_to(graphs.uniform_causal(5), (2, 3, 5, 5)).astype(np.float32)
     path = tmp_path / "attn.npz"
     np.savez(path, attention=attn)
-    spec = measures.AnalysisSpec(horizon=10, max_steps=10, pairwise=False)
+    spec = measure.MeasureSpec(horizon=10, max_steps=10, pairwise=False)
     record = text_lib.attention_record(path, spec)
     assert (record["num_layers"], record["num_heads"]) == (2, 3)
     assert (record["num_sequences"], record["seq_len"]) == (1, 5)

@@ -6,15 +6,15 @@ import os
 import numpy as np
 import pytest
 
-from beyondpar import graphs
-from beyondpar.analysis import measures, text_report
+from beyondpar import graphs, measure
 from beyondpar.analysis import text as text_lib
+from beyondpar.analysis import text_report
 from beyondpar.base import locks
 
 T = 8
 
 
-def record(spec: measures.AnalysisSpec, attn) -> dict:
+def record(spec: measure.MeasureSpec, attn) -> dict:
     """What `text.attention_record` gives for attention B x L x H x T x T."""
     b, num_layers, h = attn.shape[:3]
     meta = dict(source="attn.npz", num_layers=num_layers, num_heads=h, num_sequences=b)
@@ -33,7 +33,7 @@ def parked():
     uniform = np.asarray(graphs.uniform_causal(T))
     heads = np.stack([np.eye(T), uniform, np.eye(T)]).astype(np.float32)
     attn = np.stack([heads, heads])[:, None]  # B x L x H x T x T
-    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
     return record(spec, attn)
 
 
@@ -60,7 +60,7 @@ def test_largest_shares_are_listed_largest_first(parked):
 
 def test_the_optimum_line_gives_held_out_and_in_sample_values():
     attn = np.asarray(graphs.random_causal(8, (4, 1, 3), T))  # B x L x H x T x T
-    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
     layer = record(spec, attn)["layers"][0]
     line = text_report.optimal_line(layer)
     held_out = 100 * np.mean(layer["mixes"]["optimal"]["fidelity"])
@@ -76,8 +76,8 @@ def test_learned_mix_columns_are_the_learned_mix_not_the_uniform_one():
     uniform = np.asarray(graphs.uniform_causal(T))
     heads = np.stack([np.eye(T), uniform, np.eye(T)]).astype(np.float32)
     attn = np.stack([heads, heads])  # B x H x T x T
-    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False)
-    layer = measures.analyze_layer(attn, np.array([0.0, 1.0, 0.0]), spec)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
+    layer = measure.measure_layer(attn, np.array([0.0, 1.0, 0.0]), spec)
     rec = {**record(spec, attn[:, None]), "layers": {3: layer}}
     learned = 100 * np.mean(layer["mixes"]["learned"]["fidelity"])
     mixed = 100 * np.mean(layer["mixes"]["uniform"]["fidelity"])
@@ -104,7 +104,7 @@ def test_best_head_is_the_one_most_sequences_pick_not_the_first_sequences():
     first = np.stack([uniform, eye, eye])
     others = np.stack([eye, eye, uniform])
     attn = np.stack([first, others, others]).astype(np.float32)[:, None]
-    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
     rec = record(spec, attn)
     assert rec["layers"][0]["best_head"].tolist() == [0, 2, 2]
     assert table_rows(text_report.markdown(rec), "## Layers")["0"][0] == "2"
@@ -115,7 +115,7 @@ def test_table_without_sink_has_its_own_baseline_and_values():
     without it and closes with the baseline of uniform causal attention on T - 1 tokens;
     the sink mass stays the one of the full graph."""
     attn = np.asarray(graphs.random_causal(3, (2, 1, 3), T))  # B x L x H x T x T
-    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
     rec = record(spec, attn)
     full, inner = rec["baseline"]["fidelity"], rec["baseline_without_sink"]["fidelity"]
     assert abs(full - inner) > 1e-3
@@ -167,7 +167,7 @@ def test_a_rerun_without_pairwise_synergy_removes_the_old_plot(parked, tmp_path)
     goes when a rerun does not, and the other plots are rewritten."""
     heads = np.stack([np.eye(T), np.asarray(graphs.uniform_causal(T)), np.eye(T)])
     attn = np.stack([heads, heads]).astype(np.float32)[:, None]
-    with_pairs = record(measures.AnalysisSpec(horizon=20, max_steps=20), attn)
+    with_pairs = record(measure.MeasureSpec(horizon=20, max_steps=20), attn)
     first = sorted(p.name for p in text_report.write(with_pairs, tmp_path))
     assert "pairwise_synergy.png" in first
     second = sorted(p.name for p in text_report.write(parked, tmp_path))

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beyondpar.analysis import corpus, measures, windows
+from beyondpar import measure
+from beyondpar.analysis import corpus, windows
 
 
 @dataclasses.dataclass
@@ -142,7 +143,7 @@ def _settings(tmp_path, model=HF / "gpt2-tiny", **changes):
     corpus_file = tmp_path / "corpus.txt"
     corpus_file.write_text("1 2 3 4\n")
     cspec = windows.CorpusSpec(**{"tokens": 4, **changes})
-    return windows._settings(str(model), corpus_file, cspec, measures.AnalysisSpec(), None)
+    return windows._settings(str(model), corpus_file, cspec, measure.MeasureSpec(), None)
 
 
 def test_a_rerun_on_a_model_changed_in_place_is_refused(tmp_path):

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beyondpar import pretrained
-from beyondpar.analysis import measures
+from beyondpar import measure, pretrained
 from beyondpar.analysis import text as text_lib
 from conftest import DATA, SMOLLM2_GGUF, needs_smollm2
 
@@ -65,7 +64,7 @@ def test_attention_sink_on_the_first_token(smollm2):
     module, params, tokenizer = smollm2
     ids = np.asarray([tokenizer.encode(TEXT).ids[:128]])
     record = text_lib.analyze_tokens(
-        module, params, ids, measures.AnalysisSpec(layers=(0, 15, 29), pairwise=False)
+        module, params, ids, measure.MeasureSpec(layers=(0, 15, 29), pairwise=False)
     )
     assert record["rollout"]["sink_share"][0].argmax() == 0
     assert record["rollout"]["sink_share"][0, 0] > 0.5

@@ -1,12 +1,12 @@
-"""Per-layer measures of attention: every number the real-model analyses give for one
-layer's heads, their mixes and the graph without the sink tokens, beside uniform causal
-attention of the same length.
+"""The one per-layer measurement: every number a workflow gives for one layer's heads,
+their mixes and the graph without the sink tokens, beside uniform causal attention of the
+same length. Its record's fields, shapes and units are in `record`.
 
 Per layer: every head's minimax fidelity (with the median and 10th percentile of node
 fidelity), hitting time on both walks, TV and spectral mixing (normalised walk: the
 reference walk saturates on causal attention), the mixes with output-projection and
 uniform weights, best head, amplification gain, head diversity, cross-head share,
-pairwise synergy and, when asked, optimal weights.
+pairwise synergy and, when asked, optimal weights held out over sequences.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import numpy as np
 from beyondpar import graphs, metrics, synergy, weighting
 from beyondpar.base import checks
 from beyondpar.base.timing import Timer
+from beyondpar.measure import record
 
 
 @dataclasses.dataclass(frozen=True)
-class AnalysisSpec:
+class MeasureSpec:
     """What is measured. `layers` None: every layer. `pairwise` and `optimal_weights`
     switch off the costly parts (H^2 / 2 extra operators; a weight search). The optimal
     weights are cross-fitted over `folds` contiguous folds of the sequences (a single
@@ -53,7 +54,7 @@ class AnalysisSpec:
             )
 
 
-def operator_fields(ops_xTxT, spec: AnalysisSpec, validate: bool = True) -> dict:
+def operator_fields(ops_xTxT, spec: MeasureSpec, validate: bool = True) -> dict:
     """Every per-operator number: minimax fidelity (the paper's minimum over tokens) with
     the median and 10th percentile of node fidelity beside it (a typical token, when one
     unread token sets the minimum to 0), hitting times on both walks, TV and spectral
@@ -62,7 +63,7 @@ def operator_fields(ops_xTxT, spec: AnalysisSpec, validate: bool = True) -> dict
 
 
 def _operator_sweep(
-    ops_xTxT, spec: AnalysisSpec, validate: bool = True, signal: bool = False, causal=None
+    ops_xTxT, spec: MeasureSpec, validate: bool = True, signal: bool = False, causal=None
 ):
     """(`operator_fields`, sink signals ...x horizon x T or None): both walks and the
     fidelity in one kernel pass. `causal`: as in `metrics.metrics_by_walk`."""
@@ -78,29 +79,30 @@ def _operator_sweep(
     )
     norm, ref = by_walk["normalized"], by_walk["reference"]
     node = np.asarray(norm.node_fidelity)
-    fields = {
-        "fidelity": np.asarray(norm.minimax_fidelity),
-        "fidelity_median": np.median(node, axis=-1),
-        "fidelity_p10": np.percentile(node, 10, axis=-1),
-        "hitting_time_reference": np.asarray(ref.hitting_time),
-        "hitting_time_normalized": np.asarray(norm.hitting_time),
-        "tv_mixing_time_normalized": np.asarray(norm.tv_mixing_time),
-        "spectral_mixing_time_normalized": np.asarray(norm.spectral_mixing_time),
-    }
+    values = (
+        norm.minimax_fidelity,
+        np.median(node, axis=-1),
+        np.percentile(node, 10, axis=-1),
+        ref.hitting_time,
+        norm.hitting_time,
+        norm.tv_mixing_time,
+        norm.spectral_mixing_time,
+    )  # in the order of record.OPERATOR_FIELDS
+    fields = {name: np.asarray(v) for name, v in zip(record.OPERATOR_FIELDS, values, strict=True)}
     return fields, signals
 
 
-def baseline(num_tokens: int, spec: AnalysisSpec) -> dict[str, float]:
+def baseline(num_tokens: int, spec: MeasureSpec) -> dict[str, float]:
     """The same numbers for uniform causal attention of the same length: what a head that
     reads every earlier token equally would score."""
     fields = operator_fields(graphs.uniform_causal(num_tokens)[None], spec, validate=False)
     return {name: float(v[0]) for name, v in fields.items()}
 
 
-def analyze_layer(
+def measure_layer(
     attn_BxHxTxT,
     weights_H,
-    spec: AnalysisSpec,
+    spec: MeasureSpec,
     timer: Timer | None = None,
     extra=None,
     extra_without_sink=None,
@@ -122,7 +124,7 @@ def analyze_layer(
         spec.check_length(attn.shape[-1])
         dropped = graphs.drop_sink_tokens(attn, spec.sink_tokens)
         inner = dataclasses.replace(spec, sink_tokens=0)
-        out["without_sink"] = _analyze_graph(
+        out[record.WITHOUT_SINK] = _analyze_graph(
             dropped, weights_H, inner, timer, extra_without_sink or {}, causal
         )
     return out
@@ -130,14 +132,15 @@ def analyze_layer(
 
 def _weights_name(mix: str) -> str:
     """The argument a mix's weights came from, for its errors."""
-    return {"learned": "weights_H", "uniform": "uniform weights"}.get(mix, f"extra[{mix!r}]")
+    names = {record.LEARNED: "weights_H", record.UNIFORM: "uniform weights"}
+    return names.get(mix, f"extra[{mix!r}]")
 
 
 def _mixes(attn, weights_H, extra: dict):
     """(names, weights B x M x H): learned (when known), uniform, then `extra`."""
     b, h = attn.shape[:2]
-    named = {} if weights_H is None else {"learned": weights_H}
-    named.update(uniform=jnp.full((h,), 1.0 / h), **extra)
+    named = {} if weights_H is None else {record.LEARNED: weights_H}
+    named.update({record.UNIFORM: jnp.full((h,), 1.0 / h)}, **extra)
     stacked = [
         jnp.broadcast_to(
             graphs.normalize_weights(w, h, _weights_name(n)).astype(attn.dtype), (b, h)
@@ -153,14 +156,14 @@ def _mix(mixes_BxMxH, attn_BxHxTxT):
 
 
 def _analyze_graph(
-    attn, weights_H, spec: AnalysisSpec, timer: Timer, extra: dict, causal: bool
+    attn, weights_H, spec: MeasureSpec, timer: Timer, extra: dict, causal: bool
 ) -> dict:
     out = {}
     if spec.optimal_weights:
         with timer.part("optimal weights"):
             optimum = optimum_of(attn, weights_H, spec)
-        extra = {**extra, "optimal": optimum.pop("weights")}
-        out["optimal"] = optimum
+        extra = {**extra, record.OPTIMAL: optimum.pop("weights")}
+        out[record.OPTIMAL] = optimum
     names, mixes = _mixes(attn, weights_H, extra)
     with timer.part("per-head and mixed metrics"):
         # Mixes and heads in two kernel calls: one batch of both would copy the layer.
@@ -177,7 +180,7 @@ def _analyze_graph(
         best_head_fidelity=best,
     )
     for mix in names:
-        out["mixes"][mix]["gain"] = out["mixes"][mix]["fidelity"] - best
+        out["mixes"][mix][record.GAIN.name] = out["mixes"][mix]["fidelity"] - best
     with timer.part("synergy analyses"):
         out["head_diversity"] = np.asarray(
             synergy.head_diversity(attn, validate=False, causal=causal)
@@ -190,7 +193,7 @@ def _analyze_graph(
     return out
 
 
-def optimum_of(attn_BxHxTxT, weights_H, spec: AnalysisSpec) -> dict:
+def optimum_of(attn_BxHxTxT, weights_H, spec: MeasureSpec) -> dict:
     """The fidelity-optimal mix of a layer, cross-fitted over the B sequences: `weights`
     (B, H) each sequence's (searched without its fold), `fold_weights` (F, H), `in_sample`
     (F,) each search's value on its own sequences, `search_sets` and `held_out`."""
@@ -207,7 +210,7 @@ def optimum_of(attn_BxHxTxT, weights_H, spec: AnalysisSpec) -> dict:
     }
 
 
-def baselines(num_tokens: int, spec: AnalysisSpec) -> dict:
+def baselines(num_tokens: int, spec: MeasureSpec) -> dict:
     """Uniform causal attention at the window's length (and without the sink tokens)."""
     spec.check_length(num_tokens)
     out = {"baseline": baseline(num_tokens, spec)}

@@ -6,13 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import graphs, metrics, pretrained, synergy
-from beyondpar.analysis import measures
+from beyondpar import graphs, measure, metrics, pretrained, synergy
 from beyondpar.analysis import text as text_lib
+from beyondpar.measure import layer as layer_module
 from conftest import DATA
 
 WALKS = metrics.WALKS
-SPEC = measures.AnalysisSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)
+SPEC = measure.MeasureSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)
 
 
 def numpy_baseline(t: int, horizon: int, max_steps: int, eps: float) -> dict:
@@ -54,7 +54,7 @@ def numpy_baseline(t: int, horizon: int, max_steps: int, eps: float) -> dict:
 
 @pytest.mark.parametrize("t", [6, 17])
 def test_baseline_is_uniform_causal_attention_field_by_field(t):
-    got = measures.baseline(t, SPEC)
+    got = measure.baseline(t, SPEC)
     want = numpy_baseline(t, SPEC.horizon, SPEC.max_steps, SPEC.eps)
     assert set(got) == set(want)
     for name, value in want.items():
@@ -64,9 +64,9 @@ def test_baseline_is_uniform_causal_attention_field_by_field(t):
 
 def test_without_sink_mixes_use_their_own_weights():
     attn = graphs.random_causal(3, (2, 3), 12)  # B x H x T x T
-    spec = measures.AnalysisSpec(horizon=30, max_steps=30, pairwise=False, sink_tokens=1)
+    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False, sink_tokens=1)
     one_hot = lambda h: np.eye(3, dtype=np.float32)[h]
-    out = measures.analyze_layer(
+    out = measure.measure_layer(
         attn, None, spec, extra={"x": one_hot(0)}, extra_without_sink={"x": one_hot(2)}
     )
     np.testing.assert_allclose(out["mixes"]["x"]["fidelity"], out["heads"]["fidelity"][:, 0])
@@ -74,7 +74,7 @@ def test_without_sink_mixes_use_their_own_weights():
     np.testing.assert_allclose(inner["mixes"]["x"]["fidelity"], inner["heads"]["fidelity"][:, 2])
     assert (
         "x"
-        not in measures.analyze_layer(attn, None, spec, extra={"x": one_hot(0)})["without_sink"][
+        not in measure.measure_layer(attn, None, spec, extra={"x": one_hot(0)})["without_sink"][
             "mixes"
         ]
     )
@@ -87,8 +87,8 @@ def test_sink_mass_is_the_attention_on_the_dropped_tokens(sink_tokens):
     none are)."""
     t = 8
     attn = np.broadcast_to(graphs.uniform_causal(t), (1, 2, t, t))
-    spec = measures.AnalysisSpec(horizon=10, max_steps=10, pairwise=False, sink_tokens=sink_tokens)
-    out = measures.analyze_layer(attn, None, spec)
+    spec = measure.MeasureSpec(horizon=10, max_steps=10, pairwise=False, sink_tokens=sink_tokens)
+    out = measure.measure_layer(attn, None, spec)
     k = max(sink_tokens, 1)
     want = np.mean([min(k, i + 1) / (i + 1) for i in range(t)])
     np.testing.assert_allclose(out["sink_mass"], np.full((1, 2), want), rtol=1e-6)
@@ -97,8 +97,8 @@ def test_sink_mass_is_the_attention_on_the_dropped_tokens(sink_tokens):
 def test_per_sequence_mixes_weigh_each_sequence_with_its_own_weights():
     attn = graphs.random_causal(4, (3, 2), 10)
     w = np.asarray([[1, 0], [0, 1], [0.5, 0.5]], np.float32)  # B x H
-    out = measures.analyze_layer(
-        attn, None, measures.AnalysisSpec(horizon=30, pairwise=False), extra={"w": w}
+    out = measure.measure_layer(
+        attn, None, measure.MeasureSpec(horizon=30, pairwise=False), extra={"w": w}
     )
     mixed = jnp.einsum("bh,bhij->bij", w, attn)
     np.testing.assert_allclose(
@@ -108,8 +108,8 @@ def test_per_sequence_mixes_weigh_each_sequence_with_its_own_weights():
 
 def test_the_optimum_of_several_sequences_is_held_out():
     attn = graphs.random_causal(8, (4, 3), 10)
-    spec = measures.AnalysisSpec(horizon=30, max_steps=30, pairwise=False, optimal_weights=True)
-    out = measures.analyze_layer(attn, np.ones(3), spec)
+    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False, optimal_weights=True)
+    out = measure.measure_layer(attn, np.ones(3), spec)
     o = out["optimal"]
     assert o["held_out"] and o["fold"].tolist() == [0, 0, 1, 1]
     assert o["search_sets"] == [[2, 3], [0, 1]]
@@ -130,8 +130,8 @@ def test_the_optimum_of_several_sequences_is_held_out():
 
 
 def test_one_sequence_has_nothing_to_hold_out():
-    spec = measures.AnalysisSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
-    out = measures.analyze_layer(graphs.random_causal(2, (1, 3), 8), None, spec)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
+    out = measure.measure_layer(graphs.random_causal(2, (1, 3), 8), None, spec)
     assert not out["optimal"]["held_out"]
     np.testing.assert_allclose(
         out["mixes"]["optimal"]["fidelity"], out["optimal"]["in_sample"], rtol=1e-5
@@ -150,16 +150,16 @@ def test_one_sequence_has_nothing_to_hold_out():
 )
 def test_bad_spec_names_the_flag(bad, message):
     with pytest.raises(ValueError, match=message):
-        measures.AnalysisSpec(**bad)
+        measure.MeasureSpec(**bad)
 
 
 def test_gain_is_over_the_best_head_and_cross_head_share_is_the_learned_mix():
     attn = graphs.random_causal(6, (3, 4), 10)  # B x H x T x T
     learned = np.asarray([0.7, 0.1, 0.1, 0.1], np.float32)
-    spec = measures.AnalysisSpec(horizon=30, max_steps=30, pairwise=False)
+    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False)
     best = np.argmax(np.asarray(metrics.minimax_fidelity(attn, 30)), -1)
     one_hot = np.eye(4, dtype=np.float32)[best]  # each sequence's best head as a mix
-    out = measures.analyze_layer(attn, learned, spec, extra={"best": one_hot})
+    out = measure.measure_layer(attn, learned, spec, extra={"best": one_hot})
     heads = out["heads"]["fidelity"]
     np.testing.assert_allclose(out["mixes"]["best"]["gain"], 0.0, atol=1e-6)
     for mix in out["mixes"].values():
@@ -176,11 +176,11 @@ def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch):
     monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
     attn = graphs.random_causal(9, (2, 3), 12)
     learned = np.asarray([0.5, 0.3, 0.2], np.float32)
-    spec = measures.AnalysisSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False, sink_tokens=1)
+    spec = measure.MeasureSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False, sink_tokens=1)
     checks = []
     real = metrics.is_causal
     monkeypatch.setattr(metrics, "is_causal", lambda c: checks.append(1) or real(c))
-    out = measures.analyze_layer(attn, learned, spec)
+    out = measure.measure_layer(attn, learned, spec)
     assert len(checks) == 1
     monkeypatch.setattr(metrics, "is_causal", real)
     mixes = {"learned": learned, "uniform": np.full(3, 1 / 3, np.float32)}
@@ -188,7 +188,7 @@ def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch):
 
 
 def assert_fields_are_the_kernels(out, attn, mixes, spec):
-    """Every field of `analyze_layer`'s record, on the layer (and on the graph without its
+    """Every field of `measure_layer`'s record, on the layer (and on the graph without its
     first token, when measured), against the kernels run on each head and each mix alone
     (all of them in one batch: B x (H + mixes) x T x T)."""
     graphs_measured = [(out, attn)]
@@ -230,11 +230,11 @@ def test_a_layer_with_a_head_that_reads_later_tokens_is_not_causal(monkeypatch):
     attn[:, 1] = dense / dense.sum(-1, keepdims=True)
     assert metrics.is_causal(attn[:, 0]) and not metrics.is_causal(attn)
     learned = np.asarray([0.2, 0.5, 0.3], np.float32)
-    spec = measures.AnalysisSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False)
-    out = measures.analyze_layer(attn, learned, spec)
+    spec = measure.MeasureSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False)
+    out = measure.measure_layer(attn, learned, spec)
     weights = np.stack([learned, np.full(3, 1 / 3, np.float32)])
     # With the sink signals, as the layer asks: the same programs, run without a hint.
-    fields = lambda c: measures._operator_sweep(jnp.asarray(c), spec, signal=True)[0]
+    fields = lambda c: layer_module._operator_sweep(jnp.asarray(c), spec, signal=True)[0]
     mixed = fields(np.einsum("mh,bhij->bmij", weights, attn))
     for name, want in fields(attn).items():
         np.testing.assert_allclose(out["heads"][name], want, rtol=1e-5, err_msg=name)
@@ -248,9 +248,9 @@ def test_bad_mix_weights_are_named_by_their_argument():
     """A mix's weights that cannot be normalised name where they came from."""
     attn = graphs.random_causal(3, (2, 4), 12)
     with pytest.raises(ValueError, match=r"weights_H must not be all zero"):
-        measures.analyze_layer(attn, np.zeros(4), SPEC)
+        measure.measure_layer(attn, np.zeros(4), SPEC)
     with pytest.raises(ValueError, match=r"extra\['mine'\] must be non-negative, got minimum -1"):
-        measures.analyze_layer(attn, None, SPEC, extra={"mine": [1.0, -1.0, 1.0, 1.0]})
+        measure.measure_layer(attn, None, SPEC, extra={"mine": [1.0, -1.0, 1.0, 1.0]})
 
 
 def test_rollout_of_a_model_weighs_the_residual_and_multiplies_later_layers_on_the_left():
@@ -261,7 +261,7 @@ def test_rollout_of_a_model_weighs_the_residual_and_multiplies_later_layers_on_t
     module, params, _ = pretrained.load(model)
     ids = np.asarray([[5, 17, 3, 42, 8, 11, 29, 2, 7]])
     residual = 0.2
-    spec = measures.AnalysisSpec(
+    spec = measure.MeasureSpec(
         horizon=10, max_steps=10, pairwise=False, layers=(0,), residual=residual
     )
     record = text_lib.analyze_tokens(module, params, ids, spec)

@@ -1,0 +1,74 @@
+"""The per-layer record, named once: every field `measure_layer` returns, with its shape
+and unit, and the groups that summaries, series and reports read from here.
+
+Shapes carry B, the sequences (or windows) of the batch, and H, the layer's heads. A
+layer's record is a dict:
+
+    heads           {field: (B, H)}          every head alone, OPERATOR_FIELDS
+    mixes           {mix: {field: (B,)}}     each mix of the heads, MIX_FIELDS; mixes are
+                                             LEARNED (output-projection weights, when the
+                                             model has them), UNIFORM, then any given
+                                             (OPTIMAL: weights searched on other sequences)
+    best_head       (B,) int                 the head of largest minimax fidelity
+    LAYER_SCALARS   (B,) each                see FIELDS
+    sink_mass       (B, H)                   see FIELDS
+    pairwise_synergy (B, H, H)               only when asked (spec.pairwise)
+    optimal         the optimum's search     only when searched here (spec.optimal_weights)
+    without_sink    the same record on the graph without the first k tokens
+                    (spec.sink_tokens = k > 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+FORMAT = 2  # the version of the record written to JSON: 1 had no "format" key
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One number of the record: its `unit` (fraction, steps, count, index) and meaning."""
+
+    name: str
+    unit: str
+    doc: str
+
+
+OPERATOR = (
+    Field("fidelity", "fraction", "minimax fidelity: min over tokens of max_t s_t[j]"),
+    Field("fidelity_median", "fraction", "median node fidelity (a typical token)"),
+    Field("fidelity_p10", "fraction", "10th percentile of node fidelity"),
+    Field("hitting_time_reference", "steps", "hitting time, the paper's reference walk"),
+    Field("hitting_time_normalized", "steps", "hitting time, the normalised walk"),
+    Field("tv_mixing_time_normalized", "steps", "TV mixing time, the normalised walk"),
+    Field("spectral_mixing_time_normalized", "steps", "spectral mixing, the normalised walk"),
+)
+GAIN = Field("gain", "fraction", "the mix's fidelity minus its best head's")
+LAYER = (
+    Field("best_head_fidelity", "fraction", "the largest minimax fidelity of one head"),
+    Field("head_diversity", "fraction", "mean total variation between heads' rows"),
+    Field(
+        "cross_head_share_mean",
+        "fraction",
+        "mean over tokens of the sink signal carried by paths through two or more heads",
+    ),
+)
+SINK_MASS = Field("sink_mass", "fraction", "each head's mean attention on the first k tokens")
+
+OPERATOR_FIELDS = tuple(f.name for f in OPERATOR)
+MIX_FIELDS = (*OPERATOR_FIELDS, GAIN.name)
+LAYER_SCALARS = tuple(f.name for f in LAYER)
+FIELDS = {f.name: f for f in (*OPERATOR, GAIN, *LAYER, SINK_MASS)}
+
+LEARNED, UNIFORM, OPTIMAL = "learned", "uniform", "optimal"
+WITHOUT_SINK = "without_sink"
+# Entries that are not one number per sequence: pairwise synergy (H x H, for the one-text
+# report) and the optimum's search record (per fold).
+NOT_PER_SEQUENCE = ("pairwise_synergy", OPTIMAL)
+
+
+def unit_of(name: str) -> str:
+    """The unit of a field of the record; an unknown name is an error, never a guess."""
+    if name not in FIELDS:
+        raise ValueError(f"field must be one of {sorted(FIELDS)}, got {name!r}")
+    return FIELDS[name].unit
