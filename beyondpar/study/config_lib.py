@@ -45,8 +45,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.distributed = ml_collections.ConfigDict(
         dict(coordinator_address="", num_processes=1, process_id=0)
     )
-    # What evaluation of the run's checkpoints measures; the last two switch off the costlier
-    # analyses (the optimal-weight search and the pruning curves).
+    # What evaluation of the run's checkpoints measures; optimal_weights and pruning switch
+    # off the costlier analyses (the optimal-weight search and the pruning curves); the
+    # optimal weights are scored on `folds` folds of the sequences, each searched on the rest.
     c.evaluation = ml_collections.ConfigDict(
         dict(
             num_sequences=50,
@@ -57,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
             walk="reference",
             optimal_weights=True,
             pruning=True,
+            folds=2,
         )
     )
     return c
@@ -148,7 +150,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def validate_evaluation(evaluation: ml_collections.ConfigDict) -> None:
     """The `evaluation` block, checked when the config is made rather than after training."""
     e = evaluation
-    for name in ("num_sequences", "horizon", "max_steps"):
+    for name in ("num_sequences", "horizon", "max_steps", "folds"):
         checks.positive_int(f"evaluation.{name}", e[name])
     checks.open_unit_interval("evaluation.eps", e.eps)
     checks.one_of("evaluation.walk", e.walk, metrics.WALKS)

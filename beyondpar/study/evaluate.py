@@ -20,13 +20,14 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from beyondpar import checkpoints, metrics, pruning, synergy, tasks
+from beyondpar import checkpoints, metrics, pruning, synergy, tasks, weighting
 from beyondpar import model as model_lib
 from beyondpar.base import checks, files, locks, parallel
 from beyondpar.study import config_lib, pruning_curves
 from beyondpar.study import workdir as workdir_lib
 
 RECORDS_FILE = "evaluation.jsonl"
+RECORD_FORMAT = 2  # 2: the optimum held out, with its in-sample value beside it
 WALKS = metrics.WALKS
 
 
@@ -35,7 +36,9 @@ class EvalSpec:
     """What an evaluation measures (the `evaluation` block of a run's config).
 
     `optimal_weights` and `pruning` switch off the costlier analyses (the weight search and
-    the masked forward passes); the rest is a few batched kernel calls.
+    the masked forward passes); the rest is a few batched kernel calls. The optimal
+    weights are held out: each sequence is scored with weights searched on the other of
+    `folds` contiguous folds of the sequences, with the in-sample optimum beside them.
     """
 
     num_sequences: int = 50
@@ -46,6 +49,7 @@ class EvalSpec:
     walk: str = "reference"
     optimal_weights: bool = True
     pruning: bool = True
+    folds: int = 2
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> EvalSpec:
@@ -60,33 +64,57 @@ def forward(module, params, inputs):
 
 
 @jax.jit
-def _operators(attn, mixes_LxMxH):
+def _operators(attn, mixes_NxLxMxH):
     """Per sequence and layer: each weighted mix, the uniform mix, then every head alone."""
-    mixed = jnp.einsum("lmh,nlhij->nlmij", mixes_LxMxH, attn)
+    mixed = jnp.einsum("nlmh,nlhij->nlmij", mixes_NxLxMxH, attn)
     uniform = jnp.mean(attn, axis=2, keepdims=True)
     return jnp.concatenate([mixed, uniform, attn], axis=2)  # N x L x (M + 1 + H) x T x T
 
 
 def optimal_mixes(attn, weights, spec: EvalSpec) -> dict:
-    """Per layer: the weights that maximise fidelity and those that minimise hitting time."""
+    """Per objective, the optimal weights of every layer: `held_out` (N, L, H), each
+    sequence's weights searched on the other folds of the sequences (in sample when there
+    is one sequence), and `in_sample` (L, H), searched on every sequence it is scored on."""
     if not spec.optimal_weights:
         return {}
     # One problem per layer (L x N x H x T x T), from the host: the search splits its own
     # batch over devices, so sequences split over devices would be moved twice.
     per_layer = np.swapaxes(np.asarray(attn), 0, 1)
-    settings = dict(walk=spec.walk, horizon=spec.horizon, max_steps=spec.max_steps, init=weights)
-    return {
-        name: synergy.optimal_weights(per_layer, name, **settings)[0] for name in synergy.OBJECTIVES
-    }
+    settings = dict(walk=spec.walk, horizon=spec.horizon, max_steps=spec.max_steps)
+    num_folds = len(weighting.folds(per_layer.shape[1], spec.folds))
+    w = np.asarray(weights)
+    fold_init = np.broadcast_to(w[:, None], (w.shape[0], num_folds, w.shape[1]))
+    out = {}
+    for name in synergy.OBJECTIVES:
+        in_sample = synergy.optimal_weights(per_layer, name, init=weights, **settings)[0]
+        held = weighting.cross_fitted(
+            per_layer, spec.folds, objective=name, init=fold_init, **settings
+        )
+        out[name] = {"held_out": jnp.swapaxes(held["weights"], 0, 1), "in_sample": in_sample}
+    return out
 
 
 def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:
     """Every metric per sequence: arrays (N, L), (N, L, H) or (N, L, H, H), accuracies (N,).
 
-    Operators per layer: the learned mix, the optimal mixes (when switched on), the
-    uniform mix and every head; all go through the kernels in one call.
+    Operators per layer: the learned mix, the optimal mixes (when switched on: held out,
+    then in sample, per objective), the uniform mix and every head; all go through the
+    kernels in one call.
     """
     return _per_sequence(module, params, examples, spec)[0]
+
+
+def _mixes(weights, optimal: dict, n: int):
+    """(N x L x M x H mixes, {column: mix index}): the learned mix, then per objective the
+    held-out and the in-sample optimum."""
+    norm = weights / jnp.sum(weights, -1, keepdims=True)
+    mixes, index = [jnp.broadcast_to(norm, (n, *norm.shape))], {}
+    for name, found in optimal.items():
+        index[f"{name}_optimal"] = len(mixes)
+        mixes.append(found["held_out"])
+        index[f"{name}_optimal_in_sample"] = len(mixes)
+        mixes.append(jnp.broadcast_to(found["in_sample"], (n, *norm.shape)))
+    return jnp.stack(mixes, axis=2), index
 
 
 def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
@@ -96,17 +124,28 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
     # each work on their share without copies between devices.
     inputs = parallel.split_over_devices(examples.inputs)
     logits, attn, weights = forward(module, params, inputs)
+    n = examples.inputs.shape[0]
     optimal = optimal_mixes(attn, weights, spec)
-    norm = lambda w: w / jnp.sum(w, -1, keepdims=True)
-    mixes = jnp.stack([norm(weights), *optimal.values()], axis=1)  # L x M x H
-    operators = _operators(attn, mixes)
-    k = mixes.shape[1]  # index of the uniform mix; heads follow it
+    mixes, index = _mixes(weights, optimal, n)
+    operators = _operators(attn, parallel.split_over_devices(np.asarray(mixes)))
+    k = mixes.shape[2]  # index of the uniform mix; heads follow it
     other = WALKS[1 - WALKS.index(spec.walk)]
     m, m_other, fid, hit = _operator_metrics(operators, spec, other)
+    out = _columns(attn, weights, spec, (m, m_other, fid, hit), k, other)
+    out.update(_accuracies(logits, examples))
+    out.update(_optimal_columns(fid, hit, index, optimal))
+    return jax.tree.map(np.asarray, out), attn, weights
+
+
+def _columns(attn, weights, spec: EvalSpec, measured, k: int, other: str) -> dict:
+    """The per-sequence columns of the learned mix, the uniform mix (operator `k`) and the
+    heads (after it), from `_operator_metrics`'s `measured`."""
+    m, m_other, fid, hit = measured
+    n = attn.shape[0]
     amp = synergy.amplification(fid[..., k + 1 :], fid[..., 0])
     share = synergy.cross_head_share(attn, weights, spec.horizon)  # N x L x T
     worst = jnp.argmin(m.node_fidelity, axis=-1)
-    out = {
+    return {
         "hitting_time": hit[..., 0],
         f"hitting_time_{spec.walk}": hit[..., 0],
         f"hitting_time_{other}": m_other.hitting_time,
@@ -132,17 +171,24 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
         "pairwise_synergy": synergy.pairwise_synergy(attn, spec.horizon),
         "cross_head_share_minimax": jnp.take_along_axis(share, worst[..., None], -1)[..., 0],
         "cross_head_share_mean": jnp.mean(share, axis=-1),
-        "head_weights": jnp.broadcast_to(weights, (examples.inputs.shape[0], *weights.shape)),
-        **_accuracies(logits, examples),
+        "head_weights": jnp.broadcast_to(weights, (n, *weights.shape)),
     }
-    if optimal:
-        n = examples.inputs.shape[0]
-        mix = {name: 1 + i for i, name in enumerate(optimal)}  # after the learned mix
-        out["fidelity_optimal"] = fid[..., mix["fidelity"]]
-        out["hitting_time_optimal"] = hit[..., mix["hitting_time"]]
-        for name, w in optimal.items():
-            out[f"optimal_weights_{name}"] = jnp.broadcast_to(w, (n, *w.shape))
-    return jax.tree.map(np.asarray, out), attn, weights
+
+
+def _optimal_columns(fid, hit, index: dict, optimal: dict) -> dict:
+    """Fidelity and hitting time under the optimal mixes, held out and in sample, and
+    their weights (N, L, H)."""
+    out = {}
+    for name, values in (("fidelity", fid), ("hitting_time", hit)):
+        for column in (f"{name}_optimal", f"{name}_optimal_in_sample"):
+            if column in index:
+                out[column] = values[..., index[column]]
+    for name, found in optimal.items():
+        n = found["held_out"].shape[0]
+        out[f"optimal_weights_{name}"] = found["held_out"]
+        in_sample = jnp.broadcast_to(found["in_sample"], (n, *found["in_sample"].shape))
+        out[f"optimal_weights_{name}_in_sample"] = in_sample
+    return out
 
 
 def _operator_metrics(operators, spec: EvalSpec, other: str):
@@ -198,6 +244,7 @@ def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
     cfg = module.config
     record = {
         **info,
+        "format": RECORD_FORMAT,
         "heads": cfg.num_heads,
         "layers": cfg.num_layers,
         "num_sequences": int(examples.inputs.shape[0]),
@@ -265,8 +312,37 @@ RECORD_KEYS = ("run", "step", "task", "heads", "layers", "metrics")
 
 def read_records(path: str | os.PathLike, problems: list[str] | None = None) -> list[dict]:
     """Records of a JSON-lines file. A torn last line (a killed writer) is ignored; any
-    other line that is not a record is skipped and, with `problems`, named there."""
-    return files.read_json_lines(path, RECORD_KEYS, problems)
+    other line that is not a record is skipped and, with `problems`, named there. Records
+    of the first format are read in today's names (`upgrade`); a newer format is refused."""
+    return [upgrade(r, path) for r in files.read_json_lines(path, RECORD_KEYS, problems)]
+
+
+# Format 1 scored the optimum on the sequences it was searched on, under the names that
+# now hold the held-out optimum: read as what it was.
+_IN_SAMPLE_BEFORE_FORMAT_2 = (
+    "fidelity_optimal",
+    "hitting_time_optimal",
+    "optimal_weights_fidelity",
+    "optimal_weights_hitting_time",
+)
+
+
+def upgrade(record: dict, path="records") -> dict:
+    """A record in the current format: format 1 (no "format" key) has its in-sample
+    optimum renamed `..._in_sample`, never read as held out."""
+    found = record.get("format", 1)
+    if found == RECORD_FORMAT:
+        return record
+    if found != 1:
+        raise ValueError(
+            f"{path}: record format must be 1 or {RECORD_FORMAT}, got {found!r} (written by a "
+            "newer beyondpar: update it, or evaluate into another folder)"
+        )
+    metrics_ = dict(record.get("metrics", {}))
+    for name in _IN_SAMPLE_BEFORE_FORMAT_2:
+        if name in metrics_:
+            metrics_[f"{name}_in_sample"] = metrics_.pop(name)
+    return {**record, "format": RECORD_FORMAT, "metrics": metrics_}
 
 
 def _pairs(runs: list[Path], steps: str) -> Iterator[tuple[Path, int | None]]:

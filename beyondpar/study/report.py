@@ -26,6 +26,7 @@ UNITS = {
     "hitting_time_uniform": "steps",
     "hitting_time_best_head": "steps",
     "hitting_time_optimal": "steps",
+    "hitting_time_optimal_in_sample": "steps",
     "tv_mixing_time": "steps",
     "spectral_mixing_time": "steps",
     "tv_mixing_time_normalized": "steps",
@@ -33,6 +34,7 @@ UNITS = {
     "fidelity": "fraction",
     "fidelity_uniform": "fraction",
     "fidelity_optimal": "fraction",
+    "fidelity_optimal_in_sample": "fraction",
     "best_individual": "fraction",
     "gain": "fraction",
     "combined_wins": "fraction",
@@ -160,10 +162,11 @@ def _task_section(task: str, heads: list[int], by_heads: dict, needs, runs) -> l
     if optimal:
         lines += ["", "### Optimal vs learned vs uniform vs best head", ""]
         lines += [
-            "Fidelity in %, hitting time in steps; mean over seeds. Optimal: one weight "
-            "vector per layer for all sequences, searched on the sequences it is scored on "
-            "(in sample: an upper estimate); best head: the one head with the best mean "
-            "over sequences.",
+            "Fidelity in %, hitting time in steps; mean over seeds. Optimal, held out: "
+            "each sequence scored with the weights searched on the other half of the "
+            "sequences (two contiguous folds); in sample: one weight vector per layer, "
+            "searched on the sequences it is scored on (an upper estimate); best head: the "
+            "one head with the best mean over sequences.",
             "",
             *optimal,
         ]

@@ -7,10 +7,12 @@ import numpy as np
 
 OPTIMAL_COLUMNS = (
     ("fidelity_optimal", "fidelity"),
+    ("fidelity_optimal_in_sample", "fidelity"),
     ("fidelity", "fidelity"),
     ("fidelity_uniform", "fidelity"),
     ("fidelity_per_head", "best fidelity"),
     ("hitting_time_optimal", "hitting"),
+    ("hitting_time_optimal_in_sample", "hitting"),
     ("hitting_time", "hitting"),
     ("hitting_time_uniform", "hitting"),
     ("hitting_time_per_head", "best hitting"),
@@ -35,30 +37,34 @@ def _column(record: dict, name: str, kind: str) -> np.ndarray:
 def optimal_table(runs: list[dict], task: str) -> list[str]:
     """Per head count and layer: fidelity (%) and hitting time (steps) under the optimal,
     learned and uniform weights and of the best single head (mean over seeds)."""
-    needed = ("fidelity_optimal", "hitting_time_per_head")
+    needed = ("fidelity_optimal_in_sample", "hitting_time_per_head")
     rows = [r for r in runs if r["task"] == task and all(k in r["metrics"] for k in needed)]
     if not rows:
         return []
     lines = [
-        "| heads | layer | fidelity optimal | learned | uniform | best head "
-        "| hitting time optimal | learned | uniform | best head |",
-        "|---:|---:|" + "---:|" * 8,
+        "| heads | layer | fidelity optimal, held out | in sample | learned | uniform "
+        "| best head | hitting time optimal, held out | in sample | learned | uniform "
+        "| best head |",
+        "|---:|---:|" + "---:|" * len(OPTIMAL_COLUMNS),
     ]
     for heads in sorted({r["heads"] for r in rows if r["heads"] > 1}):
         group = [r for r in rows if r["heads"] == heads]
         values = {
             name: np.mean([_column(r, name, kind) for r in group], 0)
             for name, kind in OPTIMAL_COLUMNS
+            if all(name in r["metrics"] for r in group)  # format 1: no held-out optimum
         }
         for layer in range(group[0]["layers"]):
-            cells = [
-                f"{100 * values[name][layer]:.2f}"
-                if kind.endswith("fidelity")
-                else f"{values[name][layer]:.2f}"
-                for name, kind in OPTIMAL_COLUMNS
-            ]
+            cells = [_cell(values, name, kind, layer) for name, kind in OPTIMAL_COLUMNS]
             lines.append(f"| {heads} | {layer + 1} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _cell(values: dict, name: str, kind: str, layer: int) -> str:
+    if name not in values:
+        return "-"
+    value = values[name][layer]
+    return f"{100 * value:.2f}" if kind.endswith("fidelity") else f"{value:.2f}"
 
 
 def diversity_points(runs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
