@@ -163,8 +163,9 @@ def _task_section(task: str, heads: list[int], by_heads: dict, needs, runs) -> l
         lines += ["", "### Optimal vs learned vs uniform vs best head", ""]
         lines += [
             "Fidelity in %, hitting time in steps; mean over seeds. Optimal, held out: "
-            "each sequence scored with the weights searched on the other half of the "
-            "sequences (two contiguous folds); in sample: one weight vector per layer, "
+            "each sequence scored with the weights searched on the other folds of the "
+            "sequences (contiguous folds, `evaluation.folds`); in sample: one weight vector "
+            "per layer, "
             "searched on the sequences it is scored on (an upper estimate); best head: the "
             "one head with the best mean over sequences.",
             "",

@@ -1,14 +1,12 @@
 """Reports: a golden Markdown file from synthetic records, CSV/JSON rows and plots."""
 
-import csv
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from beyondpar.study import report, synergy_report
+from beyondpar.study import evaluate, report, synergy_report
 from conftest import DATA
 
 GOLDEN = DATA / "golden_report.md"
@@ -48,7 +46,9 @@ def record(run, task, heads, seed, step, offset):
             "accuracy_predictable": stat(0.95 + 0.001 * heads),
             "tv_mixing_time_normalized": stat([12.0 - heads, 8.0]),
             "fidelity_optimal": stat([f + 0.001 for f in fid]),
+            "fidelity_optimal_in_sample": stat([f + 0.0015 for f in fid]),
             "hitting_time_optimal": stat([9.0 / heads + seed, 4.5 + seed]),
+            "hitting_time_optimal_in_sample": stat([8.9 / heads + seed, 4.4 + seed]),
             "hitting_time_uniform": stat([11.0 / heads + seed, 5.5 + seed]),
             "hitting_time_best_head": stat([9.5 / heads + seed, 4.8 + seed]),
             "hitting_time_per_head": stat([[9.5 / heads + seed] * heads, [4.8 + seed] * heads]),
@@ -108,8 +108,9 @@ def test_markdown_matches_golden():
 
 
 def test_optimal_table_puts_every_column_in_its_unit():
-    """Fidelity in % in all four fidelity columns (the best head's too), hitting time in
-    steps; the optimum is never below the best single head."""
+    """Fidelity in % in all five fidelity columns (the best head's too), hitting time in
+    steps; the in-sample optimum is never below the best single head (the held-out one may
+    be)."""
 
     runs = [record("r", "copy", 4, 0, 10, 0.0), record("s", "copy", 4, 1, 10, 0.0)]
     rows = [line.split("|")[1:-1] for line in synergy_report.optimal_table(runs, "copy")[2:]]
@@ -120,126 +121,9 @@ def test_optimal_table_puts_every_column_in_its_unit():
             [np.min(r["metrics"]["hitting_time_per_head"]["mean"][layer]) for r in runs]
         )
         assert cells[:2] == [4, layer + 1]
-        assert cells[5] == pytest.approx(100 * best, abs=0.006)
-        assert cells[2] >= cells[5] and cells[6] <= cells[9]
-        assert cells[9] == pytest.approx(fastest, abs=0.006)
-
-
-def test_aggregate_over_seeds():
-    cells = report.aggregate(synthetic_records())
-    mean, std, seeds = cells[("copy", 4)]["fidelity"]
-    # latest step (20): base = 0.04 + 0.001 * seed + 0.1, seeds 0 and 1
-    np.testing.assert_allclose(mean, [0.1405, 0.1425])
-    np.testing.assert_allclose(std, [np.std([0.140, 0.141], ddof=1)] * 2)
-    assert seeds == 2
-
-
-def test_files_and_plots(tmp_path):
-    records = synthetic_records()
-    written = report.write_report(records, tmp_path)
-    names = sorted(p.name for p in written)
-    multi = [
-        f"{kind}_{task}-h4-s{seed}.png"
-        for kind in ("pruning", "synergy")
-        for task in ("copy", "cycle")
-        for seed in (0, 1)
-    ]
-    assert names == sorted(
-        [
-            "amplification.png",
-            "diversity.png",
-            "metrics_vs_heads.png",
-            "metrics_vs_step.png",
-            "report.md",
-            "results.csv",
-            "results.json",
-            *multi,
-        ]
-    )
-    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
-    assert len(rows) == len(records) * 2
-    assert json.loads((tmp_path / "results.json").read_text())[0]["layer"] == 1
-    first = next(
-        r for r in rows if r["run"] == "copy-h4-s1" and r["step"] == "20" and r["layer"] == "2"
-    )
-    assert float(first["fidelity_fraction_mean"]) == pytest.approx(0.143)
-    assert float(first["hitting_time_steps_mean"]) == pytest.approx(6.0)
-    assert float(first["tv_mixing_time_normalized_steps_mean"]) == pytest.approx(8.0)
-    assert float(first["pruning_auc_random_fraction"]) == pytest.approx(0.5)
-    one_head = next(r for r in rows if r["run"] == "copy-h1-s0")
-    assert one_head["pruning_auc_random_fraction"] == ""  # no heads to prune
-    for name in names:
-        if name.endswith(".png"):
-            assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
-    assert not list(Path(tmp_path).glob(".*"))
-
-
-def test_empty_records():
-    with pytest.raises(ValueError, match="records must not be empty"):
-        report.markdown([])
-
-
-def test_report_says_which_tasks_need_attention():
-    records = synthetic_records()
-    for r in records:
-        needed = r["task"] != "copy"
-        r["attention_necessity"] = {
-            "accuracy": 1.0,
-            "accuracy_without_heads": 0.01 if needed else 1.0,
-            "accuracy_without_layer": [0.5, 0.5, 0.5, 0.5],
-            "chance": 1 / 256,
-            "needs_attention": needed,
-        }
-    text = report.markdown(records)
-    assert "## Does the task need attention?" in text
-    assert "| copy | " in text and "| 100.0 | 100.0 | 0.39 | no |" in text
-    assert "**copy does not need attention**" in text
-    assert "**cycle does not need attention**" not in text
-    rows = report.rows(records)
-    assert {r["needs_attention"] for r in rows if r["task"] == "copy"} == {False}
-
-
-def with_necessity(r, needed):
-    r["attention_necessity"] = {
-        "accuracy": 0.8,
-        "accuracy_without_heads": 0.3,
-        "chance": 0.1,
-        "needs_attention": needed,
-    }
-    return r
-
-
-def test_attention_need_is_a_strict_majority_of_runs():
-    """A task needs attention only when more than half of its runs say so: a tie is no
-    majority, so the report must say the task does not need attention; two runs of
-    three are a majority."""
-    tie = [
-        with_necessity(record("a", "copy", 4, 0, 10, 0.0), True),
-        with_necessity(record("b", "copy", 4, 1, 10, 0.0), False),
-    ]
-    found = report.necessity_by_task(tie)["copy"]
-    assert found["needs_attention"] is False and found["runs"] == 2
-    assert "| copy | 2 | 80.0 | 30.0 | 10.00 | no |" in report.necessity_table({"copy": found})
-    assert "**copy does not need attention**" in report.markdown(tie)
-    two_of_three = [*tie, with_necessity(record("c", "copy", 4, 2, 10, 0.0), True)]
-    assert report.necessity_by_task(two_of_three)["copy"]["needs_attention"] is True
-    assert "does not need attention" not in report.markdown(two_of_three)
-
-
-def test_amplification_counts_only_strict_gains_as_wins():
-    """'Combined beats the best single head' counts (heads, layer) cells whose gain is
-    positive: a cell where heads combined only tie the best head (gain exactly 0) is no
-    win, and a negative gain is none either."""
-    r = record("a", "copy", 4, 0, 10, 0.0)
-    r["metrics"]["gain"]["mean"] = [0.0, 0.002]
-    s = record("b", "copy", 2, 0, 10, 0.0)
-    s["metrics"]["gain"]["mean"] = [-0.001, 0.0]
-    text = report.markdown([r, s, record("c", "copy", 1, 0, 10, 0.0)])
-    assert "Combined beats the best single head in 1 of 4 (heads, layer) cells." in text
-    # heads 4, layer 1: best 4.00 - 0.10, combined 4.00, gain +0.00, combined wins 100%
-    assert "| 4 | 1 | 3.90 | 4.00 | +0.00 | 100% |" in text
-    assert "| 4 | 2 | 4.30 | 4.20 | +0.20 | 0% |" in text
-    assert "| 2 | 1 | 1.90 | 2.00 | -0.10 | 100% |" in text
+        assert cells[6] == pytest.approx(100 * best, abs=0.006)
+        assert cells[3] >= cells[6] and cells[8] <= cells[11]
+        assert cells[11] == pytest.approx(fastest, abs=0.006)
 
 
 def test_best_head_columns_take_the_most_faithful_and_the_fastest_head():
@@ -249,7 +133,7 @@ def test_best_head_columns_take_the_most_faithful_and_the_fastest_head():
     r["metrics"]["fidelity_per_head"]["mean"] = [[0.1, 0.3, 0.2, 0.05], [0.4, 0.1, 0.15, 0.2]]
     r["metrics"]["hitting_time_per_head"]["mean"] = [[7.0, 3.0, 5.0, 9.0], [2.0, 6.0, 4.0, 8.0]]
     rows = [line.split("|")[1:-1] for line in synergy_report.optimal_table([r], "copy")[2:]]
-    assert [(row[5].strip(), row[9].strip()) for row in rows] == [
+    assert [(row[6].strip(), row[11].strip()) for row in rows] == [
         ("30.00", "3.00"),
         ("40.00", "2.00"),
     ]
@@ -321,10 +205,12 @@ def test_optimal_table_gives_each_weighting_its_own_column():
     r = record("r", "copy", 2, 0, 10, 0.0)
     m = r["metrics"]
     m["fidelity_optimal"]["mean"] = [0.41, 0.42]
+    m["fidelity_optimal_in_sample"]["mean"] = [0.51, 0.52]
     m["fidelity"]["mean"] = [0.31, 0.32]
     m["fidelity_uniform"]["mean"] = [0.21, 0.22]
     m["fidelity_per_head"]["mean"] = [[0.11, 0.13], [0.17, 0.12]]
     m["hitting_time_optimal"]["mean"] = [1.5, 2.5]
+    m["hitting_time_optimal_in_sample"]["mean"] = [1.25, 2.25]
     m["hitting_time"]["mean"] = [3.5, 4.5]
     m["hitting_time_uniform"]["mean"] = [5.5, 6.5]
     m["hitting_time_per_head"]["mean"] = [[8.0, 7.5], [9.5, 9.0]]
@@ -333,6 +219,38 @@ def test_optimal_table_gives_each_weighting_its_own_column():
         for line in synergy_report.optimal_table([r], "copy")[2:]
     ]
     assert rows == [
-        ["2", "1", "41.00", "31.00", "21.00", "13.00", "1.50", "3.50", "5.50", "7.50"],
-        ["2", "2", "42.00", "32.00", "22.00", "17.00", "2.50", "4.50", "6.50", "9.00"],
+        ["2", "1", "41.00", "51.00", "31.00", "21.00", "13.00"]
+        + ["1.50", "1.25", "3.50", "5.50", "7.50"],
+        ["2", "2", "42.00", "52.00", "32.00", "22.00", "17.00"]
+        + ["2.50", "2.25", "4.50", "6.50", "9.00"],
     ]
+
+
+def test_a_first_format_record_shows_its_optimum_as_in_sample():
+    """Records written before the optimum was held out scored it on the sequences it was
+    searched on: read back, that value fills the in-sample column and the held-out column
+    stays empty, never the other way round."""
+    r = record("r", "copy", 2, 0, 10, 0.0)
+    m = r["metrics"]
+    del m["fidelity_optimal_in_sample"], m["hitting_time_optimal_in_sample"]
+    m["fidelity_optimal"]["mean"] = [0.41, 0.42]
+    m["hitting_time_optimal"]["mean"] = [1.5, 2.5]
+    old = evaluate.upgrade(r)
+    assert old["format"] == evaluate.RECORD_FORMAT and "fidelity_optimal" not in old["metrics"]
+    rows = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in synergy_report.optimal_table([old], "copy")[2:]
+    ]
+    assert [row[2:4] + row[7:9] for row in rows] == [
+        ["-", "41.00", "-", "1.50"],
+        ["-", "42.00", "-", "2.50"],
+    ]
+
+
+def test_records_of_a_newer_format_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "evaluation.jsonl"
+    r = {**record("r", "copy", 2, 0, 10, 0.0), "format": evaluate.RECORD_FORMAT + 1}
+    path.write_text(json.dumps(r) + "\n")
+    with pytest.raises(ValueError, match=r"record format must be 1 or 2, got 3") as err:
+        evaluate.read_records(path)
+    assert "\n" not in str(err.value)
