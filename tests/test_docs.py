@@ -1,8 +1,10 @@
 """The README and docs/ hold only what runs: every shell command names a launcher whose
 flags parse or a script that exists, every Python block runs and prints what the page
 shows after it, every relative link and every repository path in backticks leads to a
-file, and the README's layout tree is the package's."""
+file, every package name in backticks (`metrics.survival`) exists, and the README's layout
+tree is the package's."""
 
+import importlib
 import json
 import math
 import re
@@ -204,3 +206,44 @@ def test_the_readme_layout_tree_is_the_package():
     assert named == package
     top = set(re.findall(r"^(\w+)/", tree, re.M))
     assert all((ROOT / folder).is_dir() for folder in top), top
+
+
+FILE_SUFFIXES = {"py", "json", "jsonl", "md", "npz", "pt", "gguf", "txt", "safetensors"}
+
+
+def package_modules() -> dict[str, list[str]]:
+    """Short name -> dotted names of the package's modules (`files`: base and pretrained)."""
+    found: dict[str, list[str]] = {}
+    for path in (ROOT / "beyondpar").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        for short in {parts[-1], ".".join(parts)}:
+            found.setdefault(short, []).append(".".join(parts))
+    return found
+
+
+def resolves(dotted: str, modules: dict[str, list[str]]) -> bool:
+    """Whether `module.name...` (a module's short or full name first) is an attribute
+    chain of one of the modules that name fits."""
+    for cut in range(dotted.count(".") + 1, 0, -1):
+        head, rest = ".".join(dotted.split(".")[:cut]), dotted.split(".")[cut:]
+        for candidate in modules.get(head, []):
+            value = importlib.import_module(candidate)
+            for name in rest:
+                value = getattr(value, name, None)
+            if value is not None:
+                return True
+    return False
+
+
+def test_package_names_in_backticks_exist():
+    """`metrics.survival`, `beyondpar.base.parallel.use_all_cpu_cores`, `sharding.SPLITS`:
+    a renamed module or function shows here."""
+    modules, missing = package_modules(), []
+    for page in PAGES:
+        for code in set(re.findall(r"`((?:\w+\.)+\w+)", page.read_text())):
+            first, last = code.split(".")[0], code.split(".")[-1]
+            named = first in modules and last not in FILE_SUFFIXES
+            if named and not resolves(code, modules):
+                missing.append(f"{page.relative_to(ROOT)}: {code}")
+    assert not missing, missing
