@@ -24,7 +24,7 @@ from beyondpar.base import parallel
 parallel.use_all_cpu_cores()
 import jax, numpy as np
 from beyondpar import pretrained
-from beyondpar.benchmarks import previous_load
+from beyondpar.benchmarks import reference_gguf
 jax.numpy.zeros(1).block_until_ready()
 
 def rss():  # peak GB of this process: VmHWM (ru_maxrss keeps the parent's across exec)
@@ -40,7 +40,7 @@ start = time.perf_counter()
 if which == "new":
     _, params, _ = pretrained.load(path, progress=False)
 else:
-    _, params, _ = previous_load.load(path)
+    _, params, _ = reference_gguf.load(path)
 jax.block_until_ready(params)
 seconds = time.perf_counter() - start
 peak = rss()

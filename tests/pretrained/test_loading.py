@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
-from beyondpar.benchmarks import gguf_models, previous_load
+from beyondpar.benchmarks import gguf_models, reference_gguf
 from beyondpar.pretrained import files, gguf_file, gguf_quants, loading, sharding
 from conftest import DATA
 
@@ -118,7 +118,7 @@ def test_gguf_values_are_the_previous_paths_bit_for_bit(qwen2_gguf, monkeypatch,
     if kernels == "every shape":
         monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     module, params, tokenizer = pretrained.load(qwen2_gguf, progress=False)
-    old_module, old_params, old_tokenizer = previous_load.load(qwen2_gguf)
+    old_module, old_params, old_tokenizer = reference_gguf.load(qwen2_gguf)
     assert module.config == old_module.config
     new, old = leaves(params), leaves(old_params)
     assert new.keys() == old.keys() and len(new) == 3 * 12 + 3
@@ -134,7 +134,7 @@ def test_bfloat16_is_the_previous_paths_cast(qwen2_gguf, monkeypatch, kernels):
     if kernels == "every shape":
         monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     _, params, _ = pretrained.load(qwen2_gguf, jnp.bfloat16, progress=False)
-    _, old_params, _ = previous_load.load(qwen2_gguf, jnp.bfloat16)
+    _, old_params, _ = reference_gguf.load(qwen2_gguf, jnp.bfloat16)
     new, old = leaves(params), leaves(old_params)
     for key in new:
         assert new[key].dtype == jnp.bfloat16
