@@ -17,46 +17,12 @@ from pathlib import Path
 from beyondpar.benchmarks import gguf_models
 from beyondpar.benchmarks.models import smollm2_gguf
 
-# One load in a fresh process: argv = (path, "new" | "previous"); prints a JSON object.
-_ONE_LOAD = """
-import json, resource, sys, time
-from beyondpar.base import parallel
-parallel.use_all_cpu_cores()
-import jax, numpy as np
-from beyondpar import pretrained
-from beyondpar.benchmarks import reference_gguf
-jax.numpy.zeros(1).block_until_ready()
-
-def rss():  # peak GB of this process: VmHWM (ru_maxrss keeps the parent's across exec)
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")) / 2**20
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-path, which = sys.argv[1:3]
-before = rss()
-start = time.perf_counter()
-if which == "new":
-    _, params, _ = pretrained.load(path, progress=False)
-else:
-    _, params, _ = reference_gguf.load(path)
-jax.block_until_ready(params)
-seconds = time.perf_counter() - start
-peak = rss()
-leaves = jax.tree_util.tree_leaves_with_path(params)
-sums = {jax.tree_util.keystr(p): float(np.asarray(x, np.float64).sum()) for p, x in leaves}
-print(json.dumps({
-    "seconds": seconds, "peak_rss_gb": peak, "rss_before_load_gb": before,
-    "weights_gb": sum(x.nbytes for _, x in leaves) / 2**30, "checksum": sums,
-}))
-"""
-
 
 def one_load(path, which: str) -> dict:
-    """Seconds, peak RSS (GB) and per-parameter sums of one load in a fresh process."""
+    """Seconds, peak RSS (GB) and per-parameter sums of one load in a fresh process
+    (`single_load`); `which` is "new" or "previous"."""
     done = subprocess.run(
-        [sys.executable, "-c", _ONE_LOAD, str(path), which],
+        [sys.executable, "-m", "beyondpar.benchmarks.single_load", str(path), which],
         capture_output=True,
         text=True,
         check=False,

@@ -221,14 +221,7 @@ def _print_metrics(r: dict) -> None:
 def plain_session_fidelity_us(sequences: int = 50, layers: int = 4, operators: int = 17) -> float:
     """us/matrix of `minimax_fidelity` in a fresh Python process that never asked for one
     CPU device per core, i.e. a plain script or notebook."""
-    code = (
-        "import json, jax, jax.numpy as jnp\n"
-        "from beyondpar import graphs, metrics\n"
-        "from beyondpar.base.timing import best_time\n"
-        f"shape = ({sequences}, {layers}, {operators})\n"
-        "c = jnp.asarray(graphs.random_causal(0, shape, 100))\n"
-        "s = best_time(lambda: metrics.minimax_fidelity(c, 100), 5)\n"
-        "print(json.dumps({'us': 1e6 * s / c[..., 0, 0].size, 'devices': jax.device_count()}))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    command = [sys.executable, "-m", "beyondpar.benchmarks.plain_session"]
+    command += [str(sequences), str(layers), str(operators)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["us"]
