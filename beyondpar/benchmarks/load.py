@@ -16,6 +16,7 @@ from pathlib import Path
 
 from beyondpar.benchmarks import gguf_models
 from beyondpar.benchmarks.models import smollm2_gguf
+from beyondpar.benchmarks.printing import print_result
 
 
 def one_load(path, which: str) -> dict:
@@ -83,20 +84,20 @@ def load_suite(repeats: int = 3, config: dict | None = None, smollm2: bool = Tru
         "write_s": write_s,
         "files": results,
     }
-    _print(result)
+    print_result(_lines(result), result)
     return result
 
 
-def _print(result: dict) -> None:
-    print(
+def _lines(result: dict):
+    """The summary lines of a result, before its JSON line."""
+    yield (
         f"{result['cores']} cores, load average {result['load_average_before']:.1f} before, "
         f"{result['load_average_after']:.1f} after"
     )
     for name, r in result["files"].items():
-        print(
+        yield (
             f"{name:<34} {r['seconds']:6.2f} s (previous {r['previous_seconds']:6.2f} s, "
             f"{r['speedup']:4.1f}x); peak RSS {r['peak_rss_gb']:.2f} GB (previous "
             f"{r['previous_peak_rss_gb']:.2f}; weights {r['weights_gb']:.2f}, before load "
             f"{r['rss_before_load_gb']:.2f}); same values: {r['same_values']}"
         )
-    print(json.dumps(result))

@@ -19,7 +19,6 @@ second what one that also pays for its exponentials could.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import jax
@@ -37,6 +36,7 @@ from beyondpar.benchmarks.machine import (
     in_cache_yardsticks_apply,
     matmul_flops_per_s,
 )
+from beyondpar.benchmarks.printing import print_result
 from beyondpar.study import train as study_train
 
 ATTENTION_PASSES = 11
@@ -166,7 +166,7 @@ def train_suite(repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int 
         profile = step_profile_ms(cfg, mesh, examples)
         _print_profile(h, profile, rows[str(h)]["jax"])
         result["step_profiles_ms"][str(h)] = profile
-    print(json.dumps(result))
+    print_result([], result)
     return result
 
 
