@@ -13,20 +13,8 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from beyondpar.benchmarks.gguf_models import llama_metadata
+from beyondpar.benchmarks.reference_gguf import LLAMA_PARTS
 
-LLAMA_PARTS = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
 GEMMA_PARTS = {
     **LLAMA_PARTS,
     "post_attention_layernorm": "post_attention_norm",
