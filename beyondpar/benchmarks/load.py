@@ -1,8 +1,9 @@
 """Speed and memory of loading GGUF files, against the reference reader in the same run
-(`reference_gguf`, the path the package had before; "previous" in the output): a file of Qwen2.5-0.5B's shape in llama.cpp's Q4_K_M mix (random weights, written once
-into a temporary folder) and the packaged SmolLM2-135M Q4_1. Every load runs in a fresh
-process (what a user pays, compilation included, and its own peak memory), the two
-paths interleaved so that the machine's load falls on both; the best of `repeats`."""
+(`reference_gguf`, the path the package had before; "previous" in the output): a file
+of Qwen2.5-0.5B's shape in llama.cpp's Q4_K_M mix (random weights, written once into a
+temporary folder) and the packaged SmolLM2-135M Q4_1. Every load runs in a fresh process
+(`single_load`: what a user pays, compilation included, and its own peak memory), the
+two paths interleaved so that the machine's load falls on both; the best of `repeats`."""
 
 from __future__ import annotations
 
