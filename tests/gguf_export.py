@@ -12,19 +12,9 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
-LLAMA_PARTS = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
+from beyondpar.benchmarks.gguf_models import llama_metadata
+from beyondpar.benchmarks.reference_gguf import LLAMA_PARTS
+
 GEMMA_PARTS = {
     **LLAMA_PARTS,
     "post_attention_layernorm": "post_attention_norm",
@@ -136,17 +126,11 @@ def _metadata(writer, c: dict, arch: str) -> None:
         writer.add_head_count(c["n_head"])
         writer.add_layer_norm_eps(c["layer_norm_epsilon"])
         return
-    writer.add_context_length(c["max_position_embeddings"])
-    writer.add_embedding_length(c["hidden_size"])
-    writer.add_block_count(c["num_hidden_layers"])
-    writer.add_feed_forward_length(c["intermediate_size"])
-    writer.add_head_count(c["num_attention_heads"])
-    writer.add_head_count_kv(c.get("num_key_value_heads", c["num_attention_heads"]))
+    llama_metadata(writer, c)
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
     writer.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
     if c.get("sliding_window"):
         writer.add_sliding_window(c["sliding_window"])
@@ -155,20 +139,10 @@ def _metadata(writer, c: dict, arch: str) -> None:
         writer.add_tensor("rope_freqs.weight", factors)
 
 
-def _shared_metadata(writer, c: dict) -> None:
-    writer.add_context_length(c["max_position_embeddings"])
-    writer.add_embedding_length(c["hidden_size"])
-    writer.add_block_count(c["num_hidden_layers"])
-    writer.add_feed_forward_length(c["intermediate_size"])
-    writer.add_head_count(c["num_attention_heads"])
-    writer.add_head_count_kv(c.get("num_key_value_heads", c["num_attention_heads"]))
-    writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
-
-
 def _gemma2_metadata(writer, c: dict) -> None:
     """Gemma2Model.set_gguf_parameters: no rope base (llama.cpp's 10000), no
     query_pre_attn_scalar (llama.cpp scales by key_length), no sliding pattern (2)."""
-    _shared_metadata(writer, c)
+    llama_metadata(writer, c)
     writer.add_key_length(c["head_dim"])
     writer.add_value_length(c["head_dim"])
     writer.add_attn_logit_softcapping(c["attn_logit_softcapping"])
@@ -179,7 +153,7 @@ def _gemma2_metadata(writer, c: dict) -> None:
 def _gemma3_metadata(writer, c: dict) -> None:
     """Gemma3Model.set_gguf_parameters over TextModel's: rope bases of full and sliding
     layers and the full layers' linear factor; no pattern (llama.cpp's 6)."""
-    _shared_metadata(writer, c)
+    llama_metadata(writer, c)
     writer.add_key_length(c.get("head_dim", 256))
     writer.add_value_length(c.get("head_dim", 256))
     full, sliding = gemma3_ropes(c)
@@ -207,7 +181,7 @@ def _phi3_metadata(writer, c: dict) -> None:
     """Phi3MiniModel.set_gguf_parameters and generate_extra_tensors: rotary dims as
     int(factor * hidden) // heads, window 0 when none, longrope factors as tensors with
     the attention factor from max / original positions."""
-    _shared_metadata(writer, c)
+    llama_metadata(writer, c)
     rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
     heads, original = c["num_attention_heads"], c.get("original_max_position_embeddings", 4096)
     factor = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))

@@ -17,6 +17,7 @@ from beyondpar.analysis import windows as windows_lib
 from beyondpar.base.timing import Timer, timed
 from beyondpar.benchmarks.machine import matmul_flops_per_s, peak_rss_gb
 from beyondpar.benchmarks.models import SMOLLM2_135M, random_model
+from beyondpar.benchmarks.printing import print_result
 
 
 def random_windows(num_windows: int, tokens: int, vocab: int, seed: int = 0) -> corpus.Windows:
@@ -82,7 +83,7 @@ def corpus_suite(
         "total_s": sum(seconds.values()),
         "peak_rss_gb": peak_rss_gb(),
     }
-    _print(result)
+    print_result(_lines(result), result)
     return result
 
 
@@ -104,13 +105,13 @@ def _summary_and_report_seconds(records, data, spec, tokens: int, batch_size: in
     return seconds
 
 
-def _print(result: dict) -> None:
-    print(
+def _lines(result: dict):
+    """The summary lines of a result, before its JSON line."""
+    yield (
         f"{result['windows']} windows x {result['tokens']} tokens, {result['layers']} layers x "
         f"{result['heads']} heads, batch {result['batch_size']}, {result['devices']} device(s), "
         f"matmul {result['matmul_gflop_per_s']:.0f} GFLOP/s"
     )
     for name, sec in result["seconds"].items():
-        print(f"{name:<34} {sec:8.2f} s ({sec / result['total_s']:5.1%})")
-    print(f"{'total':<34} {result['total_s']:8.2f} s; peak RSS {result['peak_rss_gb']:.2f} GB")
-    print(json.dumps(result))
+        yield f"{name:<34} {sec:8.2f} s ({sec / result['total_s']:5.1%})"
+    yield f"{'total':<34} {result['total_s']:8.2f} s; peak RSS {result['peak_rss_gb']:.2f} GB"

@@ -2,7 +2,8 @@
 Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads on 2 kv heads, MLP 4864, vocabulary
 151,936, q/k/v biases, untied head) with llama.cpp's Q4_K_M mix of types, and a
 byte-level BPE vocabulary and merges of the real size, so that reading the header costs
-what it costs for the real file."""
+what it costs for the real file. `llama_metadata` is the Llama family's metadata as
+llama.cpp's converter writes it, for these files and the tests' exporter alike."""
 
 from __future__ import annotations
 
@@ -115,14 +116,21 @@ def write_qwen2_gguf(path: str | os.PathLike, config: dict | None = None, seed: 
     return counts
 
 
+def llama_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
+    """The sizes of a Llama-family Hugging Face `config` as llama.cpp's converter writes
+    them (`TextModel.set_gguf_parameters`): context, widths, layers, heads (kv heads
+    default to the query heads) and the RMS norm's epsilon, under `<arch>.`."""
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config.get("num_key_value_heads", config["num_attention_heads"]))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+
+
 def _metadata(writer, c: dict, seed: int) -> None:
-    writer.add_context_length(c["max_position_embeddings"])
-    writer.add_embedding_length(c["hidden_size"])
-    writer.add_block_count(c["num_hidden_layers"])
-    writer.add_feed_forward_length(c["intermediate_size"])
-    writer.add_head_count(c["num_attention_heads"])
-    writer.add_head_count_kv(c["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    llama_metadata(writer, c)
     writer.add_rope_freq_base(c["rope_theta"])
     tokens, merges, types = byte_level_vocabulary(c["vocab_size"], seed=seed)
     writer.add_tokenizer_model("gpt2")

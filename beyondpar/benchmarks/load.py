@@ -1,8 +1,9 @@
-"""Speed and memory of loading GGUF files, against the previous path in the same run: a
-file of Qwen2.5-0.5B's shape in llama.cpp's Q4_K_M mix (random weights, written once
-into a temporary folder) and the packaged SmolLM2-135M Q4_1. Every load runs in a fresh
-process (what a user pays, compilation included, and its own peak memory), the two
-paths interleaved so that the machine's load falls on both; the best of `repeats`."""
+"""Speed and memory of loading GGUF files, against the reference reader in the same run
+(`reference_gguf`, the path the package had before; "previous" in the output): a file
+of Qwen2.5-0.5B's shape in llama.cpp's Q4_K_M mix (random weights, written once into a
+temporary folder) and the packaged SmolLM2-135M Q4_1. Every load runs in a fresh process
+(`single_load`: what a user pays, compilation included, and its own peak memory), the
+two paths interleaved so that the machine's load falls on both; the best of `repeats`."""
 
 from __future__ import annotations
 
@@ -16,47 +17,14 @@ from pathlib import Path
 
 from beyondpar.benchmarks import gguf_models
 from beyondpar.benchmarks.models import smollm2_gguf
-
-# One load in a fresh process: argv = (path, "new" | "previous"); prints a JSON object.
-_ONE_LOAD = """
-import json, resource, sys, time
-from beyondpar.base import parallel
-parallel.use_all_cpu_cores()
-import jax, numpy as np
-from beyondpar import pretrained
-from beyondpar.benchmarks import previous_load
-jax.numpy.zeros(1).block_until_ready()
-
-def rss():  # peak GB of this process: VmHWM (ru_maxrss keeps the parent's across exec)
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")) / 2**20
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-path, which = sys.argv[1:3]
-before = rss()
-start = time.perf_counter()
-if which == "new":
-    _, params, _ = pretrained.load(path, progress=False)
-else:
-    _, params, _ = previous_load.load(path)
-jax.block_until_ready(params)
-seconds = time.perf_counter() - start
-peak = rss()
-leaves = jax.tree_util.tree_leaves_with_path(params)
-sums = {jax.tree_util.keystr(p): float(np.asarray(x, np.float64).sum()) for p, x in leaves}
-print(json.dumps({
-    "seconds": seconds, "peak_rss_gb": peak, "rss_before_load_gb": before,
-    "weights_gb": sum(x.nbytes for _, x in leaves) / 2**30, "checksum": sums,
-}))
-"""
+from beyondpar.benchmarks.printing import print_result
 
 
 def one_load(path, which: str) -> dict:
-    """Seconds, peak RSS (GB) and per-parameter sums of one load in a fresh process."""
+    """Seconds, peak RSS (GB) and per-parameter sums of one load in a fresh process
+    (`single_load`); `which` is "new" or "previous"."""
     done = subprocess.run(
-        [sys.executable, "-c", _ONE_LOAD, str(path), which],
+        [sys.executable, "-m", "beyondpar.benchmarks.single_load", str(path), which],
         capture_output=True,
         text=True,
         check=False,
@@ -117,20 +85,20 @@ def load_suite(repeats: int = 3, config: dict | None = None, smollm2: bool = Tru
         "write_s": write_s,
         "files": results,
     }
-    _print(result)
+    print_result(_lines(result), result)
     return result
 
 
-def _print(result: dict) -> None:
-    print(
+def _lines(result: dict):
+    """The summary lines of a result, before its JSON line."""
+    yield (
         f"{result['cores']} cores, load average {result['load_average_before']:.1f} before, "
         f"{result['load_average_after']:.1f} after"
     )
     for name, r in result["files"].items():
-        print(
+        yield (
             f"{name:<34} {r['seconds']:6.2f} s (previous {r['previous_seconds']:6.2f} s, "
             f"{r['speedup']:4.1f}x); peak RSS {r['peak_rss_gb']:.2f} GB (previous "
             f"{r['previous_peak_rss_gb']:.2f}; weights {r['weights_gb']:.2f}, before load "
             f"{r['rss_before_load_gb']:.2f}); same values: {r['same_values']}"
         )
-    print(json.dumps(result))

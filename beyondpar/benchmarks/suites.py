@@ -1,15 +1,16 @@
-"""The benchmark suites by name, as `launch/benchmark.py` runs them."""
+"""The benchmark suites by name, as `launch/benchmark.py` runs them: each suite is the
+module of its name."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from beyondpar.benchmarks.corpus import corpus_suite
-from beyondpar.benchmarks.evaluation import synergy_suite
-from beyondpar.benchmarks.kernels import metrics_suite
 from beyondpar.benchmarks.load import load_suite
-from beyondpar.benchmarks.text import pretrained_suite
-from beyondpar.benchmarks.training import train_suite
+from beyondpar.benchmarks.metrics import metrics_suite
+from beyondpar.benchmarks.pretrained import pretrained_suite
+from beyondpar.benchmarks.synergy import synergy_suite
+from beyondpar.benchmarks.train import train_suite
 
 SUITES: dict[str, Callable[..., dict]] = {
     "metrics": metrics_suite,

@@ -14,7 +14,9 @@ import pytest
 
 from beyondpar import model as model_lib
 from beyondpar import tasks
-from beyondpar.benchmarks import baselines, kernels, machine, training
+from beyondpar.benchmarks import baselines, machine
+from beyondpar.benchmarks import metrics as metrics_benchmark
+from beyondpar.benchmarks import train as train_benchmark
 
 
 def _fixed_time(seconds):
@@ -94,20 +96,20 @@ def _vm_hwm_kb() -> int:
 
 def test_recursion_bytes_is_float32_entries_per_step():
     """T = 3, 5 steps, 2 matrices read per step: 9 entries * 4 bytes * 5 * 2 = 360."""
-    assert kernels.recursion_bytes(3, 5, 2) == 360
-    assert kernels.recursion_bytes(100, 100, 1) == 4_000_000
+    assert metrics_benchmark.recursion_bytes(3, 5, 2) == 360
+    assert metrics_benchmark.recursion_bytes(100, 100, 1) == 4_000_000
 
 
 def test_bandwidth_and_product_bounds():
     """360 bytes at 90 B/s take 4 s; 1000 FLOP in 4 s at a 50 FLOP/s matmul is 5x it.
     Two products of 0.5 s each take 1 s; 600 FLOP in 1 s against 100 FLOP/s is 6x."""
-    assert kernels.bandwidth_bound(1000, 360, 90, 50) == pytest.approx(
+    assert metrics_benchmark.bandwidth_bound(1000, 360, 90, 50) == pytest.approx(
         {"seconds": 4.0, "fraction_of_matmul": 5.0}
     )
-    assert kernels.product_bound(600, 0.5, 2, 100) == pytest.approx(
+    assert metrics_benchmark.product_bound(600, 0.5, 2, 100) == pytest.approx(
         {"seconds": 1.0, "fraction_of_matmul": 6.0}
     )
-    assert kernels.product_bound(600, 0.5, 1, 100) == pytest.approx(
+    assert metrics_benchmark.product_bound(600, 0.5, 1, 100) == pytest.approx(
         {"seconds": 0.5, "fraction_of_matmul": 12.0}
     )
 
@@ -117,7 +119,7 @@ def test_rates_and_bounds_from_fixed_timings():
     The fused kernel reads 2 matrices per step (2.4e7 bytes over n), the normalised walk
     one (1.2e7 bytes)."""
     timings = {"fused": 0.01, "fused_normalized_walk": 0.02}
-    r = kernels._rates_and_bounds(timings, 0.004, 3, rate=1e10, cache=1e11)
+    r = metrics_benchmark._rates_and_bounds(timings, 0.004, 3, rate=1e10, cache=1e11)
     assert r["effective_gflops"] == pytest.approx(1.2)  # 1.2e7 FLOP / 0.01 s, in GFLOP/s
     assert r["fraction_of_matmul"] == pytest.approx(0.12)
     assert r["fraction_of_matmul_normalized_walk"] == pytest.approx(0.06)
@@ -140,8 +142,8 @@ def test_rates_and_bounds_from_fixed_timings():
 def test_rates_and_bounds_without_a_cache_rate_keep_the_product_bound():
     """Off the CPU no cache rate is measured: no bandwidth-bound figures, the same rest."""
     timings = {"fused": 0.01, "fused_normalized_walk": 0.02}
-    with_cache = kernels._rates_and_bounds(timings, 0.004, 3, rate=1e10, cache=1e11)
-    without = kernels._rates_and_bounds(timings, 0.004, 3, rate=1e10, cache=None)
+    with_cache = metrics_benchmark._rates_and_bounds(timings, 0.004, 3, rate=1e10, cache=1e11)
+    without = metrics_benchmark._rates_and_bounds(timings, 0.004, 3, rate=1e10, cache=None)
     bandwidth = {"bandwidth_bound_fraction_of_matmul", "fraction_of_bandwidth_bound"}
     assert set(with_cache) - set(without) == bandwidth
     assert without == {k: v for k, v in with_cache.items() if k not in bandwidth}
@@ -158,7 +160,7 @@ def test_product_recursion_is_ones_times_matrix_power():
     rng = np.random.default_rng(3)
     c = rng.uniform(size=(2, 3, 3)).astype(np.float32)
     c /= c.sum(-1, keepdims=True)
-    out = np.asarray(kernels.product_recursion(c, steps=4))
+    out = np.asarray(metrics_benchmark.product_recursion(c, steps=4))
     expected = np.stack([np.ones(3) @ np.linalg.matrix_power(m.astype(np.float64), 4) for m in c])
     assert out.shape == (2, 1, 3)
     np.testing.assert_allclose(out[:, 0], expected, rtol=1e-5)
@@ -174,10 +176,12 @@ def _fixed_kernel_timings(monkeypatch):
         "fidelity": 0.004,
         "hitting_time": 0.006,
     }
-    monkeypatch.setattr(kernels, "_kernel_times", lambda host, batch, repeats: dict(timings))
-    monkeypatch.setattr(kernels, "product_recursion_s", lambda batch, repeats: 0.004)
-    monkeypatch.setattr(kernels, "_baseline_times", lambda host, repeats: (3.0, 0.002))
-    monkeypatch.setattr(kernels, "matmul_flops_per_s", lambda repeats: 1e10)
+    monkeypatch.setattr(
+        metrics_benchmark, "_kernel_times", lambda host, batch, repeats: dict(timings)
+    )
+    monkeypatch.setattr(metrics_benchmark, "product_recursion_s", lambda batch, repeats: 0.004)
+    monkeypatch.setattr(metrics_benchmark, "_baseline_times", lambda host, repeats: (3.0, 0.002))
+    monkeypatch.setattr(metrics_benchmark, "matmul_flops_per_s", lambda repeats: 1e10)
 
 
 def test_metrics_suite_figures_from_fixed_timings(monkeypatch, capsys):
@@ -185,14 +189,14 @@ def test_metrics_suite_figures_from_fixed_timings(monkeypatch, capsys):
     operators, from fixed kernel seconds (for all n) and baseline seconds (per matrix)."""
     calls = []
     _fixed_kernel_timings(monkeypatch)
-    monkeypatch.setattr(kernels, "cache_bytes_per_s", lambda repeats: 1e11)
+    monkeypatch.setattr(metrics_benchmark, "cache_bytes_per_s", lambda repeats: 1e11)
 
     def plain(*args):
         calls.append(args)
         return 5000.0
 
-    monkeypatch.setattr(kernels, "plain_session_fidelity_us", plain)
-    r = kernels.metrics_suite(repeats=1, sequences=1, layers=1, operators=2)
+    monkeypatch.setattr(metrics_benchmark, "plain_session_fidelity_us", plain)
+    r = metrics_benchmark.metrics_suite(repeats=1, sequences=1, layers=1, operators=2)
     assert calls == [(1, 1, 2)]
     assert r["matrices"] == 2
     assert r["us_per_matrix"] == pytest.approx(
@@ -220,14 +224,16 @@ def test_metrics_suite_figures_from_fixed_timings(monkeypatch, capsys):
 def test_metrics_suite_off_the_cpu_measures_no_cache_rate(monkeypatch, capsys):
     """On a GPU the in-cache pass loop times kernel launches: it is not run, and the
     summary says there is no bandwidth bound instead of printing one."""
-    monkeypatch.setattr(kernels, "in_cache_yardsticks_apply", lambda: False)
+    monkeypatch.setattr(metrics_benchmark, "in_cache_yardsticks_apply", lambda: False)
     _fixed_kernel_timings(monkeypatch)
 
     def no_cache_rate(repeats):
         raise AssertionError("cache_bytes_per_s measured off the CPU")
 
-    monkeypatch.setattr(kernels, "cache_bytes_per_s", no_cache_rate)
-    r = kernels.metrics_suite(repeats=1, sequences=1, layers=1, operators=2, plain_session=False)
+    monkeypatch.setattr(metrics_benchmark, "cache_bytes_per_s", no_cache_rate)
+    r = metrics_benchmark.metrics_suite(
+        repeats=1, sequences=1, layers=1, operators=2, plain_session=False
+    )
     assert r["cache_gb_per_s"] is None and "fraction_of_bandwidth_bound" not in r
     assert r["fraction_of_product_bound"] == pytest.approx(
         {"fused": 0.8, "fused_normalized_walk": 0.2}
@@ -250,24 +256,28 @@ ELEMENTS = 2 * 2 * 3 * 49  # layers * batch * heads * T^2 = 588
 def test_train_step_flops_by_hand():
     cfg = model_lib.ModelConfig(**SMALL)
     assert STEP_FLOPS == 53424
-    assert training.train_step_flops(cfg, 2, 7) == STEP_FLOPS
+    assert train_benchmark.train_step_flops(cfg, 2, 7) == STEP_FLOPS
 
 
 def test_attention_traffic_grows_with_heads():
     """B x H x T x T per layer, read and written ATTENTION_PASSES = 11 times as float32."""
     cfg = model_lib.ModelConfig(**SMALL)
-    assert training.attention_elements(cfg, 2, 7) == ELEMENTS
-    assert training.attention_bytes(cfg, 2, 7) == 11 * 4 * ELEMENTS  # 25872
+    assert train_benchmark.attention_elements(cfg, 2, 7) == ELEMENTS
+    assert train_benchmark.attention_bytes(cfg, 2, 7) == 11 * 4 * ELEMENTS  # 25872
     one_head = model_lib.ModelConfig(**{**SMALL, "num_heads": 1})
-    assert training.attention_elements(one_head, 2, 7) == ELEMENTS // 3
+    assert train_benchmark.attention_elements(one_head, 2, 7) == ELEMENTS // 3
 
 
 def test_roofline_ms_adds_flops_bytes_and_exponentials():
     """Rates chosen so each part takes exactly 1 s: 1000 ms per part, in milliseconds."""
     cfg = model_lib.ModelConfig(**SMALL)
-    assert training.roofline_ms(cfg, 2, 7, STEP_FLOPS, 25872) == pytest.approx(2000.0)
-    assert training.roofline_ms(cfg, 2, 7, STEP_FLOPS, 25872, ELEMENTS) == pytest.approx(3000.0)
-    assert training.roofline_ms(cfg, 2, 7, STEP_FLOPS, 25872, ELEMENTS / 4) == pytest.approx(6000.0)
+    assert train_benchmark.roofline_ms(cfg, 2, 7, STEP_FLOPS, 25872) == pytest.approx(2000.0)
+    assert train_benchmark.roofline_ms(cfg, 2, 7, STEP_FLOPS, 25872, ELEMENTS) == pytest.approx(
+        3000.0
+    )
+    assert train_benchmark.roofline_ms(cfg, 2, 7, STEP_FLOPS, 25872, ELEMENTS / 4) == pytest.approx(
+        6000.0
+    )
 
 
 def test_result_line_ratios_and_units():
@@ -278,7 +288,7 @@ def test_result_line_ratios_and_units():
         "1": {"jax": 10.0, "roofline": 4.0, "roofline_with_exp": 5.0, "torch": 25.0},
         "16": {"jax": 30.0, "roofline": 6.0, "roofline_with_exp": 12.0, "torch": 45.0},
     }
-    r = training._result(rows, 4, (rate, 2e9, 3e9), cfg, 2, 7)
+    r = train_benchmark._result(rows, 4, (rate, 2e9, 3e9), cfg, 2, 7)
     assert r["devices"] == 4
     assert r["matmul_gflops"] == pytest.approx(rate / 1e9)
     assert r["copy_gb_per_s"] == pytest.approx(2.0)
@@ -304,7 +314,7 @@ def test_result_line_without_an_exp_rate():
     first (rows built by `roofline_ms` without `exps_per_s`)."""
     cfg = model_lib.ModelConfig(**SMALL)
     rows = {"1": {"jax": 10.0, "roofline": 4.0, "roofline_with_exp": 4.0}}
-    r = training._result(rows, 1, (1e9, 1e9, None), cfg, 2, 7)
+    r = train_benchmark._result(rows, 1, (1e9, 1e9, None), cfg, 2, 7)
     assert r["exp_g_per_s"] is None
     assert r["x_roofline_with_exp"] == r["x_roofline"] == pytest.approx({"1": 2.5})
     json.dumps(r)
@@ -313,20 +323,22 @@ def test_result_line_without_an_exp_rate():
 def test_train_suite_off_the_cpu_has_one_floor(monkeypatch, capsys):
     """On a GPU the exp rate is not measured (its pass loop times kernel launches there),
     so the floor with exponentials is the floor of FLOPs and attention passes."""
-    monkeypatch.setattr(training, "in_cache_yardsticks_apply", lambda: False)
+    monkeypatch.setattr(train_benchmark, "in_cache_yardsticks_apply", lambda: False)
 
     def no_exp_rate(repeats):
         raise AssertionError("exp_per_s measured off the CPU")
 
-    monkeypatch.setattr(training, "exp_per_s", no_exp_rate)
-    monkeypatch.setattr(training, "matmul_flops_per_s", lambda repeats: STEP_FLOPS / 0.002)
-    monkeypatch.setattr(training, "copy_bytes_per_s", lambda repeats: 25872 / 0.002)
-    monkeypatch.setattr(training, "training_steps", lambda cfg, mesh, examples, device: {})
-    monkeypatch.setattr(training, "step_ms", lambda steps, repeats: {"jax": 10.0})
-    monkeypatch.setattr(training, "step_profile_ms", lambda cfg, mesh, examples: {"all": 1.0})
-    monkeypatch.setattr(training.torch_baseline, "available", lambda: False)
-    monkeypatch.setattr(training.model_lib, "ModelConfig", _small_config)
-    r = training.train_suite(repeats=1, heads=(3,), batch=2, t=7)
+    monkeypatch.setattr(train_benchmark, "exp_per_s", no_exp_rate)
+    monkeypatch.setattr(train_benchmark, "matmul_flops_per_s", lambda repeats: STEP_FLOPS / 0.002)
+    monkeypatch.setattr(train_benchmark, "copy_bytes_per_s", lambda repeats: 25872 / 0.002)
+    monkeypatch.setattr(train_benchmark, "training_steps", lambda cfg, mesh, examples, device: {})
+    monkeypatch.setattr(train_benchmark, "step_ms", lambda steps, repeats: {"jax": 10.0})
+    monkeypatch.setattr(
+        train_benchmark, "step_profile_ms", lambda cfg, mesh, examples: {"all": 1.0}
+    )
+    monkeypatch.setattr(train_benchmark.torch_baseline, "available", lambda: False)
+    monkeypatch.setattr(train_benchmark.model_lib, "ModelConfig", _small_config)
+    r = train_benchmark.train_suite(repeats=1, heads=(3,), batch=2, t=7)
     assert r["exp_g_per_s"] is None
     assert r["roofline_ms"] == r["roofline_with_exp_ms"] == pytest.approx({"3": 4.0})
     assert "exp: no floor off the CPU" in capsys.readouterr().out
@@ -342,27 +354,31 @@ def test_steps_are_timed_in_turns_and_each_keeps_its_best(monkeypatch):
         calls.append((step(), repeats))
         return next(seconds[step()])
 
-    monkeypatch.setattr(training, "best_time", fake_best_time)
+    monkeypatch.setattr(train_benchmark, "best_time", fake_best_time)
     steps = {"jax": lambda: "jax", "torch": lambda: "torch"}
-    assert training.step_ms(steps, repeats=10) == pytest.approx({"jax": 200.0, "torch": 50.0})
+    assert train_benchmark.step_ms(steps, repeats=10) == pytest.approx(
+        {"jax": 200.0, "torch": 50.0}
+    )
     # 10 calls in all, 3 + 3 + 2 + 2; every other round in reverse order
     forward, backward = [("jax", 3), ("torch", 3)], [("torch", 3), ("jax", 3)]
     last = [("jax", 2), ("torch", 2), ("torch", 2), ("jax", 2)]
     assert calls == forward + backward + last
     calls.clear()
     seconds = {"jax": iter([0.5, 0.2]), "torch": iter([0.1, 0.6])}
-    assert training.step_ms(steps, repeats=2) == pytest.approx({"jax": 200.0, "torch": 100.0})
+    assert train_benchmark.step_ms(steps, repeats=2) == pytest.approx(
+        {"jax": 200.0, "torch": 100.0}
+    )
     assert calls == [("jax", 1), ("torch", 1), ("torch", 1), ("jax", 1)]
     with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
-        training.step_ms(steps, repeats=0)
+        train_benchmark.step_ms(steps, repeats=0)
 
 
 def test_step_ms_reports_steps_slower_than_a_second(monkeypatch):
     """A step whose every round takes seconds still reports its best round, not a cap."""
     seconds = {"slow": iter([3.0, 2.5]), "fast": iter([0.004, 0.002])}
-    monkeypatch.setattr(training, "best_time", lambda step, repeats: next(seconds[step()]))
+    monkeypatch.setattr(train_benchmark, "best_time", lambda step, repeats: next(seconds[step()]))
     steps = {"slow": lambda: "slow", "fast": lambda: "fast"}
-    assert training.step_ms(steps, repeats=2) == pytest.approx({"slow": 2500.0, "fast": 2.0})
+    assert train_benchmark.step_ms(steps, repeats=2) == pytest.approx({"slow": 2500.0, "fast": 2.0})
 
 
 def _small_config(num_heads=3, max_len=7, config=model_lib.ModelConfig):
@@ -373,7 +389,7 @@ def _small_config(num_heads=3, max_len=7, config=model_lib.ModelConfig):
 def test_result_line_without_both_head_counts_or_torch():
     cfg = model_lib.ModelConfig(**SMALL)
     rows = {"4": {"jax": 8.0, "roofline": 4.0, "roofline_with_exp": 4.0}}
-    r = training._result(rows, 1, (1e9, 1e9, 1e9), cfg, 2, 7)
+    r = train_benchmark._result(rows, 1, (1e9, 1e9, 1e9), cfg, 2, 7)
     assert r["ratio_16_to_1"] is None
     assert "speedup_vs_torch" not in r
 
@@ -384,7 +400,7 @@ def test_result_line_leaves_torch_out_unless_every_row_has_it():
         "1": {"jax": 10.0, "roofline": 4.0, "roofline_with_exp": 5.0, "torch": 25.0},
         "16": {"jax": 30.0, "roofline": 6.0, "roofline_with_exp": 12.0},
     }
-    r = training._result(rows, 1, (1e9, 1e9, 1e9), cfg, 2, 7)
+    r = train_benchmark._result(rows, 1, (1e9, 1e9, 1e9), cfg, 2, 7)
     assert "torch_ms_per_step" not in r
     assert "speedup_vs_torch" not in r
     assert r["ratio_16_to_1"] == pytest.approx(3.0)
@@ -393,12 +409,12 @@ def test_result_line_leaves_torch_out_unless_every_row_has_it():
 def _suite_on_the_cpu(monkeypatch, seen):
     """`train_suite` on SMALL's sizes with the CPU's three rates fixed and every step 10 ms;
     `seen` collects what the suite times and profiles."""
-    monkeypatch.setattr(training, "in_cache_yardsticks_apply", lambda: True)
-    monkeypatch.setattr(training, "exp_per_s", lambda repeats: ELEMENTS / 0.001)
-    monkeypatch.setattr(training, "matmul_flops_per_s", lambda repeats: STEP_FLOPS / 0.002)
-    monkeypatch.setattr(training, "copy_bytes_per_s", lambda repeats: 25872 / 0.002)
+    monkeypatch.setattr(train_benchmark, "in_cache_yardsticks_apply", lambda: True)
+    monkeypatch.setattr(train_benchmark, "exp_per_s", lambda repeats: ELEMENTS / 0.001)
+    monkeypatch.setattr(train_benchmark, "matmul_flops_per_s", lambda repeats: STEP_FLOPS / 0.002)
+    monkeypatch.setattr(train_benchmark, "copy_bytes_per_s", lambda repeats: 25872 / 0.002)
     monkeypatch.setattr(
-        training,
+        train_benchmark,
         "training_steps",
         lambda cfg, mesh, examples, device: {"cfg": cfg, "device": device},
     )
@@ -413,15 +429,15 @@ def _suite_on_the_cpu(monkeypatch, seen):
         seen.append(("profiled", cfg.num_heads, cfg.max_len))
         return {"all": float(cfg.num_heads)}
 
-    monkeypatch.setattr(training, "step_ms", step_ms)
-    monkeypatch.setattr(training, "step_profile_ms", profile)
-    monkeypatch.setattr(training.torch_baseline, "available", lambda: False)
-    monkeypatch.setattr(training.model_lib, "ModelConfig", _small_config)
+    monkeypatch.setattr(train_benchmark, "step_ms", step_ms)
+    monkeypatch.setattr(train_benchmark, "step_profile_ms", profile)
+    monkeypatch.setattr(train_benchmark.torch_baseline, "available", lambda: False)
+    monkeypatch.setattr(train_benchmark.model_lib, "ModelConfig", _small_config)
 
 
 def test_train_suite_on_the_cpu_adds_the_exponentials_to_the_second_floor(monkeypatch):
     _suite_on_the_cpu(monkeypatch, [])
-    r = training.train_suite(repeats=1, heads=(3,), batch=2, t=7)
+    r = train_benchmark.train_suite(repeats=1, heads=(3,), batch=2, t=7)
     assert r["exp_g_per_s"] == pytest.approx(ELEMENTS / 0.001 / 1e9)
     # 2 ms of FLOPs + 2 ms of attention passes, then 1 ms of exponentials
     assert r["roofline_ms"] == pytest.approx({"3": 4.0})
@@ -432,7 +448,7 @@ def test_train_suite_on_the_cpu_adds_the_exponentials_to_the_second_floor(monkey
 def test_train_suite_times_each_head_count_and_profiles_the_smallest_and_largest(monkeypatch):
     seen = []
     _suite_on_the_cpu(monkeypatch, seen)
-    r = training.train_suite(repeats=5, heads=(3, 1, 2), batch=2, t=5)
+    r = train_benchmark.train_suite(repeats=5, heads=(3, 1, 2), batch=2, t=5)
     assert set(r["ms_per_step"]) == {"1", "2", "3"}
     # each head count's steps at the suite's length, timed with its repeats, no PyTorch
     timed = [("timed", h, 5, None, 5) for h in (3, 1, 2)]
@@ -443,10 +459,10 @@ def test_train_suite_times_each_head_count_and_profiles_the_smallest_and_largest
 def test_train_suite_times_pytorch_on_the_device_matching_jaxs_backend(monkeypatch):
     seen = []
     _suite_on_the_cpu(monkeypatch, seen)
-    monkeypatch.setattr(training.torch_baseline, "available", lambda: True)
-    monkeypatch.setattr(training.torch_baseline, "device_for", lambda backend: f"{backend}!")
-    monkeypatch.setattr(training, "_torch_version", lambda: "2.0")
-    training.train_suite(repeats=2, heads=(3,), batch=2, t=7)
+    monkeypatch.setattr(train_benchmark.torch_baseline, "available", lambda: True)
+    monkeypatch.setattr(train_benchmark.torch_baseline, "device_for", lambda backend: f"{backend}!")
+    monkeypatch.setattr(train_benchmark, "_torch_version", lambda: "2.0")
+    train_benchmark.train_suite(repeats=2, heads=(3,), batch=2, t=7)
     assert seen[0] == ("timed", 3, 7, f"{jax.default_backend()}!", 2)
 
 
@@ -454,20 +470,20 @@ def test_training_steps_time_the_jax_step_and_torch_only_on_a_device(monkeypatch
     def run():
         return 0.0
 
-    monkeypatch.setattr(training, "_jax_step", lambda cfg, mesh, examples: (run, "HLO text"))
+    monkeypatch.setattr(train_benchmark, "_jax_step", lambda cfg, mesh, examples: (run, "HLO text"))
     runners = []
 
     def step_runner(cfg, inputs, targets, devices, device):
         runners.append((cfg, inputs.tolist(), targets.tolist(), devices, device))
         return "torch step"
 
-    monkeypatch.setattr(training.torch_baseline, "step_runner", step_runner)
+    monkeypatch.setattr(train_benchmark.torch_baseline, "step_runner", step_runner)
     cfg, mesh = model_lib.ModelConfig(**SMALL), types.SimpleNamespace(size=2)
     inputs, targets = np.array([[1, 2], [3, 4]]), np.array([[2, 3], [4, 5]])
     examples = tasks.Examples(inputs, targets, np.ones((2, 2), bool))
-    assert training.training_steps(cfg, mesh, examples, None) == {"jax": run}
+    assert train_benchmark.training_steps(cfg, mesh, examples, None) == {"jax": run}
     assert runners == []
-    steps = training.training_steps(cfg, mesh, examples, "cpu")
+    steps = train_benchmark.training_steps(cfg, mesh, examples, "cpu")
     assert steps == {"jax": run, "torch": "torch step"}
     assert runners == [(cfg, [[1, 2], [3, 4]], [[2, 3], [4, 5]], 2, "cpu")]
 

@@ -10,7 +10,8 @@ import gguf
 import numpy as np
 import pytest
 
-from beyondpar.benchmarks import corpus, gguf_models, load, text
+from beyondpar.benchmarks import corpus, gguf_models, load
+from beyondpar.benchmarks import pretrained as pretrained_benchmark
 
 # Rows of 256 and 512 values: every matrix takes a K-quant type, none falls back.
 WIDE_QWEN2 = dict(
@@ -109,11 +110,13 @@ def test_fidelity_kernel_cost_is_per_attention_matrix(monkeypatch):
     H heads (3 here, against T = 8 tokens); the paper's method is timed on one matrix;
     pairwise synergy of one layer scales to all layers."""
     stack = np.full((3, 8, 8), 1 / 8)  # one layer: 3 heads over 8 tokens
-    monkeypatch.setattr(text.pretrained, "layer_by_layer", lambda m, p, t: iter([(0, [stack])]))
+    monkeypatch.setattr(
+        pretrained_benchmark.pretrained, "layer_by_layer", lambda m, p, t: iter([(0, [stack])])
+    )
     module = SimpleNamespace(config=SimpleNamespace(num_layers=2))
     times = iter([0.6, 0.3, 0.9, 0.25])  # kernel twice, the paper's once, pairwise once
-    monkeypatch.setattr(text, "timed", lambda fn: (None, next(times)))
-    r = text._kernel_against_paper(module, None, np.zeros((1, 8), int), repeats=1)
+    monkeypatch.setattr(pretrained_benchmark, "timed", lambda fn: (None, next(times)))
+    r = pretrained_benchmark._kernel_against_paper(module, None, np.zeros((1, 8), int), repeats=1)
     assert r["fidelity_ms_per_matrix"] == pytest.approx(100.0)
     assert r["paper_fidelity_ms_per_matrix"] == pytest.approx(900.0)
     assert r["speedup_vs_paper_fidelity"] == pytest.approx(9.0)

@@ -10,16 +10,11 @@ import numpy as np
 import pytest
 
 from beyondpar import benchmarks, graphs, metrics, model, pretrained
-from beyondpar.benchmarks import (
-    baselines,
-    corpus,
-    evaluation,
-    kernels,
-    load,
-    machine,
-    text,
-    training,
-)
+from beyondpar.benchmarks import baselines, corpus, load, machine
+from beyondpar.benchmarks import metrics as metrics_benchmark
+from beyondpar.benchmarks import pretrained as pretrained_benchmark
+from beyondpar.benchmarks import synergy as synergy_benchmark
+from beyondpar.benchmarks import train as train_benchmark
 from beyondpar.benchmarks.models import SMOLLM2_135M
 from conftest import SMOLLM2_GGUF, needs_smollm2
 
@@ -39,7 +34,7 @@ def test_numpy_baselines_agree_with_kernels():
 
 def test_flop_count_of_the_papers_step():
 
-    flops = training.train_step_flops(model.ModelConfig(), batch=50, t=100)
+    flops = train_benchmark.train_step_flops(model.ModelConfig(), batch=50, t=100)
     assert 5.5e9 < flops < 6.5e9  # "about 6 GFLOP forward + backward"
 
 
@@ -47,14 +42,16 @@ def test_roofline_floor_of_the_papers_step():
     """FLOPs at the matmul rate plus ATTENTION_PASSES float32 passes over B x H x T x T per
     layer at the copy bandwidth; only the attention part grows with the head count."""
     cfg = model.ModelConfig(num_heads=8, max_len=100)
-    flops = training.train_step_flops(cfg, batch=50, t=100)
-    passes = training.ATTENTION_PASSES * 4 * 50 * 8 * 100 * 100 * 4
-    assert training.attention_bytes(cfg, 50, 100) == passes
+    flops = train_benchmark.train_step_flops(cfg, batch=50, t=100)
+    passes = train_benchmark.ATTENTION_PASSES * 4 * 50 * 8 * 100 * 100 * 4
+    assert train_benchmark.attention_bytes(cfg, 50, 100) == passes
     expected = 1e3 * (flops / 2e11 + passes / 1e10)
-    assert training.roofline_ms(cfg, 50, 100, 2e11, 1e10) == pytest.approx(expected, rel=1e-12)
+    assert train_benchmark.roofline_ms(cfg, 50, 100, 2e11, 1e10) == pytest.approx(
+        expected, rel=1e-12
+    )
     one = dataclasses.replace(cfg, num_heads=1)
-    assert training.train_step_flops(one, 50, 100) == flops
-    assert training.attention_bytes(one, 50, 100) * 8 == passes
+    assert train_benchmark.train_step_flops(one, 50, 100) == flops
+    assert train_benchmark.attention_bytes(one, 50, 100) * 8 == passes
 
 
 def test_roofline_floor_with_the_softmaxs_exponentials():
@@ -62,28 +59,35 @@ def test_roofline_floor_with_the_softmaxs_exponentials():
     layer, at the exponential rate, to the first."""
     cfg = model.ModelConfig(num_heads=16, num_layers=3, max_len=20)
     elements = 3 * 7 * 16 * 20 * 20
-    assert training.attention_elements(cfg, 7, 20) == elements
-    assert training.attention_bytes(cfg, 7, 20) == training.ATTENTION_PASSES * elements * 4
-    plain = training.roofline_ms(cfg, 7, 20, 2e11, 1e10)
-    got = training.roofline_ms(cfg, 7, 20, 2e11, 1e10, exps_per_s=5e9)
+    assert train_benchmark.attention_elements(cfg, 7, 20) == elements
+    assert (
+        train_benchmark.attention_bytes(cfg, 7, 20)
+        == train_benchmark.ATTENTION_PASSES * elements * 4
+    )
+    plain = train_benchmark.roofline_ms(cfg, 7, 20, 2e11, 1e10)
+    got = train_benchmark.roofline_ms(cfg, 7, 20, 2e11, 1e10, exps_per_s=5e9)
     assert got - plain == pytest.approx(1e3 * elements / 5e9, rel=1e-9)
 
 
 def test_bandwidth_bound_of_the_metric_recursions():
     """Every matrix entry read once per step; the bound is those bytes at the cache rate,
     and its flop rate over the matmul rate."""
-    assert kernels.recursion_bytes(t=100, steps=100, matrices_per_step=2) == 8 * 10**6
-    assert kernels.recursion_bytes(t=7, steps=3, matrices_per_step=1) == 4 * 49 * 3
-    bound = kernels.bandwidth_bound(flop=4e6, nbytes=8e6, bytes_per_s=8e10, flops_per_s=2e11)
+    assert metrics_benchmark.recursion_bytes(t=100, steps=100, matrices_per_step=2) == 8 * 10**6
+    assert metrics_benchmark.recursion_bytes(t=7, steps=3, matrices_per_step=1) == 4 * 49 * 3
+    bound = metrics_benchmark.bandwidth_bound(
+        flop=4e6, nbytes=8e6, bytes_per_s=8e10, flops_per_s=2e11
+    )
     assert bound["seconds"] == pytest.approx(1e-4, rel=1e-12)
     assert bound["fraction_of_matmul"] == pytest.approx(0.2, rel=1e-12)  # 4e10 / 2e11
-    assert kernels.MATRICES_READ == {"fused": 2, "fused_normalized_walk": 1}
+    assert metrics_benchmark.MATRICES_READ == {"fused": 2, "fused_normalized_walk": 1}
 
 
 def test_product_bound_of_the_metric_recursions():
     """Each matrix read per step costs one bare product recursion: two reads, twice its
     seconds, and the kernel's flops over those seconds against the matmul rate."""
-    bound = kernels.product_bound(flop=4e6, product_s=2e-5, matrices_per_step=2, flops_per_s=4e11)
+    bound = metrics_benchmark.product_bound(
+        flop=4e6, product_s=2e-5, matrices_per_step=2, flops_per_s=4e11
+    )
     assert bound["seconds"] == pytest.approx(4e-5, rel=1e-12)
     assert bound["fraction_of_matmul"] == pytest.approx(0.25, rel=1e-12)  # 1e11 / 4e11
 
@@ -92,15 +96,19 @@ def test_product_recursion_is_ones_times_each_matrix_power():
     """Ones times each matrix `steps` times, and K times by default (float64 here)."""
     c = np.random.default_rng(0).random((3, 5, 5))
     want = np.ones(5) @ np.linalg.matrix_power(c, 4)
-    np.testing.assert_allclose(kernels.product_recursion(c, steps=4)[:, 0], want, rtol=1e-12)
+    np.testing.assert_allclose(
+        metrics_benchmark.product_recursion(c, steps=4)[:, 0], want, rtol=1e-12
+    )
     stochastic = c / c.sum(-1, keepdims=True)
-    want = np.ones(5) @ np.linalg.matrix_power(stochastic, kernels.K)
-    np.testing.assert_allclose(kernels.product_recursion(stochastic)[:, 0], want, rtol=1e-9)
+    want = np.ones(5) @ np.linalg.matrix_power(stochastic, metrics_benchmark.K)
+    np.testing.assert_allclose(
+        metrics_benchmark.product_recursion(stochastic)[:, 0], want, rtol=1e-9
+    )
 
 
 @pytest.mark.slow
 def test_suites_report_their_ratios(capsys):
-    r = kernels.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
+    r = metrics_benchmark.metrics_suite(repeats=1, sequences=4, layers=1, operators=2)
     assert r["matrices"] == 8 and r["speedup_vs_paper"] > 1
     assert set(r["us_per_matrix"]) >= {"fused", "paper_method", "numpy_exact"}
     bound, share = r["bandwidth_bound_fraction_of_matmul"], r["fraction_of_bandwidth_bound"]
@@ -119,25 +127,27 @@ def test_suites_report_their_ratios(capsys):
         want = rate_of_kernel / (r["matmul_gflops"] * 1e9)
         assert r[f"fraction_of_matmul{key}"] == pytest.approx(want, rel=1e-6)
     for name in ("fused", "fused_normalized_walk"):
-        seconds = 8 * kernels.recursion_bytes(100, 100, kernels.MATRICES_READ[name])
+        seconds = 8 * metrics_benchmark.recursion_bytes(
+            100, 100, metrics_benchmark.MATRICES_READ[name]
+        )
         seconds /= r["cache_gb_per_s"] * 1e9
         assert share[name] == pytest.approx(seconds / (8 * us[name] * 1e-6), rel=1e-6)
     products, on_products = r["product_bound_fraction_of_matmul"], r["fraction_of_product_bound"]
     assert products["fused_normalized_walk"] == pytest.approx(2 * products["fused"], rel=1e-9)
     for name in ("fused", "fused_normalized_walk"):
-        reads = kernels.MATRICES_READ[name] * us["product_recursion"]
+        reads = metrics_benchmark.MATRICES_READ[name] * us["product_recursion"]
         assert on_products[name] == pytest.approx(reads / us[name], rel=1e-6)
         assert products[name] == pytest.approx(
             4 * 100**3 / (reads * 1e-6) / (r["matmul_gflops"] * 1e9), rel=1e-6
         )
-    t = training.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
+    t = train_benchmark.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
     assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
     for h, floor in t["roofline_ms"].items():
         cfg = model.ModelConfig(num_heads=int(h), max_len=16)
         gflops, gbytes, gexps = t["matmul_gflops"], t["copy_gb_per_s"], t["exp_g_per_s"]
-        want = training.roofline_ms(cfg, 8, 16, gflops * 1e9, gbytes * 1e9)
+        want = train_benchmark.roofline_ms(cfg, 8, 16, gflops * 1e9, gbytes * 1e9)
         assert floor == pytest.approx(want, rel=1e-9)
-        with_exp = training.roofline_ms(cfg, 8, 16, gflops * 1e9, gbytes * 1e9, gexps * 1e9)
+        with_exp = train_benchmark.roofline_ms(cfg, 8, 16, gflops * 1e9, gbytes * 1e9, gexps * 1e9)
         assert t["roofline_with_exp_ms"][h] == pytest.approx(with_exp, rel=1e-9)
         ms = t["ms_per_step"][h]
         assert t["x_roofline_with_exp"][h] == pytest.approx(ms / with_exp, rel=1e-9)
@@ -156,12 +166,12 @@ def test_suites_report_their_ratios(capsys):
 def test_analysis_suites_report_every_part(capsys, monkeypatch):
 
     tiny = dict(model_type="gpt2", vocab_size=50, n_positions=32, n_embd=16, n_layer=2, n_head=2)
-    p = text.pretrained_suite(t=32, config=tiny, gguf=False)
+    p = pretrained_benchmark.pretrained_suite(t=32, config=tiny, gguf=False)
     assert set(p["seconds"]) >= {"load (build + random init)", "forward", "rollout", "report"}
     assert p["speedup_vs_paper_fidelity"] > 0 and p["peak_rss_gb_without_pairwise"] > 0
     capsys.readouterr()
-    monkeypatch.setattr(evaluation, "matmul_flops_per_s", lambda repeats: 123.4e9)
-    s = evaluation.synergy_suite(sequences=2, heads=2)
+    monkeypatch.setattr(synergy_benchmark, "matmul_flops_per_s", lambda repeats: 123.4e9)
+    s = synergy_benchmark.synergy_suite(sequences=2, heads=2)
     assert set(s["seconds_warm"]) == set(s["share"]) and abs(sum(s["share"].values()) - 1) < 1e-9
     # The machine's rate, measured in the same run, rides with the times (in GFLOP/s).
     assert s["matmul_gflop_per_s"] == pytest.approx(123.4)
@@ -264,7 +274,7 @@ def test_copy_rate_counts_each_byte_read_and_written(monkeypatch):
 
 def test_train_row_prints_the_steps_tokens_per_second_and_both_floors(capsys):
     row = {"jax": 10.0, "roofline": 4.0, "roofline_with_exp": 8.0, "torch": 25.0}
-    training._print_row(16, row, 5000)
+    train_benchmark._print_row(16, row, 5000)
     line = capsys.readouterr().out
     assert "10.0 ms/step" in line and " 500000 tokens/s" in line
     assert "floor    4.0 ms (2.50x)" in line and "with exp    8.0 ms (1.25x)" in line
@@ -278,14 +288,14 @@ def test_train_result_reports_ratios_of_the_measured_steps():
         "1": {"jax": 10.0, "roofline": 5.0, "roofline_with_exp": 8.0},
         "16": {"jax": 30.0, "roofline": 12.0, "roofline_with_exp": 20.0},
     }
-    r = training._result(rows, 2, (2e11, 1e10, 5e9), cfg, 8, 16)
+    r = train_benchmark._result(rows, 2, (2e11, 1e10, 5e9), cfg, 8, 16)
     assert r["ratio_16_to_1"] == pytest.approx(3.0)
     assert r["x_roofline"] == pytest.approx({"1": 2.0, "16": 2.5})
     assert r["x_roofline_with_exp"] == pytest.approx({"1": 1.25, "16": 1.5})
     assert r["exp_g_per_s"] == pytest.approx(5.0) and r["copy_gb_per_s"] == pytest.approx(10.0)
     assert r["tokens_per_s"]["16"] == pytest.approx(8 * 16 / 0.030)
     assert (
-        training._result({"1": rows["1"]}, 2, (2e11, 1e10, 5e9), cfg, 8, 16)["ratio_16_to_1"]
+        train_benchmark._result({"1": rows["1"]}, 2, (2e11, 1e10, 5e9), cfg, 8, 16)["ratio_16_to_1"]
         is None
     )
 

@@ -1,5 +1,6 @@
 """The loader: parameter shapes traced block by block, GGUF files read by threads into
-the same values as the previous one-tensor-at-a-time path, the progress bar, errors."""
+the same names, values and config as the reference reader's (`reference_gguf`, one
+tensor at a time by the `gguf` package), the progress bar, errors."""
 
 import dataclasses
 
@@ -14,7 +15,7 @@ from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
-from beyondpar.benchmarks import gguf_models, previous_load
+from beyondpar.benchmarks import gguf_models, reference_gguf
 from beyondpar.pretrained import files, gguf_file, gguf_quants, loading, sharding
 from conftest import DATA
 
@@ -114,31 +115,48 @@ def leaves(params):
 
 
 @pytest.mark.parametrize("kernels", ["every shape", "large shapes only"])
-def test_gguf_values_are_the_previous_paths_bit_for_bit(qwen2_gguf, monkeypatch, kernels):
+def test_gguf_values_are_the_reference_readers_bit_for_bit(qwen2_gguf, monkeypatch, kernels):
+    """Every type of the Q4_K_M mix, each parameter under its name; the tokenizer holds
+    the file's vocabulary as the `gguf` package reads it."""
     if kernels == "every shape":
         monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     module, params, tokenizer = pretrained.load(qwen2_gguf, progress=False)
-    old_module, old_params, old_tokenizer = previous_load.load(qwen2_gguf)
-    assert module.config == old_module.config
-    new, old = leaves(params), leaves(old_params)
-    assert new.keys() == old.keys() and len(new) == 3 * 12 + 3
+    ref_module, ref_params, _ = reference_gguf.load(qwen2_gguf)
+    assert module.config == ref_module.config
+    new, ref = leaves(params), leaves(ref_params)
+    assert new.keys() == ref.keys() and len(new) == 3 * 12 + 3
     for key in new:
         assert new[key].dtype == np.float32, key
-        np.testing.assert_array_equal(new[key], old[key], err_msg=key)
+        np.testing.assert_array_equal(new[key], ref[key], err_msg=key)
     assert params["lm_head"]["embedding"].shape == (512, 64)  # as stored: no transpose
-    assert tokenizer.encode("ab cd").ids == old_tokenizer.encode("ab cd").ids
+    vocabulary = reference_gguf.ReferenceGguf(qwen2_gguf).value("tokenizer.ggml.tokens")
+    assert [tokenizer.id_to_token(i) for i in range(len(vocabulary))] == vocabulary
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
+def test_exported_gguf_reads_as_the_reference_reader_reads_it(tmp_path, name):
+    """Llama's q/k rows, stored permuted for llama.cpp's rotary, and Qwen3's q/k norms
+    come back under the reference reader's names, in its row order, with its config."""
+    path = export(HF / name, tmp_path / f"{name}.gguf")
+    module, params, _ = pretrained.load(path, progress=False)
+    ref_module, ref_params, _ = reference_gguf.load(path)
+    assert module.config == ref_module.config
+    new, ref = leaves(params), leaves(ref_params)
+    assert new.keys() == ref.keys()
+    for key in new:
+        np.testing.assert_array_equal(new[key], ref[key], err_msg=key)
 
 
 @pytest.mark.parametrize("kernels", ["every shape", "large shapes only"])
-def test_bfloat16_is_the_previous_paths_cast(qwen2_gguf, monkeypatch, kernels):
+def test_bfloat16_is_the_reference_readers_cast(qwen2_gguf, monkeypatch, kernels):
     if kernels == "every shape":
         monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     _, params, _ = pretrained.load(qwen2_gguf, jnp.bfloat16, progress=False)
-    _, old_params, _ = previous_load.load(qwen2_gguf, jnp.bfloat16)
-    new, old = leaves(params), leaves(old_params)
+    _, ref_params, _ = reference_gguf.load(qwen2_gguf, jnp.bfloat16)
+    new, ref = leaves(params), leaves(ref_params)
     for key in new:
         assert new[key].dtype == jnp.bfloat16
-        np.testing.assert_array_equal(new[key], old[key], err_msg=key)
+        np.testing.assert_array_equal(new[key], ref[key], err_msg=key)
 
 
 def test_one_thread_or_many_read_the_same(qwen2_gguf, monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 from beyondpar import model as model_lib
 from beyondpar import tasks
 from beyondpar.base import allocator, parallel
-from beyondpar.benchmarks import training
+from beyondpar.benchmarks import train as train_benchmark
 from beyondpar.study import train
 from configs import smoke
 
@@ -174,5 +174,5 @@ def test_benchmark_step_is_compiled_for_its_batch(monkeypatch):
     monkeypatch.setattr(train, "jitted_update", lambda *a: seen.append(a[3]) or real(*a))
     cfg = model_lib.ModelConfig(num_heads=2, max_len=16, vocab_size=32, embed_dim=16)
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 8, 16, 32)
-    training._jax_step(cfg, parallel.data_mesh(jax.devices()[:2]), examples)
+    train_benchmark._jax_step(cfg, parallel.data_mesh(jax.devices()[:2]), examples)
     assert seen == [(8, 16)]

@@ -3,8 +3,6 @@ by part (metrics, optimal weights, pruning curves) and whole."""
 
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 
@@ -12,6 +10,7 @@ from beyondpar import model as model_lib
 from beyondpar import tasks
 from beyondpar.base.timing import timed
 from beyondpar.benchmarks.machine import matmul_flops_per_s
+from beyondpar.benchmarks.printing import print_result
 from beyondpar.study import evaluate, pruning_curves
 
 
@@ -48,9 +47,6 @@ def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dic
         timed(lambda: evaluate.evaluate_params(module, params, examples, spec))[1]
         for _ in range(repeats)
     )
-    print(
-        f"{'full evaluation (evaluate_params)':<46} {total:7.2f} s; first call {total_cold:6.2f} s"
-    )
     result = {
         "heads": heads,
         "sequences": sequences,
@@ -63,8 +59,10 @@ def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dic
         "share": {name: v / sum(warm.values()) for name, v in warm.items()},
     }
     shares = ", ".join(f"{name} {share:.0%}" for name, share in result["share"].items())
-    print(f"shares of the parts: {shares}")
-    print(json.dumps(result))
+    total_line = (
+        f"{'full evaluation (evaluate_params)':<46} {total:7.2f} s; first call {total_cold:6.2f} s"
+    )
+    print_result([total_line, f"shares of the parts: {shares}"], result)
     return result
 
 

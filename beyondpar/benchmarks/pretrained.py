@@ -5,7 +5,6 @@ paper's matrix powers on the same matrices; and the load time of the packaged GG
 from __future__ import annotations
 
 import dataclasses
-import json
 import tempfile
 
 import numpy as np
@@ -17,6 +16,7 @@ from beyondpar.base.timing import Timer, timed
 from beyondpar.benchmarks.baselines import paper_fidelity
 from beyondpar.benchmarks.machine import peak_rss_gb
 from beyondpar.benchmarks.models import GPT2_SMALL, random_model, smollm2_gguf
+from beyondpar.benchmarks.printing import print_result
 
 
 def gguf_load(repeats: int = 1) -> dict:
@@ -53,7 +53,7 @@ def pretrained_suite(
         **_kernel_against_paper(module, params, tokens, repeats),
         **(gguf_load(repeats) if gguf else {}),
     }
-    _print(result, config)
+    print_result(_lines(result, config), result)
     return result
 
 
@@ -96,25 +96,25 @@ def _kernel_against_paper(module, params, tokens, repeats: int) -> dict:
     }
 
 
-def _print(result: dict, config: dict) -> None:
+def _lines(result: dict, config: dict):
+    """The summary lines of a result, before its JSON line."""
     t, seconds = result["tokens"], result["seconds"]
-    print(
+    yield (
         f"{t} tokens, {result['layers']} layers x {result['heads']} heads, d {config.get('n_embd')}"
     )
     for name, sec in seconds.items():
-        print(f"{name:<34} {sec:8.2f} s")
-    print(
+        yield f"{name:<34} {sec:8.2f} s"
+    yield (
         f"{'analysis without pairwise synergy':<34} "
         f"{result['analysis_without_pairwise_s']:8.2f} s; "
         f"peak RSS {result['peak_rss_gb_without_pairwise']:.2f} GB"
     )
-    print(
+    yield (
         f"fidelity kernel {result['fidelity_ms_per_matrix']:.1f} ms/matrix; paper's matrix "
         f"powers {result['paper_fidelity_ms_per_matrix']:.0f} ms/matrix -> "
         f"{result['speedup_vs_paper_fidelity']:.0f}x"
     )
-    print(
+    yield (
         f"pairwise synergy {result['pairwise_synergy_s_per_layer']:.2f} s per layer "
         f"({result['pairwise_synergy_s_all_layers']:.1f} s for all layers)"
     )
-    print(json.dumps(result))

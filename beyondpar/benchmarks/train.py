@@ -19,7 +19,6 @@ second what one that also pays for its exponentials could.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import jax
@@ -37,7 +36,8 @@ from beyondpar.benchmarks.machine import (
     in_cache_yardsticks_apply,
     matmul_flops_per_s,
 )
-from beyondpar.study import train
+from beyondpar.benchmarks.printing import print_result
+from beyondpar.study import train as study_train
 
 ATTENTION_PASSES = 11
 
@@ -116,9 +116,9 @@ def step_profile_ms(cfg, mesh, examples: tasks.Examples, steps: int = 5) -> dict
 def _jax_step(cfg, mesh, examples: tasks.Examples):
     """(a call of one training step that carries its state on, the step's compiled HLO)."""
     module, tx = model_lib.Transformer(cfg), optax.adam(1e-3)
-    state = train.create_state(module, jax.random.PRNGKey(0), tx, examples.inputs.shape[1])
+    state = study_train.create_state(module, jax.random.PRNGKey(0), tx, examples.inputs.shape[1])
     holder = [jax.device_put(state, parallel.replicated(mesh))]
-    update = train.jitted_update(module, tx, mesh, examples.inputs.shape)
+    update = study_train.jitted_update(module, tx, mesh, examples.inputs.shape)
     key = jax.random.PRNGKey(2)
     batch = tasks.Examples(*(parallel.shard_batch(np.asarray(a), mesh) for a in examples))
 
@@ -166,7 +166,7 @@ def train_suite(repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int 
         profile = step_profile_ms(cfg, mesh, examples)
         _print_profile(h, profile, rows[str(h)]["jax"])
         result["step_profiles_ms"][str(h)] = profile
-    print(json.dumps(result))
+    print_result([], result)
     return result
 
 

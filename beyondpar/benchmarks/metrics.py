@@ -33,6 +33,7 @@ from beyondpar.benchmarks.machine import (
     in_cache_yardsticks_apply,
     matmul_flops_per_s,
 )
+from beyondpar.benchmarks.printing import print_result
 
 T = K = 100  # the paper's sequence length and horizon
 MATRICES_READ = {"fused": 2, "fused_normalized_walk": 1}  # per step: c (+ the walk's own)
@@ -112,7 +113,7 @@ def metrics_suite(
         plain = plain_session_fidelity_us(sequences, layers, operators)
         us["fidelity_plain_session"] = plain
         result["plain_session_vs_launcher"] = plain / us["fidelity"]
-    _print_metrics(result)
+    print_result(_lines(result), result)
     return result
 
 
@@ -186,49 +187,42 @@ def _time_loop(fn, mats) -> float:
     return time.perf_counter() - start
 
 
-def _print_metrics(r: dict) -> None:
+def _lines(r: dict):
+    """The summary lines of a result, before its JSON line."""
     us = r["us_per_matrix"]
-    print(f"{r['matrices']} operators, T=100, K=100, {r['devices']} device(s)")
-    print(f"matmul rate            {r['matmul_gflops']:10.1f} GFLOP/s")
+    yield f"{r['matrices']} operators, T=100, K=100, {r['devices']} device(s)"
+    yield f"matmul rate            {r['matmul_gflops']:10.1f} GFLOP/s"
     for name, value in us.items():
-        print(f"{name:<22} {value:10.1f} us/matrix")
-    print(f"speed-up vs paper      {r['speedup_vs_paper']:10.0f}x")
-    print(f"speed-up vs NumPy loop {r['speedup_vs_numpy_exact']:10.1f}x")
-    print(f"effective rate         {r['effective_gflops']:10.1f} GFLOP/s")
-    print(f"fraction of matmul     {r['fraction_of_matmul']:10.1%}")
-    print(f"  (normalised walk)    {r['fraction_of_matmul_normalized_walk']:10.1%}")
+        yield f"{name:<22} {value:10.1f} us/matrix"
+    yield f"speed-up vs paper      {r['speedup_vs_paper']:10.0f}x"
+    yield f"speed-up vs NumPy loop {r['speedup_vs_numpy_exact']:10.1f}x"
+    yield f"effective rate         {r['effective_gflops']:10.1f} GFLOP/s"
+    yield f"fraction of matmul     {r['fraction_of_matmul']:10.1%}"
+    yield f"  (normalised walk)    {r['fraction_of_matmul_normalized_walk']:10.1%}"
     if r["cache_gb_per_s"] is None:
-        print("cache bandwidth        no bound off the CPU (machine.in_cache_yardsticks_apply)")
+        yield "cache bandwidth        no bound off the CPU (machine.in_cache_yardsticks_apply)"
     else:
-        print(f"cache bandwidth        {r['cache_gb_per_s']:10.1f} GB/s (read + write, in cache)")
+        yield f"cache bandwidth        {r['cache_gb_per_s']:10.1f} GB/s (read + write, in cache)"
         bound, share = r["bandwidth_bound_fraction_of_matmul"], r["fraction_of_bandwidth_bound"]
         for name in MATRICES_READ:
-            print(
+            yield (
                 f"  {name}: bandwidth bound {bound[name]:6.1%} of matmul; "
                 f"kernel at {share[name]:6.1%} of that bound"
             )
     bound, share = r["product_bound_fraction_of_matmul"], r["fraction_of_product_bound"]
     for name in MATRICES_READ:
-        print(
+        yield (
             f"  {name}: XLA product bound {bound[name]:6.1%} of matmul; "
             f"kernel at {share[name]:6.1%} of that bound"
         )
     if "plain_session_vs_launcher" in r:
-        print(f"plain session / launcher (fidelity) {r['plain_session_vs_launcher']:6.2f}x")
-    print(json.dumps(r))
+        yield f"plain session / launcher (fidelity) {r['plain_session_vs_launcher']:6.2f}x"
 
 
 def plain_session_fidelity_us(sequences: int = 50, layers: int = 4, operators: int = 17) -> float:
     """us/matrix of `minimax_fidelity` in a fresh Python process that never asked for one
     CPU device per core, i.e. a plain script or notebook."""
-    code = (
-        "import json, jax, jax.numpy as jnp\n"
-        "from beyondpar import graphs, metrics\n"
-        "from beyondpar.base.timing import best_time\n"
-        f"shape = ({sequences}, {layers}, {operators})\n"
-        "c = jnp.asarray(graphs.random_causal(0, shape, 100))\n"
-        "s = best_time(lambda: metrics.minimax_fidelity(c, 100), 5)\n"
-        "print(json.dumps({'us': 1e6 * s / c[..., 0, 0].size, 'devices': jax.device_count()}))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    command = [sys.executable, "-m", "beyondpar.benchmarks.plain_session"]
+    command += [str(sequences), str(layers), str(operators)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["us"]
