@@ -40,14 +40,15 @@ class Init:
     qk_gain: float = 3.0  # with qk_std None: qk_gain / sqrt(fan_in)
     norm: tuple[float, float] = (1.0, 0.2)  # scale of every norm: mean, std
     qk_norm: tuple[float, float] | None = None  # q/k norms (Qwen3, Gemma 3); None: `norm`
-    bias_std: float = 0.2  # every bias, norm biases included
+    bias_std: float = 0.2  # every bias
+    norm_bias: tuple[float, float] | None = None  # LayerNorm biases; None: as biases
     side_std: float = 0.05  # everything beside the text model (a vision tower)
 
 
 # Small flat weights with sharp queries and keys: the families' fixtures.
-FLAT = Init(matrix_std=0.06, embed_std=0.06, qk_std=0.25)
+FLAT = Init(matrix_std=0.06, embed_std=0.06, qk_std=0.25, norm_bias=(1.0, 0.2))
 # The same, sharper: the later families' fixtures (Gemma patterns, Phi-3 longrope).
-SHARP = Init(matrix_std=0.06, embed_std=0.06, qk_std=0.3, norm=(1.0, 0.25))
+SHARP = dataclasses.replace(FLAT, qk_std=0.3, norm=(1.0, 0.25))
 # Unit embeddings and 1/sqrt(fan_in) matrices: the config variants, whose outputs must
 # move far when a field is read another way.
 FAN_IN = Init(matrix_std=None, embed_std=1.0, qk_std=None, norm=(1.0, 0.3), bias_std=0.3)
@@ -58,13 +59,18 @@ class Spec:
     """One fixture. `config` is passed to transformers' config class; `edit` sets (value
     None: deletes) fields of the config.json that save_pretrained wrote; `written` is the
     whole config.json, the model built from it. `short` adds `tokens_N`, `logits_N` and
-    `attention_N` for each length N (a rope whose scaling depends on the length)."""
+    `attention_N` for each length N (a rope whose scaling depends on the length).
+    Expected outputs come from the model loaded in float64; with `upcast`, from the
+    float32 model converted by `.double()`, whose buffers (Gemma's embedding scale, rope
+    frequencies) keep their float32 rounding: how gemma2-tiny and gemma3-tiny were made,
+    which moves their logits by up to 2e-5."""
 
     init: Init
     config: dict | None = None
     edit: dict | None = None
     written: dict | None = None
     short: tuple[int, ...] = ()
+    upcast: bool = False
 
 
 def llama(**fields) -> dict:
@@ -384,9 +390,9 @@ SPECS = {
         ),
     ),
     "phi3-longrope": Spec(SHARP, written=PHI3_LONGROPE, short=(24,)),
-    "gemma2-tiny": Spec(GEMMA_SCALE_2, GEMMA2_TINY),
+    "gemma2-tiny": Spec(GEMMA_SCALE_2, GEMMA2_TINY, upcast=True),
     "gemma2-pattern": Spec(SHARP, written=GEMMA2_PATTERN),
-    "gemma3-tiny": Spec(GEMMA_SCALE_2, GEMMA3_TINY),
+    "gemma3-tiny": Spec(GEMMA_SCALE_2, GEMMA3_TINY, upcast=True),
     "gemma3-legacy": Spec(dataclasses.replace(SHARP, qk_norm=(1.7, 0.3)), written=GEMMA3_LEGACY),
     "gemma3-multimodal": Spec(
         dataclasses.replace(SHARP, qk_norm=(3.0, 0.55)), written=GEMMA3_MULTIMODAL

@@ -5,15 +5,17 @@ generation_config.json, model.safetensors) with random weights drawn from a seed
 tokenizer.json, fixture.json (the versions that made it) and expected.npz: the text, its
 token ids (2 x 64: the ids, then the same ids reversed), and the logits (B x T x V) and
 eager attention of every layer (B x L x H x T x T) that transformers computes for them in
-float64, stored as float32. What each fixture is lives in `hf_specs.py`.
+float64 (see `Spec.upcast` for two exceptions), stored as float32. What each fixture is
+lives in `hf_specs.py`.
 
 torch and transformers are never dependencies of the project: run this in a scratch
 environment, from the repository root:
 
     python3 -m venv /tmp/hfenv
     /tmp/hfenv/bin/pip install torch transformers safetensors numpy
-    (a CPU-only torch wheel is enough: `pip install torch --index-url` the CPU index,
-    or any local `torch-*+cpu` wheel)
+
+(torch's CPU-only build is enough and much smaller: install it first, from its CPU wheel
+index or a local `torch-*+cpu` wheel.)
 
     /tmp/hfenv/bin/python tests/fixture_scripts/make_hf_fixtures.py --check
     /tmp/hfenv/bin/python tests/fixture_scripts/make_hf_fixtures.py llama-tiny --out /tmp/hf
@@ -23,11 +25,12 @@ environment, from the repository root:
 it loads each committed folder into transformers, recomputes expected.npz and compares it
 (float arrays to --rtol/--atol, the rest exactly); and it makes the fixture afresh from
 its spec in a temporary folder and compares everything but the weights' values (configs,
-tokenizer.json, tensor names, shapes and dtypes, the text and tokens). A remade fixture
-has new random weights (the seeds of the first ones are not known), so the weights and
-expected outputs of a remade fixture differ from the committed ones; the tests then pass
-on it all the same, since they compare the project's model with transformers on the
-same weights.
+tokenizer.json, tensor names, shapes and dtypes, the text and tokens). The committed
+weights were drawn before this script existed, by laws that `hf_specs` reconstructs from
+their statistics but from unknown seeds: a remade fixture has new weights and so new
+expected outputs, and the parity tests pass on it all the same, since they compare the
+project's model with transformers on the same weights (a tolerance set from the float32
+error of the committed weights may need a look).
 """
 
 import argparse
@@ -116,7 +119,7 @@ def weight_law(name: str, module, shape, text, init: hf_specs.Init):
         return 0.0, init.side_std
     if "norm" in leaf or leaf.startswith("ln_"):
         if kind == "bias":
-            return 0.0, init.bias_std
+            return init.norm_bias or (0.0, init.bias_std)
         qk = init.qk_norm is not None and leaf in ("q_norm", "k_norm")
         mean, std = init.qk_norm if qk else init.norm
         return mean - float(is_gemma_norm(module)), std
@@ -196,14 +199,17 @@ def make(name: str, spec: hf_specs.Spec, folder: Path, seed: int) -> Path:
         "tokens": hf_specs.TOKENS,
     }
     (folder / "fixture.json").write_text(json.dumps(versions, indent=1) + "\n")
-    np.savez(folder / "expected.npz", **expected_outputs(folder, spec.short))
+    np.savez(folder / "expected.npz", **expected_outputs(folder, spec))
     return folder
 
 
-def load(folder: Path):
-    """A fixture as transformers reads it, in float64 with eager attention."""
+def load(folder: Path, upcast: bool = False):
+    """A fixture as transformers reads it, in float64 with eager attention (with
+    `upcast`: read in float32, then converted by `.double()`)."""
     config = AutoConfig.from_pretrained(folder)
     cls = getattr(transformers, config.architectures[0])
+    if upcast:
+        return cls.from_pretrained(folder, attn_implementation="eager").double().eval()
     return cls.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager").eval()
 
 
@@ -221,17 +227,17 @@ def token_rows(folder: Path) -> np.ndarray:
     return np.array([ids, ids[::-1]], dtype=np.int64)
 
 
-def expected_outputs(folder: Path, short: tuple[int, ...] = ()) -> dict:
+def expected_outputs(folder: Path, spec: hf_specs.Spec) -> dict:
     """expected.npz's arrays, in its order: text, tokens, logits, attention, then the
     same three suffixed `_N` for each shorter length N (one fresh model per length, so
     that no rope state carries over from the longer run)."""
     tokens = token_rows(folder)
     out = {"text": np.array(hf_specs.TEXT), "tokens": tokens}
-    out["logits"], out["attention"] = forward(load(folder), tokens)
-    for n in short:
+    out["logits"], out["attention"] = forward(load(folder, spec.upcast), tokens)
+    for n in spec.short:
         part = np.ascontiguousarray(tokens[:, :n])
         out[f"tokens_{n}"] = part
-        out[f"logits_{n}"], out[f"attention_{n}"] = forward(load(folder), part)
+        out[f"logits_{n}"], out[f"attention_{n}"] = forward(load(folder, spec.upcast), part)
     return out
 
 
@@ -282,7 +288,7 @@ def output_diffs(committed: Path, spec: hf_specs.Spec, rtol: float, atol: float)
     """Recompute expected.npz from the committed weights; return the largest absolute
     difference of each float array and what fails."""
     want = dict(np.load(committed / "expected.npz"))
-    got = expected_outputs(committed, spec.short)
+    got = expected_outputs(committed, spec)
     worst, fails = {}, []
     for key, value in got.items():
         if key not in want:
