@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondpar.base import checks
-from beyondpar.pretrained import files, gguf_header, gguf_quants, gguf_tokenizer
+from beyondpar.pretrained import gguf_header, gguf_quants, gguf_tokenizer, hf_folder
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
 _LLAMA_LIKE = ("llama", "qwen2", "qwen3")
@@ -375,7 +375,7 @@ class GgufFile:
         if order is not None:
             if stored_transposed:  # its Hugging Face rows are the file's columns
                 raise ValueError(f"tensor {hf_name!r} is stored transposed: no row order")
-            files.check_rows(hf_name, order, rows)
+            hf_folder.check_rows(hf_name, order, rows)
             rows_in = np.asarray(order) if rows_in is None else rows_in[order]
         values = self._decode(info, cols, flip, dtype, rows_in, self._offset(gguf_name))
         shape = tuple(reversed(info.shape))

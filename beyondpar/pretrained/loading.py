@@ -23,7 +23,7 @@ import tqdm
 from jax.sharding import NamedSharding
 
 from beyondpar.base import checks, parallel
-from beyondpar.pretrained import files, gemma, gguf_file, gpt2, gpt_neox, llama, phi3, sharding
+from beyondpar.pretrained import gemma, gguf_file, gpt2, gpt_neox, hf_folder, llama, phi3, sharding
 
 FAMILIES: dict[str, ModuleType] = {
     kind: fam for fam in (gpt2, gpt_neox, llama, gemma, phi3) for kind in fam.MODEL_TYPES
@@ -61,12 +61,12 @@ def load(path_or_name: str | os.PathLike, dtype=None, mesh=None, progress: bool 
     gguf_path = gguf_file.find(path_or_name)
     if gguf_path is not None:
         return load_gguf(gguf_path, dtype, mesh, progress)
-    folder = files.resolve(path_or_name)
-    module = build(files.read_config(folder))
-    tokenizer = files.read_tokenizer(folder)
-    shards = files.shard_files(folder)
+    folder = hf_folder.resolve(path_or_name)
+    module = build(hf_folder.read_config(folder))
+    tokenizer = hf_folder.read_tokenizer(folder)
+    shards = hf_folder.shard_files(folder)
     layouts = getattr(family(module), "CHECKPOINT_PREFIXES", ({},))
-    with files.Safetensors(shards) as source:
+    with hf_folder.Safetensors(shards) as source:
         params, _ = read_params(module, source, set(shards), dtype, mesh, progress, layouts)
     return module, params, tokenizer
 
@@ -100,10 +100,10 @@ def fingerprint(path_or_name: str | os.PathLike) -> str:
     if gguf_path is not None:
         named = [(b"", gguf_path)]
     else:
-        folder = files.resolve(path_or_name)
-        weights = sorted(set(files.shard_files(folder).values()))
-        named = [(p.name.encode(), p) for p in [folder / files.CONFIG, folder / files.TOKENIZER]]
-        named += [(p.name.encode(), p) for p in weights]
+        folder = hf_folder.resolve(path_or_name)
+        weights = sorted(set(hf_folder.shard_files(folder).values()))
+        read = [folder / hf_folder.CONFIG, folder / hf_folder.TOKENIZER, *weights]
+        named = [(p.name.encode(), p) for p in read]
     digest = hashlib.sha256()
     for name, path in named:
         size = path.stat().st_size

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 from beyondpar import pretrained
 from beyondpar.base import parallel
 from beyondpar.benchmarks import gguf_models, previous_load
-from beyondpar.pretrained import files, gguf_file, gguf_quants, loading, sharding
+from beyondpar.pretrained import gguf_file, gguf_quants, hf_folder, loading, sharding
 from conftest import DATA
 
 HF = DATA / "hf"
@@ -51,12 +51,12 @@ def full_trace_shapes(module):
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_block_by_block_shapes_are_the_whole_networks(name):
-    module = pretrained.build(files.read_config(HF / name))
+    module = pretrained.build(hf_folder.read_config(HF / name))
     assert pretrained.parameter_shapes(module) == full_trace_shapes(module)
 
 
 def test_shapes_of_layers_with_different_blocks():
-    config = files.read_config(HF / "qwen3-tiny")
+    config = hf_folder.read_config(HF / "qwen3-tiny")
     config.update(
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=4,
@@ -93,7 +93,7 @@ def test_a_row_order_must_name_every_stored_row(tmp_path):
     from a safetensors file and from a GGUF one; a tensor GGUF stores transposed (GPT-2's
     Conv1D) takes none."""
     name = "model.layers.0.self_attn.qkv_proj.weight"
-    with files.Safetensors(files.shard_files(HF / "phi3-tiny")) as source:
+    with hf_folder.Safetensors(hf_folder.shard_files(HF / "phi3-tiny")) as source:
         rows = source.tensor(name).shape[0]
         message = rf"tensor '{name}' must have {rows - 1} rows, got {rows}"
         with pytest.raises(ValueError, match=message):
@@ -232,7 +232,7 @@ def test_a_size_of_zero_in_the_config_is_named_and_one_builds(name, attribute):
     """Layer, feature, position and token counts describe no model at 0 (a network of no
     layers would run as an embedding and a head alone): the field is named with its value.
     1, the smallest size, builds a model of exactly that size."""
-    config = files.read_config(HF / "llama-tiny")
+    config = hf_folder.read_config(HF / "llama-tiny")
     with pytest.raises(ValueError, match=rf"'{name}' must be an integer >= 1, got 0"):
         pretrained.build({**config, name: 0})
     with pytest.raises(ValueError, match=rf"'{name}' must be an integer >= 1, got -2"):
@@ -289,13 +289,13 @@ def test_fingerprint_follows_the_files_load_reads_not_their_folder(tmp_path, qwe
     shutil.copytree(HF / "gpt2-tiny", copy)
     assert pretrained.fingerprint(copy) == tiny
     assert pretrained.fingerprint(HF / "gpt2-untied") != tiny
-    weights = copy / files.WEIGHTS
+    weights = copy / hf_folder.WEIGHTS
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # the last byte of the last tensor
     weights.write_bytes(bytes(data))
     assert pretrained.fingerprint(copy) != tiny
-    (copy / files.CONFIG).write_text((HF / "gpt2-tiny" / files.CONFIG).read_text() + " ")
-    weights.write_bytes((HF / "gpt2-tiny" / files.WEIGHTS).read_bytes())
+    (copy / hf_folder.CONFIG).write_text((HF / "gpt2-tiny" / hf_folder.CONFIG).read_text() + " ")
+    weights.write_bytes((HF / "gpt2-tiny" / hf_folder.WEIGHTS).read_bytes())
     assert pretrained.fingerprint(copy) != tiny  # the config's size changed
     renamed = tmp_path / "renamed.gguf"
     shutil.copyfile(qwen2_gguf, renamed)
@@ -324,6 +324,6 @@ def test_fingerprint_covers_the_tokenizer_of_a_folder(tmp_path):
     tiny = pretrained.fingerprint(HF / "gpt2-tiny")
     copy = tmp_path / "copy"
     shutil.copytree(HF / "gpt2-tiny", copy)
-    tokenizer = copy / files.TOKENIZER
+    tokenizer = copy / hf_folder.TOKENIZER
     tokenizer.write_text(tokenizer.read_text() + " ")
     assert pretrained.fingerprint(copy) != tiny

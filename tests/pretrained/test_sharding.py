@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
-from beyondpar.pretrained import files, gguf_quants, sharding
+from beyondpar.pretrained import gguf_quants, hf_folder, sharding
 from conftest import DATA
 
 HF = DATA / "hf"
@@ -60,7 +60,7 @@ def unsharded():
 
 
 def test_every_fixture_and_family_is_checked():
-    families = {type(pretrained.build(files.read_config(HF / n))).__name__ for n in FIXTURES}
+    families = {type(pretrained.build(hf_folder.read_config(HF / n))).__name__ for n in FIXTURES}
     assert families == {"Gpt2", "GptNeox", "Llama", "Gemma", "Phi3"} and len(FIXTURES) == 13
 
 
