@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from beyondpar.pretrained import gguf_file, gguf_tokenizer, loading
+from beyondpar.pretrained import gguf_file, loading
+from beyondpar.pretrained.gguf import tokenizer as gguf_tokenizer
 
 
 class PreviousGgufFile(gguf_file.GgufFile):

@@ -23,7 +23,8 @@ import tqdm
 from jax.sharding import NamedSharding
 
 from beyondpar.base import checks, parallel
-from beyondpar.pretrained import gemma, gguf_file, gpt2, gpt_neox, hf_folder, llama, phi3, sharding
+from beyondpar.pretrained import gemma, gpt2, gpt_neox, hf_folder, llama, phi3, sharding
+from beyondpar.pretrained.gguf import reader as gguf_reader
 
 FAMILIES: dict[str, ModuleType] = {
     kind: fam for fam in (gpt2, gpt_neox, llama, gemma, phi3) for kind in fam.MODEL_TYPES
@@ -58,7 +59,7 @@ def load(path_or_name: str | os.PathLike, dtype=None, mesh=None, progress: bool 
     (`parallel.model_mesh`; default 1 x 1 on the first device) spreads them over devices;
     `progress` shows a bar over the parameters read (on a terminal).
     """
-    gguf_path = gguf_file.find(path_or_name)
+    gguf_path = gguf_reader.find(path_or_name)
     if gguf_path is not None:
         return load_gguf(gguf_path, dtype, mesh, progress)
     folder = hf_folder.resolve(path_or_name)
@@ -73,7 +74,7 @@ def load(path_or_name: str | os.PathLike, dtype=None, mesh=None, progress: bool 
 
 def load_gguf(path: str | os.PathLike, dtype=None, mesh=None, progress: bool = True):
     """(module, params, tokenizer) of a GGUF file, dequantised tensor by tensor."""
-    source = gguf_file.GgufFile(gguf_file.find(path) or _not_gguf(path))
+    source = gguf_reader.GgufFile(gguf_reader.find(path) or _not_gguf(path))
     config = source.config()
     try:
         module = build(config)
@@ -96,7 +97,7 @@ def fingerprint(path_or_name: str | os.PathLike) -> str:
     A run resumed on a model changed in place (re-quantised, fine-tuned, another model
     copied over it, a cache name whose snapshot moved) sees another fingerprint, without
     reading every byte of a large model; a GGUF file is the same model under any name."""
-    gguf_path = gguf_file.find(path_or_name)
+    gguf_path = gguf_reader.find(path_or_name)
     if gguf_path is not None:
         named = [(b"", gguf_path)]
     else:

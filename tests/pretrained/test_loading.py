@@ -15,7 +15,9 @@ from safetensors.numpy import load_file
 from beyondpar import pretrained
 from beyondpar.base import parallel
 from beyondpar.benchmarks import gguf_models, previous_load
-from beyondpar.pretrained import gguf_file, gguf_quants, hf_folder, loading, sharding
+from beyondpar.pretrained import hf_folder, loading, sharding
+from beyondpar.pretrained.gguf import quants as gguf_quants
+from beyondpar.pretrained.gguf import reader as gguf_reader
 from conftest import DATA
 
 HF = DATA / "hf"
@@ -98,10 +100,10 @@ def test_a_row_order_must_name_every_stored_row(tmp_path):
         message = rf"tensor '{name}' must have {rows - 1} rows, got {rows}"
         with pytest.raises(ValueError, match=message):
             source.read(name, True, order=np.arange(rows - 1))
-    phi3 = gguf_file.GgufFile(export(HF / "phi3-tiny", tmp_path / "phi3.gguf"))
+    phi3 = gguf_reader.GgufFile(export(HF / "phi3-tiny", tmp_path / "phi3.gguf"))
     with pytest.raises(ValueError, match=rf"must have {rows + 1} rows, got {rows}"):
         phi3.read(name, True, order=np.arange(rows + 1))
-    gpt2 = gguf_file.GgufFile(export(HF / "gpt2-tiny", tmp_path / "gpt2.gguf"))
+    gpt2 = gguf_reader.GgufFile(export(HF / "gpt2-tiny", tmp_path / "gpt2.gguf"))
     with pytest.raises(ValueError, match="'h.0.attn.c_attn.weight' is stored transposed"):
         gpt2.read("h.0.attn.c_attn.weight", False, order=np.arange(96))
 
@@ -144,7 +146,7 @@ def test_bfloat16_is_the_previous_paths_cast(qwen2_gguf, monkeypatch, kernels):
 def test_one_thread_or_many_read_the_same(qwen2_gguf, monkeypatch):
     monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     _, many, _ = pretrained.load(qwen2_gguf, progress=False)
-    monkeypatch.setattr(gguf_file.GgufFile, "workers", 1)
+    monkeypatch.setattr(gguf_reader.GgufFile, "workers", 1)
     _, one, _ = pretrained.load(qwen2_gguf, progress=False)
     for key, value in leaves(one).items():
         np.testing.assert_array_equal(value, leaves(many)[key])
@@ -184,7 +186,7 @@ def test_progress_bar_counts_every_parameter_and_finishes(qwen2_gguf, monkeypatc
 
 
 def test_a_failing_tensor_stops_the_load_with_its_error(qwen2_gguf, monkeypatch):
-    read = gguf_file.GgufFile.read
+    read = gguf_reader.GgufFile.read
     calls = []
 
     def failing(self, name, transpose, dtype=None, order=None):
@@ -193,7 +195,7 @@ def test_a_failing_tensor_stops_the_load_with_its_error(qwen2_gguf, monkeypatch)
             raise ValueError(f"tensor {name!r} cannot be read: test")
         return read(self, name, transpose, dtype, order)
 
-    monkeypatch.setattr(gguf_file.GgufFile, "read", failing)
+    monkeypatch.setattr(gguf_reader.GgufFile, "read", failing)
     with pytest.raises(ValueError, match="'model.layers.1.mlp.up_proj.weight' cannot be read"):
         pretrained.load(qwen2_gguf, progress=False)
 
@@ -202,7 +204,7 @@ def test_a_broken_tokenizer_stops_the_load(qwen2_gguf, monkeypatch):
     def broken(self):
         raise ValueError("tokenizer.ggml.model must be 'gpt2' (test)")
 
-    monkeypatch.setattr(gguf_file.GgufFile, "tokenizer", broken)
+    monkeypatch.setattr(gguf_reader.GgufFile, "tokenizer", broken)
     with pytest.raises(ValueError, match=r"tokenizer.ggml.model must be 'gpt2' \(test\)"):
         pretrained.load(qwen2_gguf, progress=False)
 
@@ -242,10 +244,10 @@ def test_a_size_of_zero_in_the_config_is_named_and_one_builds(name, attribute):
 
 
 def test_kernels_are_compiled_only_for_shapes_with_many_values(qwen2_gguf, monkeypatch):
-    source = gguf_file.GgufFile(qwen2_gguf)
+    source = gguf_reader.GgufFile(qwen2_gguf)
     assert source._compiled == set()  # 0.2M values in all: NumPy is quicker than compiling
     monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 6 * 256 * 64)  # gate and up
-    source = gguf_file.GgufFile(qwen2_gguf)
+    source = gguf_reader.GgufFile(qwen2_gguf)
     assert {(q.name, r, c) for q, r, c in source._compiled} == {("Q5_0", 256, 64)}
     assert isinstance(source.read("model.layers.2.mlp.up_proj.weight", True), jax.Array)
     assert isinstance(source.read("lm_head.weight", False), np.ndarray)
