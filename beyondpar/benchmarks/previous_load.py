@@ -35,7 +35,7 @@ class PreviousGgufFile(gguf_file.GgufFile):
             return default
         return field.contents()
 
-    def _dequantize(self, name: str) -> np.ndarray:
+    def dequantize(self, name: str) -> np.ndarray:
         tensor = self.tensors[name]
         flat = gguf.quants.dequantize(tensor.data, gguf.GGMLQuantizationType(tensor.tensor_type))
         shape = tuple(int(n) for n in reversed(tensor.shape))
@@ -43,7 +43,7 @@ class PreviousGgufFile(gguf_file.GgufFile):
 
     def read(self, hf_name: str, transpose: bool, dtype=None) -> np.ndarray:
         name = self._hf_names[hf_name]
-        values = self._dequantize(name)
+        values = self.dequantize(name)
         order = self._row_order(name, values.shape[0])
         values = values if order is None else values[order]
         return values.T if transpose else values

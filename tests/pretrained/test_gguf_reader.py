@@ -183,7 +183,7 @@ def test_gemma_norms_are_stored_plus_one_and_read_back(tmp_path):
     hf = load_file(HF / "gemma3-tiny" / "model.safetensors")
     names = source.hf_names()
     for name in ("model.layers.2.post_feedforward_layernorm.weight", "model.norm.weight"):
-        np.testing.assert_allclose(source._dequantize(names[name]), hf[name] + 1, atol=1e-7)
+        np.testing.assert_allclose(source.dequantize(names[name]), hf[name] + 1, atol=1e-7)
     name = "model.layers.2.self_attn.k_norm.weight"
     got = dict(source.read_tensors([name]))[name]
     np.testing.assert_allclose(got, hf[name], atol=1e-6)
@@ -225,7 +225,7 @@ def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
     source = gguf_reader.GgufFile(path)
     names = source.hf_names()
     q = dict(source.read_tensors(["model.layers.0.self_attn.q_proj.weight"]))
-    raw = source._dequantize(names["model.layers.0.self_attn.q_proj.weight"])
+    raw = source.dequantize(names["model.layers.0.self_attn.q_proj.weight"])
     hf = load_file(HF / "llama-tiny" / "model.safetensors")
     np.testing.assert_array_equal(
         q["model.layers.0.self_attn.q_proj.weight"], hf["model.layers.0.self_attn.q_proj.weight"]

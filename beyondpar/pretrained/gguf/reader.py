@@ -1,6 +1,7 @@
 """GGUF files (llama.cpp, Ollama, LM Studio) read into the Hugging Face layout.
 
-The metadata becomes the config.json the family modules already read: what the file
+The metadata becomes the config.json the family modules already read, each family
+translating its own architectures' metadata (`gguf_config`): what the file
 records is read; what it does not (Gemma's query_pre_attn_scalar, its sliding pattern
 when no key holds it) is what llama.cpp assumes for the architecture. Every tensor gets
 its Hugging Face name and layout (Linear weights stay out x in). The header is read in
@@ -25,11 +26,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondpar.base import checks
-from beyondpar.pretrained import hf_folder
+from beyondpar.pretrained import gemma, gpt2, hf_folder, llama, phi3
 from beyondpar.pretrained.gguf import header, quants, tokenizer
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "phi3")
-_LLAMA_LIKE = ("llama", "qwen2", "qwen3")
+# architecture -> the family module that translates its metadata into a config.json
+_FAMILIES = {
+    **dict.fromkeys(("llama", "qwen2", "qwen3"), llama),
+    "gpt2": gpt2,
+    **dict.fromkeys(("gemma2", "gemma3"), gemma),
+    "phi3": phi3,
+}
+ARCHITECTURES = tuple(_FAMILIES)
 _GEMMA = ("gemma2", "gemma3")
 # config.json field -> the metadata (after `<arch>.`) it is read from.
 _CONFIG_KEYS = {
@@ -93,8 +100,6 @@ _NAMES = {  # architecture -> (block parts, top-level tensors, block prefix)
     "gemma3": (_GEMMA_BLOCK, _LLAMA_TOP, "model.layers"),
     "phi3": (_PHI3_BLOCK, _LLAMA_TOP, "model.layers"),
 }
-_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: every n-th layer is full
-_LARGEST_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: scaled by hidden / heads
 _CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2 stores these in x out
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
@@ -130,12 +135,11 @@ class GgufFile:
         except (header.HeaderError, OSError) as err:
             message = f"GGUF file {path} cannot be read (damaged or cut short?): {err}"
             raise ValueError(message) from err
-        self.arch = self.value("general.architecture")
-        if self.arch not in ARCHITECTURES:
-            raise ValueError(
-                f"GGUF file {path}: general.architecture must be one of {list(ARCHITECTURES)}, "
-                f"got {self.arch!r}"
-            )
+        self.arch = checks.one_of(
+            f"GGUF file {path}: general.architecture",
+            self.value("general.architecture"),
+            list(ARCHITECTURES),
+        )
         self.tensors = self.header.tensors
 
     def value(self, key: str, default=...):
@@ -149,15 +153,8 @@ class GgufFile:
         """`<arch>.<key>`; a count (`_COUNTS`) the file holds must be an integer >= 1."""
         name = f"{self.arch}.{key}"
         value = self.value(name, default)
-        stored = self.value(name, None) is not None
-        if (
-            key in _COUNTS
-            and stored
-            and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
-        ):
-            raise ValueError(
-                f"GGUF file {self.path}: metadata {name!r} must be an integer >= 1, got {value!r}"
-            )
+        if key in _COUNTS and self.value(name, None) is not None:
+            checks.positive_int(f"GGUF file {self.path}: metadata {name!r}", value)
         return value
 
     def config_error(self, err: ValueError) -> ValueError:
@@ -177,38 +174,13 @@ class GgufFile:
     # ------------------------------------------------------------------ config
 
     def config(self) -> dict:
-        """The config.json a Hugging Face folder of this model would hold."""
-        if self.arch == "gpt2":
-            return self._gpt2_config()
-        config = self._decoder_config()
-        if self.arch in _GEMMA:
-            return self._gemma_config(config)
-        if self.arch == "phi3":
-            return self._phi3_config(config)
-        window = self.arch_value("attention.sliding_window", None)
-        if window and self.arch == "llama" and config["attention_bias"]:
-            raise ValueError(
-                f"GGUF file {self.path}: a llama model with attention biases must have no "
-                f"llama.attention.sliding_window (transformers' Llama has no window and its "
-                f"Mistral no biases), got a window of {window}"
-            )
-        if window:
-            config["sliding_window"] = window
-            config["model_type"] = "mistral" if self.arch == "llama" else self.arch
-            config["use_sliding_window"] = True
-            # A GGUF file keeps no max_window_layers: a recorded window is read as every
-            # layer's (llama.cpp windows no Qwen2 layer at all: it ignores the key).
-            config["max_window_layers"] = 0
-        if config["partial_rotary_factor"] != 1 and config["rope_scaling"] is None:
-            # llama.cpp turns `rope.dimension_count` features; transformers' Llama and Qwen
-            # read a partial factor only beside a scaled rope: linear by 1 is the default.
-            config["rope_scaling"] = {"rope_type": "linear", "factor": 1.0}
-        if "rope_freqs.weight" in self.tensors:
-            config["rope_freq_factors"] = self._dequantize("rope_freqs.weight").tolist()
-        return config
+        """The config.json a Hugging Face folder of this model would hold, as its family
+        module translates the metadata (`gguf_config`)."""
+        return _FAMILIES[self.arch].gguf_config(self)
 
-    def _decoder_config(self) -> dict:
-        """The fields every decoder-only architecture here shares."""
+    def decoder_config(self) -> dict:
+        """The fields every decoder-only architecture here shares, where each family's
+        `gguf_config` starts."""
         heads = self.arch_value("attention.head_count")
         embed = self.arch_value("embedding_length")
         head_dim = self.arch_value("attention.key_length", embed // heads)
@@ -249,96 +221,6 @@ class GgufFile:
             f"GGUF file {self.path}: {self.arch}.rope.scaling.type must be "
             f"{allowed.get(self.arch, repr('none'))}, got {scaling!r} with factor {factor}"
         )
-
-    def _gemma_config(self, config: dict) -> dict:
-        """Gemma 2 / 3 as llama.cpp runs them: scores scaled by key_length ** -0.5 (by
-        (hidden / heads) ** -0.5 in the 27B models: the converter keeps no
-        query_pre_attn_scalar), sliding layers by `attention.sliding_window_pattern` or the
-        architecture's pattern, their rope base `rope.freq_base_swa`; Gemma 2 soft-caps
-        at 50 and 30 unless the file says otherwise, Gemma 3 the final logits if it says."""
-        if config["partial_rotary_factor"] != 1:
-            raise ValueError(
-                f"GGUF file {self.path}: {self.arch}.rope.dimension_count must equal "
-                f"{self.arch}.attention.key_length (transformers' Gemma turns every feature), "
-                f"got a share of {config['partial_rotary_factor']}"
-            )
-        gemma2, n = self.arch == "gemma2", config["num_hidden_layers"]
-        window = self.arch_value("attention.sliding_window", 4096 if gemma2 else 0)
-        largest = n == _LARGEST_LAYERS[self.arch]
-        full = {"rope_type": "default", **(config.pop("rope_scaling") or {})}
-        full["rope_theta"] = config.pop("rope_theta")
-        sliding_theta = self.arch_value("rope.freq_base_swa", 10000.0)
-        if gemma2:
-            if self.arch_value("rope.freq_base_swa", full["rope_theta"]) != full["rope_theta"]:
-                raise ValueError(
-                    f"GGUF file {self.path}: gemma2.rope.freq_base_swa must equal "
-                    f"rope.freq_base={full['rope_theta']}, got {sliding_theta}"
-                )
-            rope = full
-        else:
-            rope = {
-                "full_attention": full,
-                "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
-            }
-        final = self.arch_value("final_logit_softcapping", 30.0 if gemma2 else 0.0)
-        return {
-            **config,
-            "model_type": "gemma2" if gemma2 else "gemma3_text",
-            "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"]
-            if largest
-            else config["head_dim"],
-            "layer_types": self._layer_types(n) if window else ["full_attention"] * n,
-            "sliding_window": window or None,
-            "rope_parameters": rope,
-            "attn_logit_softcapping": self.arch_value("attn_logit_softcapping", 50.0),
-            "final_logit_softcapping": final or None,
-            "hidden_activation": "gelu_pytorch_tanh",
-        }
-
-    def _layer_types(self, num_layers: int) -> list[str]:
-        """llama.cpp's sliding layers: one flag per layer, or a pattern n (layer i slides
-        when i % n < n - 1; 0: every layer slides)."""
-        pattern = self.arch_value("attention.sliding_window_pattern", _SLIDING_PATTERN[self.arch])
-        if isinstance(pattern, list):
-            if len(pattern) != num_layers:
-                raise ValueError(
-                    f"GGUF file {self.path}: {self.arch}.attention.sliding_window_pattern must "
-                    f"flag {num_layers} layers, got {len(pattern)}"
-                )
-            sliding = [bool(p) for p in pattern]
-        else:
-            sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(num_layers)]
-        return ["sliding_attention" if s else "full_attention" for s in sliding]
-
-    def _phi3_config(self, config: dict) -> dict:
-        """Phi-3: its window (0: none), and longrope from the rope_factors_long/short
-        tensors with the stored attention factor and original context length."""
-        config["sliding_window"] = self.arch_value("attention.sliding_window", 0) or None
-        config["original_max_position_embeddings"] = self.arch_value(
-            "rope.scaling.original_context_length", 4096
-        )
-        if "rope_factors_long.weight" in self.tensors:
-            config["rope_scaling"] = {
-                "rope_type": "longrope",
-                "long_factor": self._dequantize("rope_factors_long.weight").tolist(),
-                "short_factor": self._dequantize("rope_factors_short.weight").tolist(),
-                "attention_factor": self.arch_value("rope.scaling.attn_factor", 1.0),
-            }
-        return config
-
-    def _gpt2_config(self) -> dict:
-        return {
-            "model_type": "gpt2",
-            "vocab_size": self.arch_value("vocab_size", len(self.value("tokenizer.ggml.tokens"))),
-            "n_positions": self.arch_value("context_length"),
-            "n_embd": self.arch_value("embedding_length"),
-            "n_layer": self.arch_value("block_count"),
-            "n_head": self.arch_value("attention.head_count"),
-            "n_inner": self.arch_value("feed_forward_length"),
-            "layer_norm_epsilon": self.arch_value("attention.layer_norm_epsilon"),
-            "activation_function": "gelu_new",
-            "tie_word_embeddings": "output.weight" not in self.tensors,
-        }
 
     # ----------------------------------------------------------------- tensors
 
@@ -410,7 +292,7 @@ class GgufFile:
             message = f"GGUF file {self.path}: tensor {info.name!r} cannot be read: {err}"
             raise ValueError(message) from err
 
-    def _dequantize(self, name: str) -> np.ndarray:
+    def dequantize(self, name: str) -> np.ndarray:
         """A tensor's float32 values in the file's own layout (NumPy order)."""
         info = self.tensors[name]
         values = self._decode(info, info.rows_cols[1], False, np.dtype(np.float32))
