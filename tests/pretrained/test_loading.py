@@ -1,5 +1,7 @@
-"""The loader: parameter shapes traced block by block, GGUF files read by threads into
-the same values as the previous one-tensor-at-a-time path, the progress bar, errors."""
+"""The loader: every family's fixture against transformers' numbers, config fields read
+as transformers reads them, dtypes, parameter shapes traced block by block, GGUF files
+read by threads into the same values as the previous one-tensor-at-a-time path, the
+progress bar, errors."""
 
 import dataclasses
 
@@ -8,7 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf_export import export
-from hf_fixtures import copy_checkpoint, expected
+from hf_fixtures import (
+    ATTENTION_ATOL,
+    CONFIG_VARIANTS,
+    FAMILIES,
+    copy_checkpoint,
+    expected,
+)
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
@@ -329,3 +337,95 @@ def test_fingerprint_covers_the_tokenizer_of_a_folder(tmp_path):
     tokenizer = copy / hf_folder.TOKENIZER
     tokenizer.write_text(tokenizer.read_text() + " ")
     assert pretrained.fingerprint(copy) != tiny
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_parity_with_transformers(name):
+    exp = expected(name)
+    module, params, tokenizer = pretrained.load(HF / name)
+    ids = tokenizer.encode(str(exp["text"])).ids
+    np.testing.assert_array_equal(ids[: exp["tokens"].shape[1]], exp["tokens"][0])
+    logits, attn = pretrained.apply_with_attention(module, params, exp["tokens"])
+    assert attn.dtype == jnp.float32 and attn.shape == exp["attention"].shape
+    np.testing.assert_allclose(logits, exp["logits"], atol=1e-4)
+    np.testing.assert_allclose(attn, exp["attention"], atol=ATTENTION_ATOL.get(name, 1e-5))
+
+
+@pytest.mark.parametrize("name", CONFIG_VARIANTS)
+def test_config_fields_are_read_as_transformers_reads_them(name):
+    """Fixtures whose config.json holds a field as real checkpoints write it, where
+    reading it another way changes every output (see `hf_fixtures.CONFIG_VARIANTS`). In
+    float64, so that what is compared is the model each config describes."""
+    exp = expected(name)
+    module, params, _ = pretrained.load(HF / name, jnp.float64)
+    logits, attn = pretrained.apply_with_attention(module, params, exp["tokens"])
+    np.testing.assert_allclose(logits, exp["logits"], atol=1e-4)
+    np.testing.assert_allclose(attn, exp["attention"], atol=1e-5)
+
+
+def test_bf16_stays_bf16_and_attention_is_float32(tmp_path):
+    def to_bf16(weights):
+        return {k: v.astype(jnp.bfloat16) for k, v in weights.items()}
+
+    folder = copy_checkpoint("llama-tiny", tmp_path, tensors=to_bf16)
+    module, params, _ = pretrained.load(folder)
+    assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    logits, attn = pretrained.apply_with_attention(module, params, expected("llama-tiny")["tokens"])
+    assert attn.dtype == jnp.float32 and logits.dtype == jnp.bfloat16
+    np.testing.assert_allclose(attn.sum(-1), 1.0, rtol=1e-6)
+    assert np.abs(np.asarray(attn) - expected("llama-tiny")["attention"]).max() < 0.1
+    _, params32, _ = pretrained.load(folder, jnp.float32)
+    assert {p.dtype for p in jax.tree.leaves(params32)} == {jnp.dtype(jnp.float32)}
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ({"model_type": "bert"}, r"'model_type' must be one of .*, got 'bert'"),
+        (
+            {"rope_parameters": {"rope_type": "yarm", "rope_theta": 1e4}},
+            r"'rope_type' must be one of \['default', 'dynamic', 'linear', 'llama3', 'yarn'\], "
+            "got 'yarm'",
+        ),
+        ({"num_key_value_heads": 3}, "'num_key_value_heads' must divide num_attention_heads=4"),
+        ({"hidden_act": "tanh"}, r"'hidden_act' must be one of .*, got 'tanh'"),
+    ],
+)
+def test_bad_configs_name_the_field(config, message, tmp_path):
+    folder = copy_checkpoint("llama-tiny", tmp_path, config)
+    with pytest.raises(ValueError, match=message):
+        pretrained.load(folder)
+
+
+def test_wrong_tensor_shape_is_named(tmp_path):
+    def shrink(weights):
+        weights["transformer.h.1.mlp.c_fc.weight"] = weights["transformer.h.1.mlp.c_fc.weight"][
+            :, :64
+        ]
+        return weights
+
+    folder = copy_checkpoint("gpt2-tiny", tmp_path, tensors=shrink)
+    with pytest.raises(
+        ValueError,
+        match=r"'transformer.h.1.mlp.c_fc.weight' must have shape \(32, 128\), got \(32, 64\)",
+    ):
+        pretrained.load(folder)
+
+
+@pytest.mark.parametrize(
+    "name,field",
+    [
+        ("gpt2-tiny", "layer_norm_epsilon"),
+        ("llama-tiny", "rms_norm_eps"),
+        ("neox-tiny", "layer_norm_eps"),
+        ("qwen3-tiny", "rms_norm_eps"),
+    ],
+)
+def test_norm_epsilon_is_read_from_config(tmp_path, name, field):
+    """A large epsilon changes every norm's output: the config's value must reach the
+    module (the fixtures use the defaults, which a misspelt field would fall back to)."""
+    folder = copy_checkpoint(name, tmp_path, {field: 0.5})
+    module, params, _ = pretrained.load(folder)
+    assert module.config.eps == 0.5
+    logits, _ = pretrained.apply_with_attention(module, params, expected(name)["tokens"])
+    assert np.abs(np.asarray(logits) - expected(name)["logits"]).max() > 1e-3
