@@ -22,6 +22,7 @@ from jax import lax
 
 from beyondpar import graphs
 from beyondpar.base import checks
+from beyondpar.base.checks import head_mask as check_head_mask  # noqa: F401 - public
 from beyondpar.linear import Dense, DenseWeights, dense_together
 from beyondpar.norm import RMSNorm
 
@@ -400,25 +401,10 @@ def count_params(params) -> int:
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
-def check_head_mask(head_mask, config: ModelConfig):
-    """A head mask as a float array of shape (L, H) or (B, L, H) with entries in [0, 1]."""
-    mask = np.asarray(head_mask, np.float64)
-    want = (config.num_layers, config.num_heads)
-    if mask.ndim not in (2, 3) or mask.shape[-2:] != want:
-        raise ValueError(
-            f"head_mask must have shape (L, H) = {want} or (B, L, H), got shape {mask.shape}"
-        )
-    if not np.all((mask >= 0) & (mask <= 1)):
-        raise ValueError(
-            f"head_mask entries must be in [0, 1], got range [{mask.min()}, {mask.max()}]"
-        )
-    return jnp.asarray(head_mask, jnp.result_type(float))
-
-
 def apply_with_attention(module: Transformer, params, tokens_BxT, head_mask=None):
     """Eval-mode logits (B, T, V) and the attention of every layer (B, L, H, T, T)."""
     if head_mask is not None and checks.is_concrete(head_mask):
-        head_mask = check_head_mask(head_mask, module.config)
+        head_mask = checks.head_mask(head_mask, module.config)
     logits, state = module.apply(
         {"params": params},
         tokens_BxT,

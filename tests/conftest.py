@@ -62,7 +62,7 @@ jax.config.update("jax_compilation_cache_max_size", _CACHE_BYTES)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from beyondpar.pretrained.files import package_file  # noqa: E402
+from beyondpar.pretrained.hf_folder import package_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

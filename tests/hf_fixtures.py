@@ -35,6 +35,30 @@ CONFIG_VARIANTS = (
     "llama3-top-original",
     "llama3-smooth",
 )
+# One fixture per family and per layout of it (see tests/README.md).
+FAMILIES = (
+    "gpt2-tiny",
+    "llama-tiny",
+    "llama3-rope",
+    "neox-tiny",
+    "qwen3-tiny",
+    "mistral-window",
+    "gemma2-tiny",
+    "gemma3-tiny",
+    "phi3-tiny",
+    "gemma2-pattern",
+    "gemma3-legacy",
+    "gemma3-multimodal",
+    "phi3-longrope",
+)
+
+
+# Six layers of peaked attention: transformers' own float32 forward is 1.6e-5 away from
+# this fixture's float64 attention (its float64 forward 7.5e-6), so float32 gets 2e-5.
+# Phi-3's long rope factors rotate by large angles, where float32 sine and cosine differ
+# between CPUs: 2 of 147,456 probabilities 1.4e-5 away on one (AMD EPYC), under 1e-5 on
+# another.
+ATTENTION_ATOL = {"gemma3-tiny": 2e-5, "phi3-longrope": 2e-5}
 
 
 def expected(name: str) -> dict:
@@ -52,6 +76,16 @@ def copy_checkpoint(name, tmp_path, config=None, tensors=None) -> Path:
     if tensors is not None:
         weights = load_file(folder / "model.safetensors")
         save_file(tensors(weights), folder / "model.safetensors")
+    return folder
+
+
+def copy_without(name, tmp_path, key):
+    """A copy of a fixture folder whose config.json leaves `key` out."""
+    folder = tmp_path / name
+    shutil.copytree(HF / name, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config[key]
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 

@@ -9,20 +9,20 @@ import pytest
 from beyondpar import checkpoints, pretrained
 from beyondpar.analysis import corpus
 from beyondpar.base import checks
-from beyondpar.pretrained import files, gguf_file
+from beyondpar.pretrained import gguf_file, hf_folder
 from beyondpar.study import config_lib, evaluate, workdir
 
 
 def _folder_with_config(path):
     path.mkdir()
-    (path / files.CONFIG).write_text("{}")
+    (path / hf_folder.CONFIG).write_text("{}")
     return path
 
 
 def _index_of_an_absent_shard(path):
     _folder_with_config(path)
     weight_map = {"weight_map": {"w": "model-00002-of-00002.safetensors"}}
-    (path / files.INDEX).write_text(json.dumps(weight_map))
+    (path / hf_folder.INDEX).write_text(json.dumps(weight_map))
     return path
 
 
@@ -35,9 +35,9 @@ MISSING = [
     ),
     (lambda p: pretrained.load("tiny-org/absent"), "neither a folder nor in the local"),
     (lambda p: pretrained.load(p), "checkpoint folder must hold config.json, got none"),
-    (lambda p: files.shard_files(_folder_with_config(p / "m")), "must hold model.safetensors"),
-    (lambda p: files.shard_files(_index_of_an_absent_shard(p / "m")), "shards that are absent"),
-    (lambda p: files.read_tokenizer(p), "must hold tokenizer.json, got none"),
+    (lambda p: hf_folder.shard_files(_folder_with_config(p / "m")), "must hold model.safetensors"),
+    (lambda p: hf_folder.shard_files(_index_of_an_absent_shard(p / "m")), "shards that are absent"),
+    (lambda p: hf_folder.read_tokenizer(p), "must hold tokenizer.json, got none"),
     (lambda p: evaluate.reference_files(p / "reference"), "reference folder must be an existing"),
     (lambda p: evaluate.reference_files(p), r"no <H>_heads_<task>.npz or .pt files"),
     (lambda p: evaluate.evaluate_tree(p / "runs"), "runs directory must be an existing"),

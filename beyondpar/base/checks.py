@@ -111,3 +111,20 @@ def boolean(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+def head_mask(mask, config):
+    """A head mask as a float array of shape (L, H) or (B, L, H) with entries in [0, 1],
+    for a model of `config.num_layers` layers of `config.num_heads` heads: the paper's
+    model and every pretrained family take the same masks."""
+    values = np.asarray(mask, np.float64)
+    want = (config.num_layers, config.num_heads)
+    if values.ndim not in (2, 3) or values.shape[-2:] != want:
+        raise ValueError(
+            f"head_mask must have shape (L, H) = {want} or (B, L, H), got shape {values.shape}"
+        )
+    if not np.all((values >= 0) & (values <= 1)):
+        raise ValueError(
+            f"head_mask entries must be in [0, 1], got range [{values.min()}, {values.max()}]"
+        )
+    return jnp.asarray(mask, jnp.result_type(float))

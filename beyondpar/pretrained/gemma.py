@@ -28,6 +28,8 @@ from beyondpar.pretrained.config_fields import field, one_of, positive_number
 MODEL_TYPES = ("gemma2", "gemma3_text", "gemma3")
 ROPE_TYPES = ("default", "linear")
 LAYER_TYPES = ("sliding_attention", "full_attention")
+_GGUF_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: every n-th layer is full
+_GGUF_LARGEST_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models: scaled by hidden / heads
 _SHARED_DEFAULTS = dict(
     hidden_size=2304,
     intermediate_size=9216,
@@ -269,3 +271,68 @@ out_kernel = llama.out_kernel
 
 def build(config: dict) -> Gemma:
     return Gemma(GemmaConfig.from_hf(config))
+
+
+def gguf_config(source) -> dict:
+    """The config.json of a gemma2 or gemma3 GGUF file (`source`, a GgufFile) as llama.cpp
+    runs it: scores scaled by key_length ** -0.5 (by (hidden / heads) ** -0.5 in the 27B
+    models: the converter keeps no query_pre_attn_scalar), sliding layers by
+    `attention.sliding_window_pattern` or the architecture's pattern, their rope base
+    `rope.freq_base_swa`; Gemma 2 soft-caps at 50 and 30 unless the file says otherwise,
+    Gemma 3 the final logits if it says."""
+    config = source.decoder_config()
+    if config["partial_rotary_factor"] != 1:
+        raise ValueError(
+            f"GGUF file {source.path}: {source.arch}.rope.dimension_count must equal "
+            f"{source.arch}.attention.key_length (transformers' Gemma turns every feature), "
+            f"got a share of {config['partial_rotary_factor']}"
+        )
+    gemma2, n = source.arch == "gemma2", config["num_hidden_layers"]
+    window = source.arch_value("attention.sliding_window", 4096 if gemma2 else 0)
+    largest = n == _GGUF_LARGEST_LAYERS[source.arch]
+    full = {"rope_type": "default", **(config.pop("rope_scaling") or {})}
+    full["rope_theta"] = config.pop("rope_theta")
+    sliding_theta = source.arch_value("rope.freq_base_swa", 10000.0)
+    if gemma2:
+        if source.arch_value("rope.freq_base_swa", full["rope_theta"]) != full["rope_theta"]:
+            raise ValueError(
+                f"GGUF file {source.path}: gemma2.rope.freq_base_swa must equal "
+                f"rope.freq_base={full['rope_theta']}, got {sliding_theta}"
+            )
+        rope = full
+    else:
+        rope = {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
+        }
+    final = source.arch_value("final_logit_softcapping", 30.0 if gemma2 else 0.0)
+    return {
+        **config,
+        "model_type": "gemma2" if gemma2 else "gemma3_text",
+        "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"]
+        if largest
+        else config["head_dim"],
+        "layer_types": _gguf_layer_types(source, n) if window else ["full_attention"] * n,
+        "sliding_window": window or None,
+        "rope_parameters": rope,
+        "attn_logit_softcapping": source.arch_value("attn_logit_softcapping", 50.0),
+        "final_logit_softcapping": final or None,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+
+
+def _gguf_layer_types(source, num_layers: int) -> list[str]:
+    """llama.cpp's sliding layers: one flag per layer, or a pattern n (layer i slides
+    when i % n < n - 1; 0: every layer slides)."""
+    default = _GGUF_SLIDING_PATTERN[source.arch]
+    pattern = source.arch_value("attention.sliding_window_pattern", default)
+    if isinstance(pattern, list):
+        if len(pattern) != num_layers:
+            raise ValueError(
+                f"GGUF file {source.path}: {source.arch}.attention.sliding_window_pattern must "
+                f"flag {num_layers} layers, got {len(pattern)}"
+            )
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(num_layers)]
+    return ["sliding_attention" if s else "full_attention" for s in sliding]

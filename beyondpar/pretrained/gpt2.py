@@ -143,3 +143,19 @@ def out_kernel(params, layer: int):
 
 def build(config: dict) -> Gpt2:
     return Gpt2(Gpt2Config.from_hf(config))
+
+
+def gguf_config(source) -> dict:
+    """The config.json of a gpt2 GGUF file (`source`: a GgufFile)."""
+    return {
+        "model_type": "gpt2",
+        "vocab_size": source.arch_value("vocab_size", len(source.value("tokenizer.ggml.tokens"))),
+        "n_positions": source.arch_value("context_length"),
+        "n_embd": source.arch_value("embedding_length"),
+        "n_layer": source.arch_value("block_count"),
+        "n_head": source.arch_value("attention.head_count"),
+        "n_inner": source.arch_value("feed_forward_length"),
+        "layer_norm_epsilon": source.arch_value("attention.layer_norm_epsilon"),
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": "output.weight" not in source.tensors,
+    }

@@ -199,3 +199,31 @@ def out_kernel(params, layer: int):
 
 def build(config: dict) -> Llama:
     return Llama(LlamaConfig.from_hf(config))
+
+
+def gguf_config(source) -> dict:
+    """The config.json of a llama, qwen2 or qwen3 GGUF file (`source`, a GgufFile) as
+    llama.cpp runs it: a recorded window on every layer (a windowed llama is Mistral),
+    its rotary share, and its per-frequency rope factors (`rope_freqs`)."""
+    config = source.decoder_config()
+    window = source.arch_value("attention.sliding_window", None)
+    if window and source.arch == "llama" and config["attention_bias"]:
+        raise ValueError(
+            f"GGUF file {source.path}: a llama model with attention biases must have no "
+            f"llama.attention.sliding_window (transformers' Llama has no window and its "
+            f"Mistral no biases), got a window of {window}"
+        )
+    if window:
+        config["sliding_window"] = window
+        config["model_type"] = "mistral" if source.arch == "llama" else source.arch
+        config["use_sliding_window"] = True
+        # A GGUF file keeps no max_window_layers: a recorded window is read as every
+        # layer's (llama.cpp windows no Qwen2 layer at all: it ignores the key).
+        config["max_window_layers"] = 0
+    if config["partial_rotary_factor"] != 1 and config["rope_scaling"] is None:
+        # llama.cpp turns `rope.dimension_count` features; transformers' Llama and Qwen
+        # read a partial factor only beside a scaled rope: linear by 1 is the default.
+        config["rope_scaling"] = {"rope_type": "linear", "factor": 1.0}
+    if "rope_freqs.weight" in source.tensors:
+        config["rope_freq_factors"] = source.dequantize("rope_freqs.weight").tolist()
+    return config

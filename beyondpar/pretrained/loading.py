@@ -23,7 +23,8 @@ import tqdm
 from jax.sharding import NamedSharding
 
 from beyondpar.base import checks, parallel
-from beyondpar.pretrained import files, gemma, gguf_file, gpt2, gpt_neox, llama, phi3, sharding
+from beyondpar.pretrained import gemma, gpt2, gpt_neox, hf_folder, llama, phi3, sharding
+from beyondpar.pretrained.gguf import reader as gguf_reader
 
 FAMILIES: dict[str, ModuleType] = {
     kind: fam for fam in (gpt2, gpt_neox, llama, gemma, phi3) for kind in fam.MODEL_TYPES
@@ -58,22 +59,22 @@ def load(path_or_name: str | os.PathLike, dtype=None, mesh=None, progress: bool 
     (`parallel.model_mesh`; default 1 x 1 on the first device) spreads them over devices;
     `progress` shows a bar over the parameters read (on a terminal).
     """
-    gguf_path = gguf_file.find(path_or_name)
+    gguf_path = gguf_reader.find(path_or_name)
     if gguf_path is not None:
         return load_gguf(gguf_path, dtype, mesh, progress)
-    folder = files.resolve(path_or_name)
-    module = build(files.read_config(folder))
-    tokenizer = files.read_tokenizer(folder)
-    shards = files.shard_files(folder)
+    folder = hf_folder.resolve(path_or_name)
+    module = build(hf_folder.read_config(folder))
+    tokenizer = hf_folder.read_tokenizer(folder)
+    shards = hf_folder.shard_files(folder)
     layouts = getattr(family(module), "CHECKPOINT_PREFIXES", ({},))
-    with files.Safetensors(shards) as source:
+    with hf_folder.Safetensors(shards) as source:
         params, _ = read_params(module, source, set(shards), dtype, mesh, progress, layouts)
     return module, params, tokenizer
 
 
 def load_gguf(path: str | os.PathLike, dtype=None, mesh=None, progress: bool = True):
     """(module, params, tokenizer) of a GGUF file, dequantised tensor by tensor."""
-    source = gguf_file.GgufFile(gguf_file.find(path) or _not_gguf(path))
+    source = gguf_reader.GgufFile(gguf_reader.find(path) or _not_gguf(path))
     config = source.config()
     try:
         module = build(config)
@@ -96,14 +97,14 @@ def fingerprint(path_or_name: str | os.PathLike) -> str:
     A run resumed on a model changed in place (re-quantised, fine-tuned, another model
     copied over it, a cache name whose snapshot moved) sees another fingerprint, without
     reading every byte of a large model; a GGUF file is the same model under any name."""
-    gguf_path = gguf_file.find(path_or_name)
+    gguf_path = gguf_reader.find(path_or_name)
     if gguf_path is not None:
         named = [(b"", gguf_path)]
     else:
-        folder = files.resolve(path_or_name)
-        weights = sorted(set(files.shard_files(folder).values()))
-        named = [(p.name.encode(), p) for p in [folder / files.CONFIG, folder / files.TOKENIZER]]
-        named += [(p.name.encode(), p) for p in weights]
+        folder = hf_folder.resolve(path_or_name)
+        weights = sorted(set(hf_folder.shard_files(folder).values()))
+        read = [folder / hf_folder.CONFIG, folder / hf_folder.TOKENIZER, *weights]
+        named = [(p.name.encode(), p) for p in read]
     digest = hashlib.sha256()
     for name, path in named:
         size = path.stat().st_size

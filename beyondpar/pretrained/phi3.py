@@ -156,3 +156,22 @@ def row_order(path: tuple[str, ...], config: Phi3Config) -> np.ndarray | None:
 
 def build(config: dict) -> Phi3:
     return Phi3(Phi3Config.from_hf(config))
+
+
+def gguf_config(source) -> dict:
+    """The config.json of a phi3 GGUF file (`source`, a GgufFile): its window (0: none),
+    and longrope from the rope_factors_long/short tensors with the stored attention
+    factor and original context length."""
+    config = source.decoder_config()
+    config["sliding_window"] = source.arch_value("attention.sliding_window", 0) or None
+    config["original_max_position_embeddings"] = source.arch_value(
+        "rope.scaling.original_context_length", 4096
+    )
+    if "rope_factors_long.weight" in source.tensors:
+        config["rope_scaling"] = {
+            "rope_type": "longrope",
+            "long_factor": source.dequantize("rope_factors_long.weight").tolist(),
+            "short_factor": source.dequantize("rope_factors_short.weight").tolist(),
+            "attention_factor": source.arch_value("rope.scaling.attn_factor", 1.0),
+        }
+    return config

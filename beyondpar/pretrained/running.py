@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondpar import graphs
-from beyondpar import model as model_lib
-from beyondpar.base import parallel
+from beyondpar.base import checks, parallel
 from beyondpar.pretrained.loading import family, layer_name
 
 
@@ -38,10 +37,10 @@ def check_tokens(module, tokens_BxT) -> np.ndarray:
 
 def check_head_mask(module, head_mask):
     """A head mask as float32 (L, H) or (B, L, H) with entries in [0, 1]; None stays None.
-    The same rules as the paper's model (`beyondpar.model.check_head_mask`)."""
+    The same rules as the paper's model (`checks.head_mask`)."""
     if head_mask is None:
         return None
-    return model_lib.check_head_mask(head_mask, module.config).astype(jnp.float32)
+    return checks.head_mask(head_mask, module.config).astype(jnp.float32)
 
 
 def apply_with_attention(module, params, tokens_BxT, head_mask=None):

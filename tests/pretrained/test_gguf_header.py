@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf_export import export
 
-from beyondpar.pretrained import gguf_header
+from beyondpar.pretrained.gguf import header as gguf_header
 from conftest import DATA, SMOLLM2_GGUF, needs_smollm2
 
 HF = DATA / "hf"

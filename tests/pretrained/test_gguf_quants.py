@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 
-from beyondpar.pretrained import gguf_quants
+from beyondpar.pretrained.gguf import quants as gguf_quants
 
 Q = gguf.GGMLQuantizationType
 QUANTISED = [q for q in gguf_quants.KERNELS if q in gguf_quants.FLOAT16_FIELDS]

@@ -9,7 +9,8 @@ import json
 import gguf
 import pytest
 
-from beyondpar.pretrained import gguf_file, gguf_tokenizer
+from beyondpar.pretrained.gguf import reader as gguf_reader
+from beyondpar.pretrained.gguf import tokenizer as gguf_tokenizer
 from conftest import DATA
 
 FIXTURES = DATA / "gguf_tokenizer"
@@ -57,7 +58,7 @@ def with_metadata(path, tmp_path, **changes):
 
 
 def tokenizer(path):
-    return gguf_file.GgufFile(path).tokenizer()
+    return gguf_reader.GgufFile(path).tokenizer()
 
 
 def ids(tok, text, special=False):

@@ -1,6 +1,7 @@
-"""The loader: parameter shapes traced block by block, GGUF files read by threads into
-the same names, values and config as the reference reader's (`reference_gguf`, one
-tensor at a time by the `gguf` package), the progress bar, errors."""
+"""The loader: every family's fixture against transformers' numbers, config fields read
+as transformers reads them, dtypes, parameter shapes traced block by block, GGUF files
+read by threads into the same names, values and config as the reference reader's
+(`reference_gguf`, one tensor at a time by the `gguf` package), the progress bar, errors."""
 
 import dataclasses
 
@@ -9,14 +10,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf_export import export
-from hf_fixtures import copy_checkpoint, expected
+from hf_fixtures import (
+    ATTENTION_ATOL,
+    CONFIG_VARIANTS,
+    FAMILIES,
+    copy_checkpoint,
+    expected,
+)
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
 from beyondpar.benchmarks import gguf_models, reference_gguf
-from beyondpar.pretrained import files, gguf_file, gguf_quants, loading, sharding
+from beyondpar.pretrained import hf_folder, loading, sharding
+from beyondpar.pretrained.gguf import quants as gguf_quants
+from beyondpar.pretrained.gguf import reader as gguf_reader
 from conftest import DATA
 
 HF = DATA / "hf"
@@ -52,12 +61,12 @@ def full_trace_shapes(module):
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_block_by_block_shapes_are_the_whole_networks(name):
-    module = pretrained.build(files.read_config(HF / name))
+    module = pretrained.build(hf_folder.read_config(HF / name))
     assert pretrained.parameter_shapes(module) == full_trace_shapes(module)
 
 
 def test_shapes_of_layers_with_different_blocks():
-    config = files.read_config(HF / "qwen3-tiny")
+    config = hf_folder.read_config(HF / "qwen3-tiny")
     config.update(
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=4,
@@ -94,15 +103,15 @@ def test_a_row_order_must_name_every_stored_row(tmp_path):
     from a safetensors file and from a GGUF one; a tensor GGUF stores transposed (GPT-2's
     Conv1D) takes none."""
     name = "model.layers.0.self_attn.qkv_proj.weight"
-    with files.Safetensors(files.shard_files(HF / "phi3-tiny")) as source:
+    with hf_folder.Safetensors(hf_folder.shard_files(HF / "phi3-tiny")) as source:
         rows = source.tensor(name).shape[0]
         message = rf"tensor '{name}' must have {rows - 1} rows, got {rows}"
         with pytest.raises(ValueError, match=message):
             source.read(name, True, order=np.arange(rows - 1))
-    phi3 = gguf_file.GgufFile(export(HF / "phi3-tiny", tmp_path / "phi3.gguf"))
+    phi3 = gguf_reader.GgufFile(export(HF / "phi3-tiny", tmp_path / "phi3.gguf"))
     with pytest.raises(ValueError, match=rf"must have {rows + 1} rows, got {rows}"):
         phi3.read(name, True, order=np.arange(rows + 1))
-    gpt2 = gguf_file.GgufFile(export(HF / "gpt2-tiny", tmp_path / "gpt2.gguf"))
+    gpt2 = gguf_reader.GgufFile(export(HF / "gpt2-tiny", tmp_path / "gpt2.gguf"))
     with pytest.raises(ValueError, match="'h.0.attn.c_attn.weight' is stored transposed"):
         gpt2.read("h.0.attn.c_attn.weight", False, order=np.arange(96))
 
@@ -162,7 +171,7 @@ def test_bfloat16_is_the_reference_readers_cast(qwen2_gguf, monkeypatch, kernels
 def test_one_thread_or_many_read_the_same(qwen2_gguf, monkeypatch):
     monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     _, many, _ = pretrained.load(qwen2_gguf, progress=False)
-    monkeypatch.setattr(gguf_file.GgufFile, "workers", 1)
+    monkeypatch.setattr(gguf_reader.GgufFile, "workers", 1)
     _, one, _ = pretrained.load(qwen2_gguf, progress=False)
     for key, value in leaves(one).items():
         np.testing.assert_array_equal(value, leaves(many)[key])
@@ -202,7 +211,7 @@ def test_progress_bar_counts_every_parameter_and_finishes(qwen2_gguf, monkeypatc
 
 
 def test_a_failing_tensor_stops_the_load_with_its_error(qwen2_gguf, monkeypatch):
-    read = gguf_file.GgufFile.read
+    read = gguf_reader.GgufFile.read
     calls = []
 
     def failing(self, name, transpose, dtype=None, order=None):
@@ -211,7 +220,7 @@ def test_a_failing_tensor_stops_the_load_with_its_error(qwen2_gguf, monkeypatch)
             raise ValueError(f"tensor {name!r} cannot be read: test")
         return read(self, name, transpose, dtype, order)
 
-    monkeypatch.setattr(gguf_file.GgufFile, "read", failing)
+    monkeypatch.setattr(gguf_reader.GgufFile, "read", failing)
     with pytest.raises(ValueError, match="'model.layers.1.mlp.up_proj.weight' cannot be read"):
         pretrained.load(qwen2_gguf, progress=False)
 
@@ -220,7 +229,7 @@ def test_a_broken_tokenizer_stops_the_load(qwen2_gguf, monkeypatch):
     def broken(self):
         raise ValueError("tokenizer.ggml.model must be 'gpt2' (test)")
 
-    monkeypatch.setattr(gguf_file.GgufFile, "tokenizer", broken)
+    monkeypatch.setattr(gguf_reader.GgufFile, "tokenizer", broken)
     with pytest.raises(ValueError, match=r"tokenizer.ggml.model must be 'gpt2' \(test\)"):
         pretrained.load(qwen2_gguf, progress=False)
 
@@ -250,7 +259,7 @@ def test_a_size_of_zero_in_the_config_is_named_and_one_builds(name, attribute):
     """Layer, feature, position and token counts describe no model at 0 (a network of no
     layers would run as an embedding and a head alone): the field is named with its value.
     1, the smallest size, builds a model of exactly that size."""
-    config = files.read_config(HF / "llama-tiny")
+    config = hf_folder.read_config(HF / "llama-tiny")
     with pytest.raises(ValueError, match=rf"'{name}' must be an integer >= 1, got 0"):
         pretrained.build({**config, name: 0})
     with pytest.raises(ValueError, match=rf"'{name}' must be an integer >= 1, got -2"):
@@ -260,10 +269,10 @@ def test_a_size_of_zero_in_the_config_is_named_and_one_builds(name, attribute):
 
 
 def test_kernels_are_compiled_only_for_shapes_with_many_values(qwen2_gguf, monkeypatch):
-    source = gguf_file.GgufFile(qwen2_gguf)
+    source = gguf_reader.GgufFile(qwen2_gguf)
     assert source._compiled == set()  # 0.2M values in all: NumPy is quicker than compiling
     monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 6 * 256 * 64)  # gate and up
-    source = gguf_file.GgufFile(qwen2_gguf)
+    source = gguf_reader.GgufFile(qwen2_gguf)
     assert {(q.name, r, c) for q, r, c in source._compiled} == {("Q5_0", 256, 64)}
     assert isinstance(source.read("model.layers.2.mlp.up_proj.weight", True), jax.Array)
     assert isinstance(source.read("lm_head.weight", False), np.ndarray)
@@ -307,13 +316,13 @@ def test_fingerprint_follows_the_files_load_reads_not_their_folder(tmp_path, qwe
     shutil.copytree(HF / "gpt2-tiny", copy)
     assert pretrained.fingerprint(copy) == tiny
     assert pretrained.fingerprint(HF / "gpt2-untied") != tiny
-    weights = copy / files.WEIGHTS
+    weights = copy / hf_folder.WEIGHTS
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # the last byte of the last tensor
     weights.write_bytes(bytes(data))
     assert pretrained.fingerprint(copy) != tiny
-    (copy / files.CONFIG).write_text((HF / "gpt2-tiny" / files.CONFIG).read_text() + " ")
-    weights.write_bytes((HF / "gpt2-tiny" / files.WEIGHTS).read_bytes())
+    (copy / hf_folder.CONFIG).write_text((HF / "gpt2-tiny" / hf_folder.CONFIG).read_text() + " ")
+    weights.write_bytes((HF / "gpt2-tiny" / hf_folder.WEIGHTS).read_bytes())
     assert pretrained.fingerprint(copy) != tiny  # the config's size changed
     renamed = tmp_path / "renamed.gguf"
     shutil.copyfile(qwen2_gguf, renamed)
@@ -342,6 +351,98 @@ def test_fingerprint_covers_the_tokenizer_of_a_folder(tmp_path):
     tiny = pretrained.fingerprint(HF / "gpt2-tiny")
     copy = tmp_path / "copy"
     shutil.copytree(HF / "gpt2-tiny", copy)
-    tokenizer = copy / files.TOKENIZER
+    tokenizer = copy / hf_folder.TOKENIZER
     tokenizer.write_text(tokenizer.read_text() + " ")
     assert pretrained.fingerprint(copy) != tiny
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_parity_with_transformers(name):
+    exp = expected(name)
+    module, params, tokenizer = pretrained.load(HF / name)
+    ids = tokenizer.encode(str(exp["text"])).ids
+    np.testing.assert_array_equal(ids[: exp["tokens"].shape[1]], exp["tokens"][0])
+    logits, attn = pretrained.apply_with_attention(module, params, exp["tokens"])
+    assert attn.dtype == jnp.float32 and attn.shape == exp["attention"].shape
+    np.testing.assert_allclose(logits, exp["logits"], atol=1e-4)
+    np.testing.assert_allclose(attn, exp["attention"], atol=ATTENTION_ATOL.get(name, 1e-5))
+
+
+@pytest.mark.parametrize("name", CONFIG_VARIANTS)
+def test_config_fields_are_read_as_transformers_reads_them(name):
+    """Fixtures whose config.json holds a field as real checkpoints write it, where
+    reading it another way changes every output (see `hf_fixtures.CONFIG_VARIANTS`). In
+    float64, so that what is compared is the model each config describes."""
+    exp = expected(name)
+    module, params, _ = pretrained.load(HF / name, jnp.float64)
+    logits, attn = pretrained.apply_with_attention(module, params, exp["tokens"])
+    np.testing.assert_allclose(logits, exp["logits"], atol=1e-4)
+    np.testing.assert_allclose(attn, exp["attention"], atol=1e-5)
+
+
+def test_bf16_stays_bf16_and_attention_is_float32(tmp_path):
+    def to_bf16(weights):
+        return {k: v.astype(jnp.bfloat16) for k, v in weights.items()}
+
+    folder = copy_checkpoint("llama-tiny", tmp_path, tensors=to_bf16)
+    module, params, _ = pretrained.load(folder)
+    assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    logits, attn = pretrained.apply_with_attention(module, params, expected("llama-tiny")["tokens"])
+    assert attn.dtype == jnp.float32 and logits.dtype == jnp.bfloat16
+    np.testing.assert_allclose(attn.sum(-1), 1.0, rtol=1e-6)
+    assert np.abs(np.asarray(attn) - expected("llama-tiny")["attention"]).max() < 0.1
+    _, params32, _ = pretrained.load(folder, jnp.float32)
+    assert {p.dtype for p in jax.tree.leaves(params32)} == {jnp.dtype(jnp.float32)}
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ({"model_type": "bert"}, r"'model_type' must be one of .*, got 'bert'"),
+        (
+            {"rope_parameters": {"rope_type": "yarm", "rope_theta": 1e4}},
+            r"'rope_type' must be one of \['default', 'dynamic', 'linear', 'llama3', 'yarn'\], "
+            "got 'yarm'",
+        ),
+        ({"num_key_value_heads": 3}, "'num_key_value_heads' must divide num_attention_heads=4"),
+        ({"hidden_act": "tanh"}, r"'hidden_act' must be one of .*, got 'tanh'"),
+    ],
+)
+def test_bad_configs_name_the_field(config, message, tmp_path):
+    folder = copy_checkpoint("llama-tiny", tmp_path, config)
+    with pytest.raises(ValueError, match=message):
+        pretrained.load(folder)
+
+
+def test_wrong_tensor_shape_is_named(tmp_path):
+    def shrink(weights):
+        weights["transformer.h.1.mlp.c_fc.weight"] = weights["transformer.h.1.mlp.c_fc.weight"][
+            :, :64
+        ]
+        return weights
+
+    folder = copy_checkpoint("gpt2-tiny", tmp_path, tensors=shrink)
+    with pytest.raises(
+        ValueError,
+        match=r"'transformer.h.1.mlp.c_fc.weight' must have shape \(32, 128\), got \(32, 64\)",
+    ):
+        pretrained.load(folder)
+
+
+@pytest.mark.parametrize(
+    "name,field",
+    [
+        ("gpt2-tiny", "layer_norm_epsilon"),
+        ("llama-tiny", "rms_norm_eps"),
+        ("neox-tiny", "layer_norm_eps"),
+        ("qwen3-tiny", "rms_norm_eps"),
+    ],
+)
+def test_norm_epsilon_is_read_from_config(tmp_path, name, field):
+    """A large epsilon changes every norm's output: the config's value must reach the
+    module (the fixtures use the defaults, which a misspelt field would fall back to)."""
+    folder = copy_checkpoint(name, tmp_path, {field: 0.5})
+    module, params, _ = pretrained.load(folder)
+    assert module.config.eps == 0.5
+    logits, _ = pretrained.apply_with_attention(module, params, expected(name)["tokens"])
+    assert np.abs(np.asarray(logits) - expected(name)["logits"]).max() > 1e-3

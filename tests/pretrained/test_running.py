@@ -1,9 +1,14 @@
-"""Running a loaded checkpoint: per-sequence head masks one layer at a time, head
-importances of the attention output projection, and token placement on a mesh."""
+"""Running a loaded checkpoint: one layer at a time equal to the whole forward, head
+masks (per sequence too), texts too long, head importances of the attention output
+projection, and token placement on a mesh."""
+
+import json
+import shutil
 
 import jax
 import numpy as np
 import pytest
+from hf_fixtures import ATTENTION_ATOL, FAMILIES, HF, expected
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
@@ -116,3 +121,93 @@ def test_gather_heads_on_a_mesh_over_part_of_the_devices_divides_by_every_device
         assert {s.data.shape for s in gathered.addressable_shards} == {shard_shape}
         assert gathered.devices() == (placed_on or {mesh.devices.flat[0]})
         np.testing.assert_array_equal(np.asarray(gathered), _attention(batch))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_layer_by_layer_equals_the_whole_forward(name):
+    exp = expected(name)
+    module, params, _ = pretrained.load(HF / name)
+    layers = pretrained.layer_by_layer(module, params, exp["tokens"][:1])
+    got = []
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            got.append(next(layers))
+    assert [i for i, _ in got] == list(range(module.config.num_layers))
+    atol = ATTENTION_ATOL.get(name, 1e-5)
+    np.testing.assert_allclose(np.stack([a for _, a in got], 1), exp["attention"][:1], atol=atol)
+    np.testing.assert_allclose(stop.value.value, exp["logits"][:1], atol=1e-4)
+
+
+def test_texts_longer_than_the_context_are_errors():
+    module, params, _ = pretrained.load(HF / "gpt2-tiny")
+    with pytest.raises(ValueError, match="at most the model's context of 64 tokens, got 65"):
+        pretrained.apply_with_attention(module, params, np.zeros((1, 65), int))
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 300\), got \[0, 300\]"):
+        pretrained.apply_with_attention(module, params, np.array([[0, 300]]))
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "neox-tiny", "qwen3-tiny"])
+def test_head_mask_of_ones_is_the_model_and_zero_removes_the_head(tmp_path, name):
+    """All ones: the same logits to the bit. A zero for head h of layer 0 equals zeroing
+    the output projection's input features of that head in the checkpoint."""
+    module, params, _ = pretrained.load(HF / name)
+    tokens = expected(name)["tokens"]
+    cfg = module.config
+    plain, attn = pretrained.apply_with_attention(module, params, tokens)
+    ones = np.ones((cfg.num_layers, cfg.num_heads))
+    masked, attn_ones = pretrained.apply_with_attention(module, params, tokens, ones)
+    np.testing.assert_array_equal(plain, masked)
+    mask = ones.copy()
+    mask[0, 1] = 0
+    got, _ = pretrained.apply_with_attention(module, params, tokens, mask)
+    fam = pretrained.family(module)
+    kernel = np.array(fam.out_kernel(params, 0))
+    d = kernel.shape[0] // cfg.num_heads
+    kernel[d : 2 * d] = 0
+    edited = jax.tree.map(lambda x: x, params)
+    layer = pretrained.layer_name(module, 0)
+    out_name = {"gpt2-tiny": "c_proj", "neox-tiny": "dense", "qwen3-tiny": "o_proj"}[name]
+    edited[layer] = {**params[layer], out_name: {**params[layer][out_name], "kernel": kernel}}
+    want, _ = pretrained.apply_with_attention(module, edited, tokens)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.abs(np.asarray(got) - np.asarray(plain)).max() > 1e-3
+    per_sequence = np.stack([ones, mask])
+    both, _ = pretrained.apply_with_attention(module, params, tokens, per_sequence)
+    np.testing.assert_allclose(both[0], plain[0], atol=1e-6)
+    np.testing.assert_allclose(both[1], want[1], atol=1e-5)
+    layers = pretrained.layer_by_layer(module, params, tokens, mask)
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            next(layers)
+    np.testing.assert_allclose(stop.value.value, want, atol=1e-5)
+
+
+def test_bad_head_masks_are_named():
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    tokens = expected("llama-tiny")["tokens"]
+    with pytest.raises(ValueError, match=r"head_mask must have shape \(L, H\) = \(2, 4\)"):
+        pretrained.apply_with_attention(module, params, tokens, np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"head_mask entries must be in \[0, 1\], got range"):
+        pretrained.apply_with_attention(module, params, tokens, 2 * np.ones((2, 4)))
+
+
+def test_layer_by_layer_gives_each_layer_its_own_window(tmp_path):
+    """Layer 0 full, layer 1 a 4-token window (`layer_types`): going one layer at a time
+    must build each layer with its own window, as the whole model does."""
+    folder = tmp_path / "windowed"
+    shutil.copytree(HF / "llama-tiny", folder)
+    config = json.loads((folder / "config.json").read_text())
+    # Mistral: Llama itself has no window, whatever `layer_types` says.
+    config.update(
+        model_type="mistral", layer_types=["full_attention", "sliding_attention"], sliding_window=4
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    module, params, _ = pretrained.load(folder)
+    tokens = np.arange(1, 17)[None] % module.config.vocab_size
+    _, whole = pretrained.apply_with_attention(module, params, tokens)
+    run = pretrained.layer_by_layer(module, params, tokens)
+    i, j = np.indices((16, 16))
+    for layer, attn in run:
+        np.testing.assert_allclose(attn, whole[:, layer], atol=1e-6)
+        beyond = np.asarray(attn)[..., i - j >= 4]
+        assert (beyond > 0).any() if layer == 0 else not beyond.any(), layer

@@ -16,7 +16,8 @@ from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
-from beyondpar.pretrained import files, gguf_quants, sharding
+from beyondpar.pretrained import hf_folder, sharding
+from beyondpar.pretrained.gguf import quants as gguf_quants
 from conftest import DATA
 
 HF = DATA / "hf"
@@ -60,7 +61,7 @@ def unsharded():
 
 
 def test_every_fixture_and_family_is_checked():
-    families = {type(pretrained.build(files.read_config(HF / n))).__name__ for n in FIXTURES}
+    families = {type(pretrained.build(hf_folder.read_config(HF / n))).__name__ for n in FIXTURES}
     assert families == {"Gpt2", "GptNeox", "Llama", "Gemma", "Phi3"} and len(FIXTURES) == 13
 
 
@@ -175,7 +176,7 @@ def test_gguf_loads_straight_onto_the_mesh(tmp_path, monkeypatch, name):
         module, params, pretrained.place_tokens(params, tokens)
     )
     np.testing.assert_allclose(got, want, atol=atol(name, "logits"))
-    if name != "gemma3-legacy":  # llama.cpp runs Gemma 3 its own way (test_gguf_file)
+    if name != "gemma3-legacy":  # llama.cpp runs Gemma 3 its own way (test_gguf_reader)
         np.testing.assert_allclose(got[:2], expected(name)["logits"], atol=5e-3)
 
 

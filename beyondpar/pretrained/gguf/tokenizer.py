@@ -26,6 +26,8 @@ from __future__ import annotations
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, processors
 from tokenizers import pre_tokenizers as pre
 
+from beyondpar.base import checks
+
 # llama.cpp's regexes (src/llama-vocab.cpp); GPT-2's carries the final `|\s+` that
 # llama.cpp's own matcher for it applies.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -133,12 +135,7 @@ def _tokens(source) -> list[str]:
 
 def _pre_tokenizer_name(source) -> str:
     style = source.value("tokenizer.ggml.pre", "default")
-    if style not in SPLITS:
-        raise ValueError(
-            f"GGUF file {source.path}: tokenizer.ggml.pre must be one of "
-            f"{list(PRE_TOKENIZERS)}, got {style!r}"
-        )
-    return style
+    return checks.one_of(f"GGUF file {source.path}: tokenizer.ggml.pre", style, list(SPLITS))
 
 
 def _split_merge(merge: str) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""Checkpoint folders on disk: cache lookup, config.json, safetensors shards, tokenizer.json.
+"""Hugging Face checkpoint folders on disk: cache lookup, config.json, safetensors shards,
+tokenizer.json.
 
 Nothing is downloaded. A model name is looked up in the local Hugging Face cache, laid
 out as `models--org--name/refs/main` (a commit hash) -> `snapshots/<hash>/`.
@@ -8,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import re
 from pathlib import Path
 
 import numpy as np
 
-from beyondpar.base import checks
+from beyondpar.base import checks, files
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -70,24 +70,14 @@ def read_config(folder: Path) -> dict:
     path = folder / CONFIG
     if not path.is_file():
         raise checks.path_error(path, f"checkpoint folder must hold {CONFIG}, got none in {folder}")
-    config = _read_json(path)
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
-    return config
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    return files.read_json(path)
 
 
 def shard_files(folder: Path) -> dict[str, Path]:
     """tensor name -> file holding it: one model.safetensors or the shards of the index."""
     index = folder / INDEX
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = files.read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index} must map tensor names to files under 'weight_map'")
         shards = {name: folder / file for name, file in weight_map.items()}

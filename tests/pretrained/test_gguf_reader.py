@@ -15,7 +15,8 @@ from hf_fixtures import HF, copy_checkpoint, expected
 from safetensors.numpy import load_file
 
 from beyondpar import pretrained
-from beyondpar.pretrained import gguf_file, gguf_quants
+from beyondpar.pretrained.gguf import quants as gguf_quants
+from beyondpar.pretrained.gguf import reader as gguf_reader
 
 Q = gguf.GGMLQuantizationType
 # Round-off of each type on these weights: the logits' worst deviation it allows.
@@ -84,7 +85,7 @@ def package_params(path, module) -> dict:
     `gguf` package's values, 1 taken off Gemma's norms, Phi-3's rows grouped, kernels
     transposed."""
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
-    names = gguf_file.GgufFile(path).hf_names()
+    names = gguf_reader.GgufFile(path).hf_names()
     fam = pretrained.family(module)
     out = {}
     for keys in pretrained.parameter_shapes(module):
@@ -119,7 +120,7 @@ def test_new_architectures_read_the_packages_values_with_their_fix_ups(
     path = export(HF / name, tmp_path / "model.gguf", qtype)
     module, params, _ = pretrained.load(path, progress=False)
     part = "qkv_proj" if name.startswith("phi3") else "q_proj"
-    read = gguf_file.GgufFile(path).read(f"model.layers.1.self_attn.{part}.weight", True)
+    read = gguf_reader.GgufFile(path).read(f"model.layers.1.self_attn.{part}.weight", True)
     assert isinstance(read, jax.Array) == kernels  # the kernel ran, or the package's code
     want = package_params(path, module)
     flat = {tuple(k.key for k in p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
@@ -178,11 +179,11 @@ def test_gemma_norms_are_stored_plus_one_and_read_back(tmp_path):
     """llama.cpp's converter adds 1 to every Gemma norm weight (q/k norms too); reading
     takes it off again."""
     path = export(HF / "gemma3-tiny", tmp_path / "model.gguf")
-    source = gguf_file.GgufFile(path)
+    source = gguf_reader.GgufFile(path)
     hf = load_file(HF / "gemma3-tiny" / "model.safetensors")
     names = source.hf_names()
     for name in ("model.layers.2.post_feedforward_layernorm.weight", "model.norm.weight"):
-        np.testing.assert_allclose(source._dequantize(names[name]), hf[name] + 1, atol=1e-7)
+        np.testing.assert_allclose(source.dequantize(names[name]), hf[name] + 1, atol=1e-7)
     name = "model.layers.2.self_attn.k_norm.weight"
     got = dict(source.read_tensors([name]))[name]
     np.testing.assert_allclose(got, hf[name], atol=1e-6)
@@ -221,10 +222,10 @@ def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
     """llama.cpp interleaves the rotary pairs of Llama's q/k rows and leaves Qwen's (its
     NEOX rotary) alone: reading the Llama file without undoing it gives other attention."""
     path = export(HF / "llama-tiny", tmp_path / "llama.gguf")
-    source = gguf_file.GgufFile(path)
+    source = gguf_reader.GgufFile(path)
     names = source.hf_names()
     q = dict(source.read_tensors(["model.layers.0.self_attn.q_proj.weight"]))
-    raw = source._dequantize(names["model.layers.0.self_attn.q_proj.weight"])
+    raw = source.dequantize(names["model.layers.0.self_attn.q_proj.weight"])
     hf = load_file(HF / "llama-tiny" / "model.safetensors")
     np.testing.assert_array_equal(
         q["model.layers.0.self_attn.q_proj.weight"], hf["model.layers.0.self_attn.q_proj.weight"]
@@ -332,7 +333,7 @@ def test_unsupported_gguf_files_are_named(tmp_path, change, message):
 @pytest.mark.parametrize("value", [True, 2.0, -1])
 def test_a_gguf_count_that_is_not_a_positive_integer_is_named(tmp_path, value):
     path = export(HF / "llama-tiny", tmp_path / "model.gguf")
-    source = gguf_file.GgufFile(path)
+    source = gguf_reader.GgufFile(path)
     assert source.arch_value("attention.head_count") == 4
     source.header.metadata["llama.attention.head_count"] = value
     with pytest.raises(ValueError) as err:
@@ -454,7 +455,7 @@ def test_a_quantisation_the_package_cannot_dequantise_is_named(tmp_path):
 )
 def test_gguf_metadata_becomes_the_config_llama_cpp_runs(tmp_path, name, change, field, want):
     path = rewrite(export(HF / name, tmp_path / "model.gguf"), tmp_path, lambda r: dict(change))
-    assert gguf_file.GgufFile(path).config()[field] == want
+    assert gguf_reader.GgufFile(path).config()[field] == want
 
 
 def test_a_llama_file_turning_part_of_each_head_is_the_scaled_rope_that_reads_the_share(tmp_path):
@@ -480,9 +481,9 @@ def test_a_gguf_the_system_cannot_read_is_a_value_error_naming_the_file(tmp_path
     def refuse(p):
         raise PermissionError(13, "Permission denied", str(p))
 
-    monkeypatch.setattr(gguf_file.gguf_header, "read", refuse)
+    monkeypatch.setattr(gguf_reader.header, "read", refuse)
     with pytest.raises(ValueError, match=rf"GGUF file {path} cannot be read") as info:
-        gguf_file.GgufFile(path)
+        gguf_reader.GgufFile(path)
     assert isinstance(info.value.__cause__, PermissionError)
 
 
@@ -490,5 +491,5 @@ def test_find_expands_a_home_folder_path(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "m.gguf").write_bytes(b"")
-    assert gguf_file.find("~/models/m.gguf") == tmp_path / "models" / "m.gguf"
-    assert gguf_file.find("~/models") == tmp_path / "models" / "m.gguf"
+    assert gguf_reader.find("~/models/m.gguf") == tmp_path / "models" / "m.gguf"
+    assert gguf_reader.find("~/models") == tmp_path / "models" / "m.gguf"
