@@ -4,7 +4,6 @@ every per-layer analysis on except the optimal-weight search, timed part by part
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 
@@ -14,6 +13,7 @@ import numpy as np
 from beyondpar import measure
 from beyondpar.analysis import corpus, corpus_report, statistics
 from beyondpar.analysis import windows as windows_lib
+from beyondpar.base import settings
 from beyondpar.base.timing import Timer, timed
 from beyondpar.benchmarks.machine import matmul_flops_per_s, peak_rss_gb
 from beyondpar.benchmarks.models import SMOLLM2_135M, random_model
@@ -63,7 +63,7 @@ def corpus_suite(
         list(range(windows)),
         spec,
         batch_size,
-        lambda i, line: records.__setitem__(i, json.loads(json.dumps(line))),
+        lambda i, line: records.__setitem__(i, settings.json_form(line)),
         timer=timer,
         progress=True,  # a pass takes minutes: a bar on stderr, the figures on stdout
     )

@@ -9,7 +9,6 @@ workdir: `base.locks.lock`.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -50,7 +49,7 @@ def read_config(path: str | os.PathLike) -> dict:
 def prepare(path: str | os.PathLike, config: ml_collections.ConfigDict, step: int) -> None:
     """Write config.json for a new run, or check and record a resumed run's changes."""
     path = Path(path)
-    new = json.loads(json.dumps(config.to_dict()))  # as config.json would hold it
+    new = settings.json_form(config.to_dict())  # as config.json would hold it
     if not (path / CONFIG_FILE).exists():
         files.write_json(path / CONFIG_FILE, new)
         return
