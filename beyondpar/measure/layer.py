@@ -65,8 +65,9 @@ def operator_fields(ops_xTxT, spec: MeasureSpec, validate: bool = True) -> dict:
 def _operator_sweep(
     ops_xTxT, spec: MeasureSpec, validate: bool = True, signal: bool = False, causal=None
 ):
-    """(`operator_fields`, sink signals ...x horizon x T or None): both walks and the
-    fidelity in one kernel pass. `causal`: as in `metrics.metrics_by_walk`."""
+    """(`operator_fields`, sink signals ...x horizon x T or None, node fidelity ...x T):
+    both walks and the fidelity in one kernel pass. `causal`: as in
+    `metrics.metrics_by_walk`."""
     by_walk, signals = metrics.metrics_by_walk(
         ops_xTxT,
         spec.horizon,
@@ -87,9 +88,13 @@ def _operator_sweep(
         norm.hitting_time,
         norm.tv_mixing_time,
         norm.spectral_mixing_time,
+        ref.tv_mixing_time,
+        ref.spectral_mixing_time,
+        ref.spectral_radius,
+        norm.spectral_radius,
     )  # in the order of record.OPERATOR_FIELDS
     fields = {name: np.asarray(v) for name, v in zip(record.OPERATOR_FIELDS, values, strict=True)}
-    return fields, signals
+    return fields, signals, node
 
 
 def baseline(num_tokens: int, spec: MeasureSpec) -> dict[str, float]:
@@ -168,10 +173,10 @@ def _analyze_graph(
     with timer.part("per-head and mixed metrics"):
         # Mixes and heads in two kernel calls: one batch of both would copy the layer.
         # The sink signals of the first mix and of every head give the cross-head share.
-        mixed, mix_signals = _operator_sweep(
+        mixed, mix_signals, mix_nodes = _operator_sweep(
             _mix(mixes, attn), spec, validate=False, signal=True, causal=causal
         )
-        heads, signals = _operator_sweep(attn, spec, validate=False, signal=True, causal=causal)
+        heads, signals, _ = _operator_sweep(attn, spec, validate=False, signal=True, causal=causal)
     best = heads["fidelity"].max(-1)
     out.update(
         heads=heads,
@@ -186,11 +191,20 @@ def _analyze_graph(
             synergy.head_diversity(attn, validate=False, causal=causal)
         )
         share = synergy.cross_head_share_of_signals(mix_signals[:, 0], signals, mixes[:, 0])
-        out["cross_head_share_mean"] = np.asarray(share).mean(-1)
+        out.update(_shares(np.asarray(share), mix_nodes[:, 0]))
     if spec.pairwise:
         with timer.part("pairwise synergy"):
             out["pairwise_synergy"] = np.asarray(synergy.pairwise_synergy(attn, spec.horizon))
     return out
+
+
+def _shares(share_BxT, node_fidelity_BxT) -> dict:
+    """The first mix's cross-head share at its worst-served token, and over all tokens."""
+    worst = np.argmin(node_fidelity_BxT, axis=-1)
+    return {
+        "cross_head_share_minimax": np.take_along_axis(share_BxT, worst[:, None], -1)[:, 0],
+        "cross_head_share_mean": share_BxT.mean(-1),
+    }
 
 
 def optimum_of(attn_BxHxTxT, weights_H, spec: MeasureSpec) -> dict:

@@ -8,7 +8,8 @@ layer's record is a dict:
     mixes           {mix: {field: (B,)}}     each mix of the heads, MIX_FIELDS; mixes are
                                              LEARNED (output-projection weights, when the
                                              model has them), UNIFORM, then any given
-                                             (OPTIMAL: weights searched on other sequences)
+                                             (OPTIMAL: weights searched on other sequences;
+                                             the cross-head shares are of the first mix)
     best_head       (B,) int                 the head of largest minimax fidelity
     LAYER_SCALARS   (B,) each                see FIELDS
     sink_mass       (B, H)                   see FIELDS
@@ -27,7 +28,7 @@ FORMAT = 2  # the version of the record written to JSON: 1 had no "format" key
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-    """One number of the record: its `unit` (fraction, steps, count, index) and meaning."""
+    """One number of the record: its `unit` (fraction, steps, radius) and meaning."""
 
     name: str
     unit: str
@@ -42,11 +43,22 @@ OPERATOR = (
     Field("hitting_time_normalized", "steps", "hitting time, the normalised walk"),
     Field("tv_mixing_time_normalized", "steps", "TV mixing time, the normalised walk"),
     Field("spectral_mixing_time_normalized", "steps", "spectral mixing, the normalised walk"),
+    # The reference walk never leaves token 0 of causal attention: its TV and spectral
+    # times saturate (kept for parity with the paper's estimator).
+    Field("tv_mixing_time_reference", "steps", "TV mixing time, the reference walk"),
+    Field("spectral_mixing_time_reference", "steps", "spectral mixing, the reference walk"),
+    Field("spectral_radius_reference", "radius", "spectral radius of Q, the reference walk"),
+    Field("spectral_radius_normalized", "radius", "spectral radius of Q, the normalised walk"),
 )
 GAIN = Field("gain", "fraction", "the mix's fidelity minus its best head's")
 LAYER = (
     Field("best_head_fidelity", "fraction", "the largest minimax fidelity of one head"),
     Field("head_diversity", "fraction", "mean total variation between heads' rows"),
+    Field(
+        "cross_head_share_minimax",
+        "fraction",
+        "the sink signal of the mix's worst-served token carried through two or more heads",
+    ),
     Field(
         "cross_head_share_mean",
         "fraction",
@@ -61,6 +73,11 @@ LAYER_SCALARS = tuple(f.name for f in LAYER)
 FIELDS = {f.name: f for f in (*OPERATOR, GAIN, *LAYER, SINK_MASS)}
 
 LEARNED, UNIFORM, OPTIMAL = "learned", "uniform", "optimal"
+# The optimum searched on the sequences it is scored on (an upper estimate), and the
+# hitting-time optimum held out and in sample, as the study adds them.
+OPTIMAL_IN_SAMPLE = "optimal_in_sample"
+OPTIMAL_HITTING_TIME = "optimal_hitting_time"
+OPTIMAL_HITTING_TIME_IN_SAMPLE = "optimal_hitting_time_in_sample"
 WITHOUT_SINK = "without_sink"
 # Entries that are not one number per sequence: pairwise synergy (H x H, for the one-text
 # report) and the optimum's search record (per fold).

@@ -20,9 +20,10 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from beyondpar import checkpoints, metrics, pruning, synergy, tasks, weighting
+from beyondpar import checkpoints, measure, metrics, pruning, synergy, tasks, weighting
 from beyondpar import model as model_lib
 from beyondpar.base import checks, files, locks, parallel
+from beyondpar.measure import record
 from beyondpar.study import config_lib, pruning_curves
 from beyondpar.study import workdir as workdir_lib
 
@@ -63,58 +64,44 @@ def forward(module, params, inputs):
     return logits, attn.astype(jnp.float32), model_lib.head_importances(module, params)
 
 
-@jax.jit
-def _operators(attn, mixes_NxLxMxH):
-    """Per sequence and layer: each weighted mix, the uniform mix, then every head alone."""
-    mixed = jnp.einsum("nlmh,nlhij->nlmij", mixes_NxLxMxH, attn)
-    uniform = jnp.mean(attn, axis=2, keepdims=True)
-    return jnp.concatenate([mixed, uniform, attn], axis=2)  # N x L x (M + 1 + H) x T x T
-
-
 def optimal_mixes(attn, weights, spec: EvalSpec) -> dict:
-    """Per objective, the optimal weights of every layer: `held_out` (N, L, H), each
-    sequence's weights searched on the other folds of the sequences (in sample when there
-    is one sequence), and `in_sample` (L, H), searched on every sequence it is scored on."""
+    """Per optimum, its weights per sequence and layer (N, L, H): for each objective, held
+    out (each sequence's searched on the other folds of the sequences; in sample when
+    there is one sequence) and in sample (one vector per layer, searched on every
+    sequence it is scored on), named as the measurement record names its mixes."""
     if not spec.optimal_weights:
         return {}
     # One problem per layer (L x N x H x T x T), from the host: the search splits its own
     # batch over devices, so sequences split over devices would be moved twice.
     per_layer = np.swapaxes(np.asarray(attn), 0, 1)
+    n = per_layer.shape[1]
     settings = dict(walk=spec.walk, horizon=spec.horizon, max_steps=spec.max_steps)
-    num_folds = len(weighting.folds(per_layer.shape[1], spec.folds))
+    num_folds = len(weighting.folds(n, spec.folds))
     w = np.asarray(weights)
     fold_init = np.broadcast_to(w[:, None], (w.shape[0], num_folds, w.shape[1]))
+    names = {
+        "fidelity": (record.OPTIMAL, record.OPTIMAL_IN_SAMPLE),
+        "hitting_time": (record.OPTIMAL_HITTING_TIME, record.OPTIMAL_HITTING_TIME_IN_SAMPLE),
+    }
     out = {}
-    for name in synergy.OBJECTIVES:
-        in_sample = synergy.optimal_weights(per_layer, name, init=weights, **settings)[0]
+    for objective, (held_name, inside_name) in names.items():
+        inside = synergy.optimal_weights(per_layer, objective, init=weights, **settings)[0]
         held = weighting.cross_fitted(
-            per_layer, spec.folds, objective=name, init=fold_init, **settings
+            per_layer, spec.folds, objective=objective, init=fold_init, **settings
         )
-        out[name] = {"held_out": jnp.swapaxes(held["weights"], 0, 1), "in_sample": in_sample}
+        out[held_name] = np.swapaxes(np.asarray(held["weights"]), 0, 1)
+        out[inside_name] = np.broadcast_to(np.asarray(inside), (n, *w.shape))
     return out
 
 
 def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:
     """Every metric per sequence: arrays (N, L), (N, L, H) or (N, L, H, H), accuracies (N,).
 
-    Operators per layer: the learned mix, the optimal mixes (when switched on: held out,
-    then in sample, per objective), the uniform mix and every head; all go through the
-    kernels in one call.
+    Each layer is measured by `measure.measure_layer` with the learned, the uniform and
+    (when switched on) the optimal mixes, held out and in sample per objective; the
+    columns are the study's names for fields of those records (`columns`).
     """
     return _per_sequence(module, params, examples, spec)[0]
-
-
-def _mixes(weights, optimal: dict, n: int):
-    """(N x L x M x H mixes, {column: mix index}): the learned mix, then per objective the
-    held-out and the in-sample optimum."""
-    norm = weights / jnp.sum(weights, -1, keepdims=True)
-    mixes, index = [jnp.broadcast_to(norm, (n, *norm.shape))], {}
-    for name, found in optimal.items():
-        index[f"{name}_optimal"] = len(mixes)
-        mixes.append(found["held_out"])
-        index[f"{name}_optimal_in_sample"] = len(mixes)
-        mixes.append(jnp.broadcast_to(found["in_sample"], (n, *norm.shape)))
-    return jnp.stack(mixes, axis=2), index
 
 
 def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
@@ -124,92 +111,83 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
     # each work on their share without copies between devices.
     inputs = parallel.split_over_devices(examples.inputs)
     logits, attn, weights = forward(module, params, inputs)
-    n = examples.inputs.shape[0]
     optimal = optimal_mixes(attn, weights, spec)
-    mixes, index = _mixes(weights, optimal, n)
-    operators = _operators(attn, parallel.split_over_devices(np.asarray(mixes)))
-    k = mixes.shape[2]  # index of the uniform mix; heads follow it
-    other = WALKS[1 - WALKS.index(spec.walk)]
-    m, m_other, fid, hit = _operator_metrics(operators, spec, other)
-    out = _columns(attn, weights, spec, (m, m_other, fid, hit), k, other)
+    mspec = measure.MeasureSpec(horizon=spec.horizon, max_steps=spec.max_steps, eps=spec.eps)
+    per_layer = []
+    for layer in range(attn.shape[1]):
+        extra = {name: np.asarray(w)[:, layer] for name, w in optimal.items()}
+        found = measure.measure_layer(attn[:, layer], weights[layer], mspec, extra=extra)
+        per_layer.append(columns(found, spec.walk))
+    out = {name: np.stack([c[name] for c in per_layer], axis=1) for name in per_layer[0]}
+    out.update(_weights_columns(weights, optimal, examples.inputs.shape[0]))
     out.update(_accuracies(logits, examples))
-    out.update(_optimal_columns(fid, hit, index, optimal))
-    return jax.tree.map(np.asarray, out), attn, weights
+    return out, attn, weights
 
 
-def _columns(attn, weights, spec: EvalSpec, measured, k: int, other: str) -> dict:
-    """The per-sequence columns of the learned mix, the uniform mix (operator `k`) and the
-    heads (after it), from `_operator_metrics`'s `measured`."""
-    m, m_other, fid, hit = measured
-    n = attn.shape[0]
-    amp = synergy.amplification(fid[..., k + 1 :], fid[..., 0])
-    share = synergy.cross_head_share(attn, weights, spec.horizon)  # N x L x T
-    worst = jnp.argmin(m.node_fidelity, axis=-1)
+def columns(layer: dict, walk: str) -> dict:
+    """The study's columns (its CSV and report names) of one layer's measurement record:
+    the learned mix's fields on `walk`, with both walks where the reference walk
+    saturates, every head's, the optimum's when measured."""
+    other = WALKS[1 - WALKS.index(walk)]
+    learned, uniform = layer["mixes"][record.LEARNED], layer["mixes"][record.UNIFORM]
+    heads = layer["heads"]
+    gain = learned[record.GAIN.name]
+    out = {
+        "hitting_time": learned[f"hitting_time_{walk}"],
+        "hitting_time_uniform": uniform[f"hitting_time_{walk}"],
+        "hitting_time_per_head": heads[f"hitting_time_{walk}"],
+        "hitting_time_best_head": heads[f"hitting_time_{walk}"].min(-1),
+        "tv_mixing_time": learned[f"tv_mixing_time_{walk}"],
+        "spectral_radius": learned[f"spectral_radius_{walk}"],
+        "spectral_mixing_time": learned[f"spectral_mixing_time_{walk}"],
+        "fidelity": learned["fidelity"],
+        "fidelity_uniform": uniform["fidelity"],
+        "fidelity_per_head": heads["fidelity"],
+        "best_individual": layer["best_head_fidelity"],
+        "gain": gain,
+        "combined_wins": (gain > 0).astype(np.float32),
+    }
+    for name in ("hitting_time", "tv_mixing_time", "spectral_mixing_time"):
+        out.update({f"{name}_{w}": learned[f"{name}_{w}"] for w in (walk, other)})
+    for name in ("head_diversity", "pairwise_synergy", "cross_head_share_minimax"):
+        out[name] = layer[name]
+    out["cross_head_share_mean"] = layer["cross_head_share_mean"]
+    return {**out, **_optimal_columns(layer["mixes"], walk)}
+
+
+# The study's names of the optimal mixes: (column, mix, its field; `walk` filled in).
+_HIT = "hitting_time_{walk}"
+_OPTIMAL = (
+    ("fidelity_optimal", record.OPTIMAL, "fidelity"),
+    ("fidelity_optimal_in_sample", record.OPTIMAL_IN_SAMPLE, "fidelity"),
+    ("hitting_time_optimal", record.OPTIMAL_HITTING_TIME, "hitting_time_{walk}"),
+    (
+        "hitting_time_optimal_in_sample",
+        record.OPTIMAL_HITTING_TIME_IN_SAMPLE,
+        "hitting_time_{walk}",
+    ),
+)
+_OPTIMAL_WEIGHTS = {
+    record.OPTIMAL: "optimal_weights_fidelity",
+    record.OPTIMAL_IN_SAMPLE: "optimal_weights_fidelity_in_sample",
+    record.OPTIMAL_HITTING_TIME: "optimal_weights_hitting_time",
+    record.OPTIMAL_HITTING_TIME_IN_SAMPLE: "optimal_weights_hitting_time_in_sample",
+}
+
+
+def _optimal_columns(mixes: dict, walk: str) -> dict:
     return {
-        "hitting_time": hit[..., 0],
-        f"hitting_time_{spec.walk}": hit[..., 0],
-        f"hitting_time_{other}": m_other.hitting_time,
-        "hitting_time_uniform": hit[..., k],
-        "hitting_time_per_head": hit[..., k + 1 :],
-        "hitting_time_best_head": jnp.min(hit[..., k + 1 :], axis=-1),
-        "tv_mixing_time": m.tv_mixing_time,
-        "spectral_radius": m.spectral_radius,
-        "spectral_mixing_time": m.spectral_mixing_time,
-        # Both walks: the reference walk never leaves token 0 of causal attention, so its
-        # TV and spectral times saturate; the normalised walk's do not.
-        f"tv_mixing_time_{spec.walk}": m.tv_mixing_time,
-        f"tv_mixing_time_{other}": m_other.tv_mixing_time,
-        f"spectral_mixing_time_{spec.walk}": m.spectral_mixing_time,
-        f"spectral_mixing_time_{other}": m_other.spectral_mixing_time,
-        "fidelity": fid[..., 0],
-        "fidelity_uniform": fid[..., k],
-        "fidelity_per_head": fid[..., k + 1 :],
-        "best_individual": amp["best_individual"],
-        "gain": amp["gain"],
-        "combined_wins": (amp["gain"] > 0).astype(jnp.float32),
-        "head_diversity": synergy.head_diversity(attn),
-        "pairwise_synergy": synergy.pairwise_synergy(attn, spec.horizon),
-        "cross_head_share_minimax": jnp.take_along_axis(share, worst[..., None], -1)[..., 0],
-        "cross_head_share_mean": jnp.mean(share, axis=-1),
-        "head_weights": jnp.broadcast_to(weights, (n, *weights.shape)),
+        column: mixes[mix][field.format(walk=walk)]
+        for column, mix, field in _OPTIMAL
+        if mix in mixes
     }
 
 
-def _optimal_columns(fid, hit, index: dict, optimal: dict) -> dict:
-    """Fidelity and hitting time under the optimal mixes, held out and in sample, and
-    their weights (N, L, H)."""
-    out = {}
-    for name, values in (("fidelity", fid), ("hitting_time", hit)):
-        for column in (f"{name}_optimal", f"{name}_optimal_in_sample"):
-            if column in index:
-                out[column] = values[..., index[column]]
-    for name, found in optimal.items():
-        n = found["held_out"].shape[0]
-        out[f"optimal_weights_{name}"] = found["held_out"]
-        in_sample = jnp.broadcast_to(found["in_sample"], (n, *found["in_sample"].shape))
-        out[f"optimal_weights_{name}_in_sample"] = in_sample
+def _weights_columns(weights, optimal: dict, n: int) -> dict:
+    """Per sequence: the learned head weights and each optimum's weights (N, L, H)."""
+    out = {"head_weights": np.broadcast_to(np.asarray(weights), (n, *weights.shape))}
+    out.update({_OPTIMAL_WEIGHTS[mix]: np.asarray(w) for mix, w in optimal.items()})
     return out
-
-
-def _operator_metrics(operators, spec: EvalSpec, other: str):
-    """(every metric of the learned mix (operator 0) on `spec.walk`, the same on `other`,
-    minimax fidelity and hitting time of every operator). Only the learned mix needs node
-    fidelity and the TV and spectral times; the other operators take the minimax that
-    stops once settled and the walk alone, the same values bit for bit. Only the learned
-    mix is validated: a NaN or a broken row in any head reaches it."""
-    learned, rest = operators[:, :, 0], operators[:, :, 1:]
-    walks = (spec.walk, other)
-    by_walk, _ = metrics.metrics_by_walk(learned, spec.horizon, spec.max_steps, spec.eps, walks)
-    m = by_walk[spec.walk]
-    # The rest are the same heads mixed otherwise: checked with the learned mix, and
-    # causal (the model masks every score above the diagonal).
-    fid = metrics.objective_unchecked(
-        rest, "fidelity", spec.horizon, spec.max_steps, spec.walk, causal=True
-    )
-    hit = metrics.hitting_time(rest, spec.max_steps, spec.walk, validate=False)
-    fid = jnp.concatenate([m.minimax_fidelity[..., None], fid], axis=-1)
-    hit = jnp.concatenate([m.hitting_time[..., None], hit], axis=-1)
-    return m, by_walk[other], fid, hit
 
 
 def _accuracies(logits, examples: tasks.Examples) -> dict:
