@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "beyondpar"
 KERNELS = {"graphs", "metrics", "synergy", "weighting", "pruning"}
-MODELS = {"model", "linear", "norm", "tasks", "checkpoints", "pretrained"}
+MODELS = {"model", "linear", "norm", "batches", "tasks", "checkpoints", "pretrained"}
 WORKFLOWS = {"study", "analysis"}
 MAX_FUNCTION_LINES = 60
 
@@ -168,7 +168,7 @@ def test_the_public_api_is_where_users_look():
         checkpoints: "import_reference load CheckpointError checksum",
         model: "apply_with_attention",
         pretrained: "load apply_with_attention layer_by_layer build",
-        tasks: "make_examples ATTENTION_TASKS",
+        tasks: "make_examples ATTENTION_TASKS Examples",
         pruning: "gradient_importance fidelity_order attention_necessity ORDERS",
     }
     missing = [
