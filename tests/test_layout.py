@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "beyondpar"
 KERNELS = {"graphs", "metrics", "synergy", "weighting", "pruning"}
-MODELS = {"model", "linear", "norm", "batches", "tasks", "checkpoints", "pretrained"}
+MODELS = {"model", "linear", "norm", "batches", "tasks", "checkpoints", "released", "pretrained"}
 WORKFLOWS = {"study", "analysis"}
 MAX_FUNCTION_LINES = 60
 
