@@ -5,9 +5,10 @@ Multi-Head Attention" (arXiv 2507.02944).
 
 Layers, each importing only from those before it: `base` (checks, files, devices, locks,
 settings, timing); the kernels on attention arrays (`graphs`, `metrics`, `synergy`,
-`weighting`, `pruning`); the models (`model`, `tasks`, `checkpoints`, `pretrained`); the
-two workflows, which never import each other (`study`: the paper's study; `analysis`:
-real models); and `benchmarks`.
+`weighting`, `pruning.ranking`); the models (`model`, `batches`, `tasks`, `checkpoints`,
+`released`, `pretrained`, `pruning`: a model under head masks); the two workflows, which
+never import each other (`study`: the paper's study; `analysis`: real models); and
+`benchmarks`.
 """
 
 __version__ = "0.1.0"

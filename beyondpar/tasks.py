@@ -6,16 +6,13 @@ causal model can predict (it sees x[0..i] at position i).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
+from beyondpar import batches
 
-class Examples(NamedTuple):
-    inputs: jax.Array  # N x T int32
-    targets: jax.Array  # N x T int32
-    predictable: jax.Array  # N x T bool
+# A task's examples are the batch every workflow scores a model on.
+Examples = batches.Batch
 
 
 def _copy(x, lag):

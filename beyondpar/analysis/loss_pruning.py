@@ -19,15 +19,15 @@ from __future__ import annotations
 import numpy as np
 import tqdm
 
-from beyondpar import pretrained, pruning, tasks
+from beyondpar import batches, pretrained, pruning
 
 
-def next_token_examples(tokens_BxT) -> tasks.Examples:
-    """Windows as examples of next-token prediction: the model reads every token but the
+def next_token_batch(tokens_BxT) -> batches.Batch:
+    """Windows as a batch of next-token prediction: the model reads every token but the
     last, and each position's target is the token after it."""
     tokens = np.asarray(tokens_BxT)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    return tasks.Examples(inputs, targets, np.ones(inputs.shape, bool))
+    return batches.Batch(inputs, targets, np.ones(inputs.shape, bool))
 
 
 def fidelity_sequences(module, params, tokens, imp, horizon: int, bar=None) -> list[list]:
@@ -48,7 +48,7 @@ def orders(module, params, tokens, horizon: int, seed: int, progress: bool = Fal
     total = 1 + module.config.num_layers
     with tqdm.tqdm(total=total, desc="pruning: orders", unit="step", disable=not progress) as bar:
         imp = np.asarray(pretrained.head_importances(module, params))
-        gradient = pruning.gradient_importance(module, params, next_token_examples(tokens))
+        gradient = pruning.gradient_importance(module, params, next_token_batch(tokens))
         bar.update(1)
         sequences = fidelity_sequences(module, params, tokens, imp, horizon, bar)
     return pruning.orders(imp, gradient, sequences, seed)
@@ -60,14 +60,14 @@ def corpus_curves(module, params, windows, cspec, spec, progress: bool = True) -
     `cspec.pruning_points` evenly spaced points of each order."""
     cfg = module.config
     tokens = np.asarray(windows.tokens[: cspec.pruning_windows])
-    examples = next_token_examples(tokens)
+    batch = next_token_batch(tokens)
     found = orders(module, params, tokens, spec.horizon, cspec.seed, progress)
     masks = {}
     for name, order in found.items():
         along = pruning.masks_along(order, cfg.num_layers, cfg.num_heads)
         points = np.unique(np.linspace(0, len(along) - 1, cspec.pruning_points).round())
         masks[name] = (points.astype(int), along[points.astype(int)], len(along) - 1)
-    scores = _scores(module, params, examples, masks, progress)
+    scores = _scores(module, params, batch, masks, progress)
     out = {"windows": int(tokens.shape[0])}
     for name, (points, _, total) in masks.items():
         loss, accuracy = scores[name]
@@ -83,20 +83,20 @@ def corpus_curves(module, params, windows, cspec, spec, progress: bool = True) -
     return out
 
 
-def _scores(module, params, examples, masks: dict, progress: bool) -> dict:
+def _scores(module, params, batch, masks: dict, progress: bool) -> dict:
     """{order: (loss (P,), accuracy (P,))}, one masked pass per point, the shared
     all-heads point once."""
     total = 1 + sum(len(points) - 1 for points, _, _ in masks.values())
     bar = tqdm.tqdm(total=total, desc="pruning: masked passes", unit="pass", disable=not progress)
     with bar:
         full = masks[next(iter(masks))][1][:1]  # no head removed: the same for every order
-        first = pruning.masked_scores(module, params, examples, full)
+        first = pruning.masked_scores(module, params, batch, full)
         bar.update(1)
         out = {}
         for name, (_, order_masks, _) in masks.items():
             scores = [first]
             for mask in order_masks[1:]:
-                scores.append(pruning.masked_scores(module, params, examples, mask[None]))
+                scores.append(pruning.masked_scores(module, params, batch, mask[None]))
                 bar.update(1)
             out[name] = tuple(np.concatenate(parts) for parts in zip(*scores, strict=True))
     return out

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from beyondpar import graphs, metrics, pruning, tasks
+from beyondpar import batches, graphs, metrics, pruning
 from beyondpar import model as model_lib
 
 MASK_GROUP = 16  # masks per jitted call that share one input stream (and its attention)
@@ -37,13 +37,11 @@ def _group_runs(module, layer_params, stream, masks_GxH, importance_H):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _accuracies(module, params, streams, examples: tasks.Examples):
+def _accuracies(module, params, streams, batch: batches.Batch):
     """Accuracy on predictable positions from each stream after the last layer."""
 
     def one(stream):
-        logits = model_lib.unembed(module, params, stream)
-        correct = (jnp.argmax(logits, -1) == examples.targets) & examples.predictable
-        return jnp.sum(correct) / jnp.maximum(jnp.sum(examples.predictable), 1)
+        return batches.accuracy(model_lib.unembed(module, params, stream), batch)
 
     return jax.lax.map(one, streams)
 
@@ -98,7 +96,7 @@ def _layer(module, layer_params, streams, inputs_U, masks_UxH, importance_H, spe
     return jnp.concatenate(out)[order], np.concatenate(fid)[order], np.concatenate(hit)[order]
 
 
-def curve(module, params, examples, importances, masks, horizon, max_steps, walk) -> dict:
+def curve(module, params, batch, importances, masks, horizon, max_steps, walk) -> dict:
     """Accuracy (P,) and mean fidelity / hitting time per layer (P, L) along `masks`.
 
     Points whose masks agree on layers 0..l share those layers' work: each layer runs
@@ -108,8 +106,8 @@ def curve(module, params, examples, importances, masks, horizon, max_steps, walk
     """
     masks = np.asarray(masks, np.float32)
     importances = jnp.asarray(importances, jnp.float32)
-    examples = tasks.Examples(*(jnp.asarray(a) for a in examples))
-    streams = model_lib.embed(module, params, examples.inputs)[None]
+    batch = batches.Batch(*(jnp.asarray(a) for a in batch))
+    streams = model_lib.embed(module, params, batch.inputs)[None]
     source = np.zeros(len(masks), int)  # the stream each point reads, among `streams`
     fidelity, hitting = np.zeros(masks.shape[:2]), np.zeros(masks.shape[:2])
     spec = (horizon, max_steps, walk)
@@ -128,7 +126,7 @@ def curve(module, params, examples, importances, masks, horizon, max_steps, walk
         )
         fidelity[:, layer], hitting[:, layer] = fid[inverse], hit[inverse]
         source = inverse
-    accuracy = np.asarray(_accuracies(module, params, streams, examples))[source]
+    accuracy = np.asarray(_accuracies(module, params, streams, batch))[source]
     pruned = list(range(len(masks)))
     return {
         "heads_pruned": pruned,
@@ -139,18 +137,18 @@ def curve(module, params, examples, importances, masks, horizon, max_steps, walk
     }
 
 
-def pruning_curves(module, params, examples, importances, attn_NxLxHxTxT, spec) -> dict:
+def pruning_curves(module, params, batch, importances, attn_NxLxHxTxT, spec) -> dict:
     """{order: {"order": [(layer, head)], "accuracy", "fidelity", "hitting_time", "auc"}}
     for every order, pruning from all heads to one head per layer. `spec` gives horizon,
     max_steps, walk and seed (an `evaluate.EvalSpec`)."""
     cfg = module.config
     params = jax.device_get(params)  # on the default device, with everything else here
-    examples = tasks.Examples(*(np.asarray(a) for a in examples))
+    batch = batches.Batch(*(np.asarray(a) for a in batch))
     importances = np.asarray(importances, np.float32)
     attn_NxLxHxTxT = np.asarray(attn_NxLxHxTxT)
     found = pruning.orders(
         importances,
-        pruning.gradient_importance(module, params, examples),
+        pruning.gradient_importance(module, params, batch),
         pruning.greedy_sequences(attn_NxLxHxTxT, importances, spec.horizon),
         spec.seed,
     )
@@ -158,7 +156,7 @@ def pruning_curves(module, params, examples, importances, attn_NxLxHxTxT, spec) 
     for name, order in found.items():
         masks = jnp.asarray(pruning.masks_along(order, cfg.num_layers, cfg.num_heads))
         result = curve(
-            module, params, examples, importances, masks, spec.horizon, spec.max_steps, spec.walk
+            module, params, batch, importances, masks, spec.horizon, spec.max_steps, spec.walk
         )
         out[name] = {"order": [list(p) for p in order], **result}
     return out

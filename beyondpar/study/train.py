@@ -26,7 +26,7 @@ import tqdm
 from jax import flatten_util
 from jax.sharding import PartitionSpec as P
 
-from beyondpar import checkpoints, tasks
+from beyondpar import batches, checkpoints, tasks
 from beyondpar import model as model_lib
 from beyondpar.base import allocator, files, locks, parallel
 from beyondpar.study import config_lib
@@ -105,13 +105,14 @@ def loss_and_accuracy(logits, batch: tasks.Examples, weights=None):
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)
     w = jnp.ones(ce.shape[0], ce.dtype) if weights is None else weights
     correct = (jnp.argmax(logits, -1) == batch.targets).astype(ce.dtype)
-    mask = batch.predictable.astype(ce.dtype)
+    # Sums of 0/1 weights times counts: exact in float32, whatever the order of addition.
+    hits, count = batches.predictable_hits(logits, batch, axis=-1)
     return {
         "loss_sum": jnp.sum(w[:, None] * ce),
         "tokens": jnp.sum(w) * ce.shape[1],
         "correct": jnp.sum(w[:, None] * correct),
-        "correct_predictable": jnp.sum(w[:, None] * correct * mask),
-        "predictable": jnp.sum(w[:, None] * mask),
+        "correct_predictable": jnp.sum(w * hits.astype(ce.dtype)),
+        "predictable": jnp.sum(w * count.astype(ce.dtype)),
     }
 
 

@@ -314,7 +314,7 @@ def test_loss_pruning_curves_start_at_the_models_loss():
     mask = np.ones((2, 4), np.float32)
     for layer, head in curves["projection"]["order"][:6]:
         mask[layer, head] = 0
-    examples = loss_pruning.next_token_examples(windows.tokens)
+    examples = loss_pruning.next_token_batch(windows.tokens)
     last = pruning.sequence_losses(module, params, examples.inputs, examples.targets, mask)
     assert curves["projection"]["loss"][-1] == pytest.approx(float(np.mean(last)), rel=1e-5)
 

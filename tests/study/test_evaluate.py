@@ -291,7 +291,7 @@ def test_attention_necessity_masks_each_layer_in_turn(monkeypatch):
         seen["masks"] = np.asarray(masks)
         return np.zeros(len(masks)), np.arange(len(masks), dtype=np.float32) / 10
 
-    monkeypatch.setattr(pruning, "masked_scores", fake)
+    monkeypatch.setattr(pruning.head_masking, "masked_scores", fake)
     module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
     examples = tasks.make_examples("cycle", jax.random.PRNGKey(0), 2, 100, 256)
     necessity = pruning.attention_necessity(module, params, examples)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints
+from beyondpar import checkpoints, released
 from beyondpar.base import files, locks, settings
 from beyondpar.study import ablation, evaluate, report, train, workdir
 from configs import ablation as ablation_config
@@ -553,7 +553,7 @@ def test_a_damaged_npz_is_named_and_its_file_closed(tmp_path):
         warnings.simplefilter("always")
         for path in (cut, single):
             with pytest.raises(Exception) as err:
-                checkpoints._read_state_dict(path)
+                released.read_state_dict(path)
             del err
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

@@ -1,16 +1,11 @@
-"""Do the metrics find the heads that matter? Prune heads in the order a score gives and
-measure what the masked model still does (a true ablation, not a proxy).
-
-Model-agnostic: a model is any Flax module whose `apply({"params": p}, tokens,
-head_mask=m)` returns logits (B, T, V) with `m` (L, H) or per sequence (B, L, H) scaling
-each head's output before its layer's output projection, and whose `config` has
-`num_layers`, `num_heads` and `vocab_size` (the paper's model and every pretrained family).
-`examples` is anything with `inputs` (B, T), `targets` (B, T) and `predictable` (B, T).
+"""Which heads to remove first, from scores and attention alone (no model is run here):
+orders from per-head scores, the greedy fidelity order, the head masks along an order
+and the area under a pruning curve.
 
 Orders (least important first, all heads of the model ranked together):
 - `projection`: Frobenius norm of each head's block of the output projection (the paper's);
 - `gradient`: I_h = E_x |dL/d mask_h| at mask = 1 (Michel et al. 2019, "Are Sixteen Heads
-  Really Better than One?");
+  Really Better than One?"; the scores come from `head_masking.gradient_importance`);
 - `fidelity`: greedy, the head whose removal costs its layer's minimax fidelity least.
 - `random`: a seeded random order, the baseline any score must beat.
 Projection and gradient scores are divided by their layer's L2 norm, as Michel et al. do,
@@ -19,95 +14,13 @@ so that layers compete on equal terms. A layer always keeps one head.
 
 from __future__ import annotations
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from beyondpar import graphs, metrics
 from beyondpar.base import checks, parallel
 
 ORDERS = ("projection", "gradient", "fidelity", "random")
-
-
-def sequence_losses(module, params, tokens, targets, head_mask):
-    """Mean cross-entropy of each sequence (B,) under a head mask (L, H) or (B, L, H)."""
-    logits = _at_least_float32(module.apply({"params": params}, tokens, head_mask=head_mask))
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), axis=-1)
-
-
-def _at_least_float32(logits):
-    """bfloat16 / float16 logits scored in float32 (a float64 model stays float64)."""
-    return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _gradient_importance(module, params, tokens, targets):
-    cfg = module.config
-    ones = jnp.ones((tokens.shape[0], cfg.num_layers, cfg.num_heads), jnp.float32)
-    # One mask per sequence: one backward pass gives every sequence's own gradient.
-    total = lambda m: jnp.sum(sequence_losses(module, params, tokens, targets, m))
-    return jnp.mean(jnp.abs(jax.grad(total)(ones)), axis=0)
-
-
-def gradient_importance(module, params, examples) -> jax.Array:
-    """(L, H): E_x |dL/d mask_h| at mask = 1 over the sequences of `examples`."""
-    return _gradient_importance(
-        module, params, jnp.asarray(examples.inputs), jnp.asarray(examples.targets)
-    )
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _masked_scores(module, params, tokens, targets, predictable, masks):
-    def one(mask):
-        logits = _at_least_float32(module.apply({"params": params}, tokens, head_mask=mask))
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        correct = (jnp.argmax(logits, -1) == targets) & predictable
-        return jnp.mean(loss), jnp.sum(correct) / jnp.maximum(jnp.sum(predictable), 1)
-
-    return jax.lax.map(one, masks)
-
-
-def masked_scores(module, params, examples, masks_PxLxH) -> tuple[np.ndarray, np.ndarray]:
-    """(loss (P,), accuracy on predictable positions (P,)) under each head mask, one mask
-    at a time in memory: the mean cross-entropy over every position, and the accuracy."""
-    loss, accuracy = _masked_scores(
-        module,
-        params,
-        jnp.asarray(examples.inputs),
-        jnp.asarray(examples.targets),
-        jnp.asarray(examples.predictable),
-        jnp.asarray(masks_PxLxH, jnp.float32),
-    )
-    return np.asarray(loss), np.asarray(accuracy)
-
-
-def attention_necessity(module, params, examples, margin: float = 0.5) -> dict:
-    """Does the task need attention? Accuracy on predictable positions with every head,
-    with every head masked, and with each layer's heads masked in turn (true ablations
-    through the head mask), against chance (1 / vocabulary).
-
-    `needs_attention`: masking every head loses more than `margin` of what the model
-    gains over chance (e.g. the copy task's target is the current token, which the
-    residual stream carries: it keeps its accuracy with no head at all).
-    """
-    cfg = module.config
-    masks = np.ones((cfg.num_layers + 2, cfg.num_layers, cfg.num_heads), np.float32)
-    masks[1] = 0.0
-    for layer in range(cfg.num_layers):
-        masks[2 + layer, layer] = 0.0
-    _, accuracy = masked_scores(module, params, examples, masks)
-    chance = 1.0 / cfg.vocab_size
-    full, none = float(accuracy[0]), float(accuracy[1])
-    return {
-        "accuracy": full,
-        "accuracy_without_heads": none,
-        "accuracy_without_layer": accuracy[2:].tolist(),
-        "chance": chance,
-        "needs_attention": bool(full - none > margin * max(full - chance, 0.0)),
-    }
 
 
 def order_from_scores(scores_LxH) -> list[tuple[int, int]]:
