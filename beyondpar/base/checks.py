@@ -111,3 +111,11 @@ def boolean(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+def integer_at_least(name: str, value, low: int) -> int:
+    """An integer >= `low` (a size with a smallest workable value, such as two tokens to
+    tell apart), as an int; bools fail, as in `positive_int`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
