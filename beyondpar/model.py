@@ -44,17 +44,15 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "embed_dim", "num_layers", "num_heads", "mlp_dim", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            # NumPy integers become ints: the config is hashed by jit and written as JSON.
+            object.__setattr__(self, name, checks.positive_int(name, getattr(self, name)))
         if self.embed_dim % self.num_heads:
             raise ValueError(
                 f"num_heads must divide embed_dim={self.embed_dim}, got num_heads={self.num_heads}"
             )
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+        checks.positive_number("norm_eps", self.norm_eps)
 
     @property
     def head_dim(self) -> int:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from beyondpar import batches
+from beyondpar.base import checks
 
 # A task's examples are the batch every workflow scores a model on.
 Examples = batches.Batch
@@ -74,13 +75,9 @@ def make_examples(
     name: str, key: jax.Array, num: int, seq_len: int, vocab_size: int, lag: int = 1
 ) -> Examples:
     """`num` random sequences of task `name`; `lag` is k for `shift` and `pair_sum`."""
-    for arg, value, low in (
-        ("num", num, 1),
-        ("seq_len", seq_len, MIN_SEQ_LEN),
-        ("vocab_size", vocab_size, MIN_VOCAB_SIZE),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{arg} must be an integer >= {low}, got {value!r}")
+    num = checks.positive_int("num", num)
+    seq_len = checks.integer_at_least("seq_len", seq_len, MIN_SEQ_LEN)
+    vocab_size = checks.integer_at_least("vocab_size", vocab_size, MIN_VOCAB_SIZE)
     check(name, seq_len, vocab_size, lag)
     if name == "induction":
         x = _induction_inputs(key, num, seq_len, vocab_size)
@@ -104,8 +101,7 @@ def check(name: str, seq_len: int, vocab_size: int, lag: int = 1) -> None:
 
 
 def _check_task(name: str, seq_len: int, lag: int) -> None:
-    if name not in TASKS:
-        raise ValueError(f"task name must be one of {TASKS}, got {name!r}")
+    checks.one_of("task name", name, TASKS)
     min_lag = 2 if name == "pair_sum" else 1
     if name in ("shift", "pair_sum") and not (isinstance(lag, int) and min_lag <= lag < seq_len):
         raise ValueError(f"lag for task {name!r} must be in [{min_lag}, {seq_len}), got {lag!r}")

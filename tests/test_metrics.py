@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from beyondpar import graphs, metrics
+from beyondpar.metrics import batching, early_stop, fused, operators
 
 WALKS = metrics.WALKS
 
@@ -67,8 +68,8 @@ def bidirectional(seed: int, t: int) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["causal", "bidirectional", "causal on the triangular path"])
 def test_kernels_match_matrix_powers(walk, kind, monkeypatch):
     if kind == "causal on the triangular path":
-        monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
-        monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
+        monkeypatch.setattr(fused, "TRIANGULAR_MIN_TOKENS", 8)
+        monkeypatch.setattr(fused, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
     t, k = 12, 30
     mats = (
         causal(3, (3,), t)
@@ -291,8 +292,8 @@ def test_spectral_radius_is_max_diagonal_for_causal():
 @pytest.fixture
 def short_triangular(monkeypatch):
     """The triangular path for short operators too (by default only long ones take it)."""
-    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
-    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
+    monkeypatch.setattr(fused, "TRIANGULAR_MIN_TOKENS", 8)
+    monkeypatch.setattr(fused, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
 
 
 @pytest.mark.parametrize("t", [8, 13, 21, 40])  # tiles of 2, 4 (padded), 6 (padded), 10
@@ -301,10 +302,10 @@ def test_triangular_path_equals_the_dense_path(t, monkeypatch, short_triangular)
     steps); every number must be the dense recursion's. Horizon and step cap differ so
     that a mix-up of the two shows."""
     c = causal(t, (3,), t)
-    assert metrics.triangular_tile(c) == -(-t // metrics.TRIANGULAR_TILES)
+    assert metrics.triangular_tile(c) == -(-t // fused.TRIANGULAR_TILES)
     tri, tri_signal = metrics.metrics_by_walk(c, 25, 30, 0.25, WALKS, signal=True)
-    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 10**9)
-    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 10**9)
+    monkeypatch.setattr(fused, "TRIANGULAR_MIN_TOKENS", 10**9)
+    monkeypatch.setattr(fused, "TRIANGULAR_SHARED_MIN_TOKENS", 10**9)
     assert metrics.triangular_tile(c) is None
     dense, dense_signal = metrics.metrics_by_walk(c, 25, 30, 0.25, WALKS, signal=True)
     np.testing.assert_allclose(tri_signal, dense_signal, rtol=1e-12, atol=1e-15)
@@ -369,7 +370,7 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     for c, k in zip(cases, (100, 7, 100, 100), strict=True):
         c = np.asarray(c, dtype)
         early = metrics.hitting_time(c, k, walk, validate=False)
-        every_step = metrics._settled_hitting_jit(c, max_steps=k, walk=walk, settle=False)
+        every_step = early_stop._settled_hitting_jit(c, max_steps=k, walk=walk, settle=False)
         np.testing.assert_array_equal(early, every_step)
         full = metrics.operator_metrics(c, 5, k, walk=walk, validate=False).hitting_time
         np.testing.assert_allclose(early, full, rtol=4 * np.finfo(dtype).eps)
@@ -409,11 +410,11 @@ def test_minimax_fidelity_of_a_non_causal_operator_runs_every_step():
 def test_blocks_divide_each_devices_share_when_they_can():
     """Padding a batch copies it whole: a block that divides the share is taken instead,
     if one of over half the size exists."""
-    assert metrics._dividing_block(10, 1536) == 8
-    assert metrics._dividing_block(10, 1540) == 10
-    assert metrics._dividing_block(10, 23) == 10  # none in 6..10: pad
-    assert metrics._dividing_block(7, 7) == 7
-    assert metrics._dividing_block(1, 5) == 1
+    assert batching._dividing_block(10, 1536) == 8
+    assert batching._dividing_block(10, 1540) == 10
+    assert batching._dividing_block(10, 23) == 10  # none in 6..10: pad
+    assert batching._dividing_block(7, 7) == 7
+    assert batching._dividing_block(1, 5) == 1
 
 
 def test_dividing_blocks_give_the_padded_blocks_numbers(monkeypatch):
@@ -424,7 +425,7 @@ def test_dividing_blocks_give_the_padded_blocks_numbers(monkeypatch):
         return [*jax.tree.leaves(by_walk), signal, metrics.minimax_fidelity(c, 20)]
 
     divided = every_number()
-    monkeypatch.setattr(metrics, "_dividing_block", lambda block, per_device: block)
+    monkeypatch.setattr(batching, "_dividing_block", lambda block, per_device: block)
     jax.clear_caches()
     for fast, padded in zip(divided, every_number(), strict=True):
         np.testing.assert_array_equal(fast, padded)
@@ -436,7 +437,7 @@ def test_triangular_path_only_for_causal_operators(short_triangular):
     assert metrics.triangular_tile(c) == 3
     assert metrics.triangular_tile(np.swapaxes(c, -1, -2)) is None  # upper triangular
     assert metrics.triangular_tile(bidirectional(0, 12)) is None
-    assert metrics.triangular_tile(causal(1, (2,), metrics.TRIANGULAR_MIN_TOKENS - 1)) is None
+    assert metrics.triangular_tile(causal(1, (2,), fused.TRIANGULAR_MIN_TOKENS - 1)) is None
     assert jax.jit(lambda x: metrics.triangular_tile(x) is None)(c)  # traced: dense
 
 
@@ -444,17 +445,17 @@ def test_the_sweep_goes_triangular_later_when_its_recursions_share_c(monkeypatch
     """On CPU the dense path streams c once a step for every recursion on it, so a sweep
     of only the sink signal and the normalised walk stays dense longer; one with a
     matrix of its own (the reference walk) or a single recursion does not."""
-    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 9)
-    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 17)
-    assert metrics._triangular_min_tokens(5, ("normalized",)) == 17
+    monkeypatch.setattr(fused, "TRIANGULAR_MIN_TOKENS", 9)
+    monkeypatch.setattr(fused, "TRIANGULAR_SHARED_MIN_TOKENS", 17)
+    assert fused._triangular_min_tokens(5, ("normalized",)) == 17
     for horizon, walks in [(5, ("reference",)), (5, ("reference", "normalized")), (5, ())]:
-        assert metrics._triangular_min_tokens(horizon, walks) == 9
-    assert metrics._triangular_min_tokens(0, ("normalized",)) == 9
+        assert fused._triangular_min_tokens(horizon, walks) == 9
+    assert fused._triangular_min_tokens(0, ("normalized",)) == 9
     c = causal(2, (2,), 12)
     compiled = []
-    real = metrics._sweep_jit
+    real = fused._sweep_jit
     monkeypatch.setattr(
-        metrics, "_sweep_jit", lambda c, **kw: compiled.append(kw["tile"]) or real(c, **kw)
+        fused, "_sweep_jit", lambda c, **kw: compiled.append(kw["tile"]) or real(c, **kw)
     )
     for walk in WALKS:
         metrics.operator_metrics(c, horizon=6, max_steps=7, walk=walk)
@@ -467,9 +468,9 @@ def test_the_papers_length_takes_the_triangular_path_unless_its_recursions_share
     1.3x for a hitting time) causal attention skips its zeros; with only the sink signal
     and the normalised walk on c the dense path stays (0.9x triangular), up to T = 128."""
     compiled = []
-    real = metrics._sweep_jit
+    real = fused._sweep_jit
     monkeypatch.setattr(
-        metrics, "_sweep_jit", lambda c, **kw: compiled.append(kw["tile"]) or real(c, **kw)
+        fused, "_sweep_jit", lambda c, **kw: compiled.append(kw["tile"]) or real(c, **kw)
     )
     for t in (63, 64, 100, 128):
         c = causal(t, (1,), t)
@@ -534,12 +535,15 @@ def test_odd_batch_sizes_pad_and_shard(n):
 
 
 @pytest.mark.parametrize(
-    "block, kernel",
-    [("_sweep_block", metrics.node_fidelity), ("_settled_hitting_time", metrics.hitting_time)],
+    "module, block, kernel",
+    [
+        (fused, "_sweep_block", metrics.node_fidelity),
+        (early_stop, "_settled_hitting_time", metrics.hitting_time),
+    ],
 )
-def test_second_call_does_not_retrace(block, kernel, monkeypatch):
-    counted = chex.assert_max_traces(getattr(metrics, block), n=1)
-    monkeypatch.setattr(metrics, block, counted)
+def test_second_call_does_not_retrace(module, block, kernel, monkeypatch):
+    counted = chex.assert_max_traces(getattr(module, block), n=1)
+    monkeypatch.setattr(module, block, counted)
     mats = graphs.random_causal(0, (2, 3), 13)
     kernel(mats, 17)
     kernel(mats + 0, 17)  # same shapes, new values: no new trace
@@ -789,13 +793,15 @@ def test_fused_metrics_equal_single_kernels(fixture):
     _, _, expected = fixture
     attn = jnp.asarray(expected["attention"], jnp.float64)
     c = graphs.combine_heads(attn, expected["head_weights"])
-    fused = metrics.operator_metrics(c, walk="normalized")
+    one_pass = metrics.operator_metrics(c, walk="normalized")
     np.testing.assert_allclose(
-        fused.minimax_fidelity, expected["fidelity_learned"] / 100, rtol=1e-6
+        one_pass.minimax_fidelity, expected["fidelity_learned"] / 100, rtol=1e-6
     )
-    np.testing.assert_allclose(fused.hitting_time, expected["hitting_time_normalized"], rtol=1e-6)
+    np.testing.assert_allclose(
+        one_pass.hitting_time, expected["hitting_time_normalized"], rtol=1e-6
+    )
     np.testing.assert_array_equal(
-        fused.tv_mixing_time, metrics.tv_mixing_time(c, walk="normalized")
+        one_pass.tv_mixing_time, metrics.tv_mixing_time(c, walk="normalized")
     )
 
 
@@ -807,23 +813,23 @@ def test_the_sink_signal_and_reference_walk_share_products_and_keep_their_number
     matrix) step as one batch; each metric must still be its own kernel's, and the sink
     signal the one `sink_signal` gives: a mix-up of the two halves shows."""
     if path == "triangular":
-        monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)
+        monkeypatch.setattr(fused, "TRIANGULAR_MIN_TOKENS", 8)
     c = causal(11, (2, 3), 13)
     horizon, max_steps, eps = 17, 23, 0.35
     paths = []
-    real = metrics._triangular_paths
-    monkeypatch.setattr(metrics, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    real = fused._triangular_paths
+    monkeypatch.setattr(fused, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
     by_walk, signal = metrics.metrics_by_walk(
         c, horizon, max_steps, eps, ("reference",), signal=True
     )
     assert bool(paths) == (path == "triangular")
-    fused = by_walk["reference"]
-    np.testing.assert_allclose(fused.node_fidelity, metrics.node_fidelity(c, horizon), rtol=1e-6)
+    one_pass = by_walk["reference"]
+    np.testing.assert_allclose(one_pass.node_fidelity, metrics.node_fidelity(c, horizon), rtol=1e-6)
     np.testing.assert_allclose(
-        fused.hitting_time, metrics.hitting_time(c, max_steps, "reference"), rtol=1e-6
+        one_pass.hitting_time, metrics.hitting_time(c, max_steps, "reference"), rtol=1e-6
     )
     np.testing.assert_array_equal(
-        fused.tv_mixing_time, metrics.tv_mixing_time(c, eps, max_steps, "reference")
+        one_pass.tv_mixing_time, metrics.tv_mixing_time(c, eps, max_steps, "reference")
     )
     powers = [np.linalg.matrix_power(c, t)[..., -1, :] for t in range(1, horizon + 1)]
     np.testing.assert_allclose(signal, np.stack(powers, axis=-2), atol=1e-12)
@@ -842,10 +848,11 @@ def test_a_known_causality_skips_the_check_and_picks_the_path(monkeypatch, short
         for objective in ("fidelity", "hitting_time")
     ]
     checked, checked_scores = run(), scores()
-    monkeypatch.setattr(metrics, "is_causal", lambda c: pytest.fail("causality checked again"))
+    for where in (metrics, operators):  # the public name and the one the kernels call
+        monkeypatch.setattr(where, "is_causal", lambda c: pytest.fail("causality checked again"))
     paths = []
-    real = metrics._triangular_paths
-    monkeypatch.setattr(metrics, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    real = fused._triangular_paths
+    monkeypatch.setattr(fused, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
     for hint in (True, False):
         jax.clear_caches()
         paths.clear()
@@ -859,8 +866,8 @@ def test_an_unknown_causality_is_checked_and_picks_the_path(monkeypatch, short_t
     """Without `causal` the kernels check it themselves: causal operators take the
     triangular path, the others the dense one."""
     paths = []
-    real = metrics._triangular_paths
-    monkeypatch.setattr(metrics, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    real = fused._triangular_paths
+    monkeypatch.setattr(fused, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
     calls = [
         lambda c: metrics.metrics_by_walk(c, 20, 25, 0.3, WALKS, signal=True),
         lambda c: metrics.operator_metrics(c, 20, 25, 0.3, "normalized"),
@@ -894,7 +901,7 @@ def test_check_operator_reads_every_part_of_a_batch(parts, monkeypatch):
     """In a plain session (one CPU device) the check runs in one part per thread: a
     fault in the last matrix, in the first, or spread over parts is still found, and
     valid batches pass with their values."""
-    monkeypatch.setattr(metrics, "_thread_parts", lambda c: parts)
+    monkeypatch.setattr(batching, "_thread_parts", lambda c: parts)
     c = causal(8, (7,), 6)
     np.testing.assert_array_equal(metrics.check_operator(c), c)
     faults = [
@@ -913,7 +920,7 @@ def test_check_operator_reads_every_part_of_a_batch(parts, monkeypatch):
 def test_check_operator_reads_every_part_of_a_threaded_batch(where, monkeypatch):
     """A batch checked in parts, one per thread: one bad matrix in any part fails the whole
     batch (finite, non-negative, rows are each judged over all parts)."""
-    monkeypatch.setattr(metrics, "_thread_parts", lambda c: 3)  # parts of 2 matrices
+    monkeypatch.setattr(batching, "_thread_parts", lambda c: 3)  # parts of 2 matrices
     c = causal(7, (6,), 6)
     np.testing.assert_array_equal(metrics.check_operator(c), c)
     defects = {
@@ -944,12 +951,12 @@ def test_a_threaded_batch_compiles_each_kernel_once_and_drops_its_padding(monkey
     programs), and every operator gets the values of the unthreaded call."""
     c = causal(31, (8,), 13)
     kernels = {
-        "fidelity": (lambda x: metrics.minimax_fidelity(x, 7), metrics._settled_minimax_jit),
-        "hitting": (lambda x: metrics.hitting_time(x, 6), metrics._settled_hitting_jit),
-        "all": (lambda x: metrics.operator_metrics(x, 5, 4), metrics._sweep_jit),
+        "fidelity": (lambda x: metrics.minimax_fidelity(x, 7), early_stop._settled_minimax_jit),
+        "hitting": (lambda x: metrics.hitting_time(x, 6), early_stop._settled_hitting_jit),
+        "all": (lambda x: metrics.operator_metrics(x, 5, 4), fused._sweep_jit),
     }
     whole = {name: jax.tree.map(np.asarray, run(c)) for name, (run, _) in kernels.items()}
-    monkeypatch.setattr(metrics, "_thread_parts", lambda c: 3)
+    monkeypatch.setattr(batching, "_thread_parts", lambda c: 3)
     for name, (run, jitted) in kernels.items():
         before = jitted._cache_size()
         got = jax.tree.map(np.asarray, run(c))

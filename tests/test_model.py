@@ -249,7 +249,7 @@ def test_attention_dropout_is_unbiased():
         (dict(num_heads=3), "num_heads must divide embed_dim=64, got num_heads=3"),
         (dict(num_heads=0), "num_heads must be an integer >= 1, got 0"),
         (dict(dropout_rate=1.0), r"dropout_rate must be in \[0, 1\), got 1.0"),
-        (dict(norm_eps=0.0), "norm_eps must be > 0, got 0.0"),
+        (dict(norm_eps=0.0), "norm_eps must be a finite number > 0, got 0.0"),
     ],
 )
 def test_bad_model_config(kwargs, message):

@@ -128,3 +128,11 @@ def head_mask(mask, config):
             f"head_mask entries must be in [0, 1], got range [{values.min()}, {values.max()}]"
         )
     return jnp.asarray(mask, jnp.result_type(float))
+
+
+def integer_at_least(name: str, value, low: int) -> int:
+    """An integer >= `low` (a size with a smallest workable value, such as two tokens to
+    tell apart), as an int; bools fail, as in `positive_int`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)

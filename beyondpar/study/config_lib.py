@@ -79,8 +79,7 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     out = ml_collections.ConfigDict(defaults)
     for item in filter(None, (arg or "").split(",")):
         key, sep, value = item.partition("=")
-        if key not in defaults:
-            raise ValueError(f"config argument must be one of {sorted(defaults)}, got {key!r}")
+        checks.one_of("config argument", key, sorted(defaults))
         out[key] = _typed(key, value if sep else None, defaults[key])
     return out
 
@@ -115,14 +114,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     """Raise ValueError for a config that cannot run, before any work starts."""
     cfg = model_config(config)
     task = config.task
-    if task.name not in tasks.TASKS:
-        raise ValueError(f"task.name must be one of {tasks.TASKS}, got {task.name!r}")
-    for name, value, low in (
-        ("model.vocab_size", cfg.vocab_size, tasks.MIN_VOCAB_SIZE),
-        ("task.seq_len", task.seq_len, tasks.MIN_SEQ_LEN),
-    ):
-        if value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    checks.one_of("task.name", task.name, tasks.TASKS)
+    checks.integer_at_least("model.vocab_size", cfg.vocab_size, tasks.MIN_VOCAB_SIZE)
+    checks.integer_at_least("task.seq_len", task.seq_len, tasks.MIN_SEQ_LEN)
     tasks.check(task.name, task.seq_len, cfg.vocab_size, task.lag)
     if task.seq_len > cfg.max_len:
         raise ValueError(f"task.seq_len must be <= model.max_len={cfg.max_len}, got {task.seq_len}")
@@ -131,8 +125,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"task.num_train must be >= optim.batch_size={config.optim.batch_size}, "
             f"got {task.num_train}"
         )
-    positive = {
-        "optim.learning_rate": config.optim.learning_rate,
+    checks.positive_number("optim.learning_rate", config.optim.learning_rate)
+    counts = {
         "optim.batch_size": config.optim.batch_size,
         "optim.num_epochs": config.optim.num_epochs,
         "task.num_eval": task.num_eval,
@@ -141,9 +135,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "checkpoint_every_steps": config.checkpoint_every_steps,
         "keep_checkpoints": config.keep_checkpoints,
     }
-    for name, value in positive.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
+    for name, value in counts.items():
+        checks.positive_int(name, value)
     validate_evaluation(config.evaluation)
 
 

@@ -172,17 +172,19 @@ def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch):
     """Heads and mixes go through the kernels in separate calls; each field must still be
     the kernel's number on its own head, its own mix, and on the graph without the sink
     token; the layer's causality is checked once for all of them."""
-    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
-    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
+    monkeypatch.setattr(metrics.fused, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
+    monkeypatch.setattr(metrics.fused, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
     attn = graphs.random_causal(9, (2, 3), 12)
     learned = np.asarray([0.5, 0.3, 0.2], np.float32)
     spec = measure.MeasureSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False, sink_tokens=1)
     checks = []
     real = metrics.is_causal
-    monkeypatch.setattr(metrics, "is_causal", lambda c: checks.append(1) or real(c))
+    for where in (metrics, metrics.operators):  # the public name and the kernels' own
+        monkeypatch.setattr(where, "is_causal", lambda c: checks.append(1) or real(c))
     out = measure.measure_layer(attn, learned, spec)
     assert len(checks) == 1
-    monkeypatch.setattr(metrics, "is_causal", real)
+    for where in (metrics, metrics.operators):
+        monkeypatch.setattr(where, "is_causal", real)
     mixes = {"learned": learned, "uniform": np.full(3, 1 / 3, np.float32)}
     assert_fields_are_the_kernels(out, attn, mixes, spec)
 
@@ -223,8 +225,8 @@ def test_a_layer_with_a_head_that_reads_later_tokens_is_not_causal(monkeypatch):
     """Causality is a property of the whole layer: one head that reads later tokens
     (beside a causal first head) sends every head and mix down the general path, and
     each field is that of its head or mix measured alone, without a hint."""
-    monkeypatch.setattr(metrics, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
-    monkeypatch.setattr(metrics, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
+    monkeypatch.setattr(metrics.fused, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
+    monkeypatch.setattr(metrics.fused, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
     attn = graphs.random_causal(4, (2, 3), 12)
     dense = np.random.default_rng(4).random((2, 12, 12)) ** 3
     attn[:, 1] = dense / dense.sum(-1, keepdims=True)

@@ -120,7 +120,8 @@ def test_validate_rejects_zero_for_settings_that_must_be_positive(path):
     for name in parents:
         node = node[name]
     node[leaf] = type(node[leaf])(0)
-    with pytest.raises(ValueError, match=rf"{path} must be > 0, got 0"):
+    expected = "a finite number > 0" if path == "optim.learning_rate" else "an integer >= 1"
+    with pytest.raises(ValueError, match=rf"{path} must be {expected}, got 0"):
         config_lib.validate(config)
 
 

@@ -220,14 +220,14 @@ def test_two_processes_match_one(tmp_path):
         (lambda c: c.task.update(seq_len=17), "task.seq_len must be <= model.max_len=16, got 17"),
         (
             lambda c: c.optim.update(learning_rate=-1e-3),
-            "optim.learning_rate must be > 0, got -0.001",
+            "optim.learning_rate must be a finite number > 0, got -0.001",
         ),
         (lambda c: c.optim.update(batch_size=30), "divisible by the device count 4, got 30"),
         (
             lambda c: c.task.update(num_train=10),
             "task.num_train must be >= optim.batch_size=32, got 10",
         ),
-        (lambda c: c.update(eval_every_steps=0), "eval_every_steps must be > 0, got 0"),
+        (lambda c: c.update(eval_every_steps=0), "eval_every_steps must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_configs(change, message, tmp_path):
