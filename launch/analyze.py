@@ -25,7 +25,7 @@ from pathlib import Path
 from absl import flags, logging
 
 from beyondpar import measure
-from beyondpar.analysis import corpus_report, series, text_report, windows
+from beyondpar.analysis import corpus, corpus_report, series, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import cli, parallel
 
@@ -121,7 +121,7 @@ def mesh():
 
 
 def analyse_corpus() -> list:
-    cspec = windows.CorpusSpec(
+    cspec = corpus.CorpusSpec(
         tokens=TOKENS.value,
         max_windows=MAX_WINDOWS.value,
         batch_size=BATCH.value,
@@ -134,7 +134,7 @@ def analyse_corpus() -> list:
             models, CORPUS.value, cspec, spec(), OUT.value, DTYPE.value, mesh=mesh()
         )
         return [written]
-    summary, _ = windows.run(
+    summary, _ = corpus.run(
         models[0], CORPUS.value, cspec, spec(), OUT.value, DTYPE.value, mesh=mesh()
     )
     return corpus_report.write(summary, OUT.value)

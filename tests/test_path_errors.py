@@ -7,7 +7,7 @@ import json
 import pytest
 
 from beyondpar import checkpoints, pretrained
-from beyondpar.analysis import corpus
+from beyondpar.analysis import windowing
 from beyondpar.base import checks
 from beyondpar.pretrained import gguf_file, hf_folder
 from beyondpar.study import config_lib, evaluate, workdir
@@ -43,8 +43,8 @@ MISSING = [
     (lambda p: evaluate.evaluate_tree(p / "runs"), "runs directory must be an existing"),
     (lambda p: evaluate.evaluate_tree(p, progress=False), "no runs under"),
     (lambda p: config_lib.load_config_file(p / "cpu.py"), "base config must be an existing file"),
-    (lambda p: corpus.read_documents(p / "c.txt"), "--corpus .* is neither a file nor a folder"),
-    (lambda p: corpus.fingerprint(p / "c.jsonl"), "--corpus .* is neither a file nor a folder"),
+    (lambda p: windowing.read_documents(p / "c.txt"), "--corpus .* is neither a file nor a folder"),
+    (lambda p: windowing.fingerprint(p / "c.jsonl"), "--corpus .* is neither a file nor a folder"),
     (lambda p: pretrained.load_gguf(p / "m.gguf"), "must be a GGUF file or a folder holding one"),
     (lambda p: workdir.read_config(p), "a run folder must hold config.json, got none"),
     (lambda p: gguf_file.GgufFile(p / "m.gguf"), "path must be an existing GGUF file, got"),

@@ -1,157 +1,254 @@
-"""A corpus on disk -> documents -> windows of exactly T tokens, in a stated order.
+"""A corpus through a pretrained model: answers with their uncertainty.
 
-A corpus is a `.txt` file (documents separated by blank lines), a `.jsonl` file (a `text`
-field per line) or a folder of `.txt` files (one document each, in name order). Every
-document is cut into consecutive windows of T tokens; a shorter tail is dropped and
-counted, never silently. Bad input is a ValueError naming the file, line or flag.
+Every window of T tokens goes through the model in batches, layer by layer (memory: one
+layer of one batch), and its per-layer numbers are appended as one line to
+`windows.jsonl`. A rerun with the same settings skips the windows already there; other
+settings are refused, naming every differing field. The summary gives, per layer, the
+mean and a 95% bootstrap confidence interval over windows of every metric of every head
+and mix, the share of windows where each mix beats its best head and the gain's mean and
+interval, beside uniform causal attention of the same length. With `pruning`, the
+model's loss and next-token accuracy as heads are removed in each order, with areas.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import re
 from pathlib import Path
 
 import numpy as np
+import tqdm
 
-from beyondpar.base import checks
+from beyondpar import measure, pretrained
+from beyondpar.analysis import loss_pruning, optimum, statistics, text, windowing
+from beyondpar.base import checks, files, locks, settings
+from beyondpar.measure import record
 
-_BLANK_LINES = re.compile(r"\n[ \t]*\n")
+WINDOWS_FILE = "windows.jsonl"
+SETTINGS_FILE = "settings.json"
+SUMMARY_FILE = "corpus.json"
 
 
 @dataclasses.dataclass(frozen=True)
-class Document:
-    source: str  # file, or file:line for .jsonl
-    text: str
+class CorpusSpec:
+    """How the corpus is cut and batched. `batch_size` windows go through together (a
+    multiple of the device count shards them over every local device)."""
+
+    tokens: int
+    max_windows: int | None = None
+    batch_size: int = 8
+    pruning: bool = False
+    pruning_windows: int = 8
+    pruning_points: int = 11
+    search_windows: int = 8
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("batch_size", "pruning_windows", "pruning_points", "search_windows"):
+            checks.positive_int(f"--{name}", getattr(self, name))
 
 
-@dataclasses.dataclass(frozen=True)
-class Windows:
-    """Token windows (W, T) with where each came from and what was left out."""
-
-    tokens: np.ndarray
-    document: np.ndarray  # (W,) index of the source document
-    num_documents: int
-    documents_used: int
-    dropped_tail_tokens: int
-    short_documents: int  # documents shorter than one window
-    total_windows: int  # before --max_windows
-    sources: list[str]
-
-
-def _corpus_path(path: str | os.PathLike) -> Path:
-    """`path` expanded, refused unless it is a file or a folder (named as the flag)."""
-    path = Path(path).expanduser()
-    if not (path.is_dir() or path.is_file()):
-        raise checks.path_error(path, f"--corpus {path} is neither a file nor a folder")
-    return path
-
-
-def read_documents(path: str | os.PathLike) -> list[Document]:
-    """The documents of a corpus path, in file order (folders: files sorted by name)."""
-    path = _corpus_path(path)
-    if path.is_dir():
-        found = _folder_files(path)
-        if not found:
-            raise ValueError(f"--corpus folder {path} holds no .txt file")
-        docs = [Document(str(p), _read_text(p)) for p in found]
-    elif path.suffix == ".jsonl":
-        docs = _jsonl_documents(path)
-    elif path.suffix == ".txt":
-        parts = _BLANK_LINES.split(_read_text(path))
-        docs = [Document(str(path), part) for part in parts]
-    else:
-        raise ValueError(
-            f"--corpus must be a .txt file, a .jsonl file or a folder of .txt files, got {path}"
-        )
-    docs = [d for d in docs if d.text.strip()]
-    if not docs:
-        raise ValueError(f"--corpus {path} holds no document (it is empty)")
-    return docs
-
-
-def _folder_files(folder: Path) -> list[Path]:
-    """A corpus folder's documents: its .txt files (not folders named so), by name."""
-    return sorted(p for p in folder.iterdir() if p.suffix == ".txt" and p.is_file())
-
-
-def _read_text(path: Path) -> str:
-    raw = path.read_bytes()
-    if b"\x00" in raw:
-        raise ValueError(f"--corpus file {path} is binary, not text (it holds NUL bytes)")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"--corpus file {path} is not UTF-8 text (byte {err.start}: {err.reason})"
-        ) from err
-
-
-def _jsonl_documents(path: Path) -> list[Document]:
-    docs = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--corpus {path}:{number} is not JSON: {err.msg}") from err
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ValueError(f"--corpus {path}:{number} must be an object with a string 'text'")
-        docs.append(Document(f"{path}:{number}", record["text"]))
-    return docs
-
-
-def fingerprint(path: str | os.PathLike) -> str:
-    """SHA-256 over the corpus files' names and bytes: a changed corpus is another run."""
-    path = _corpus_path(path)
-    paths = _folder_files(path) if path.is_dir() else [path]
-    digest = hashlib.sha256()
-    for p in paths:
-        digest.update(p.name.encode() + b"\0" + p.read_bytes())
-    return digest.hexdigest()
-
-
-def make_windows(
-    docs: list[Document], tokenizer, num_tokens: int, max_windows: int | None, context: int
-) -> Windows:
-    """Consecutive windows of `num_tokens` tokens, document by document; the first
-    `max_windows` of them in that order."""
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 2:
-        raise ValueError(f"--tokens must be an integer >= 2, got {num_tokens!r}")
-    if num_tokens > context:
-        raise ValueError(
-            f"--tokens={num_tokens} is longer than the model's context of {context} tokens"
-        )
-    if max_windows is not None:
-        max_windows = checks.positive_int("--max_windows", max_windows)
-    rows, owner, dropped, short, longest = [], [], 0, 0, 0
-    for index, doc in enumerate(docs):
-        ids = tokenizer.encode(doc.text).ids
-        longest = max(longest, len(ids))
-        count = len(ids) // num_tokens
-        short += count == 0
-        dropped += len(ids) - count * num_tokens
-        rows += [ids[k * num_tokens : (k + 1) * num_tokens] for k in range(count)]
-        owner += [index] * count
-    if not rows:
-        raise ValueError(
-            f"no document of the corpus is as long as --tokens={num_tokens} "
-            f"(the longest has {longest} tokens)"
-        )
-    total = len(rows)
-    keep = total if max_windows is None else min(max_windows, total)
-    document = np.asarray(owner[:keep])
-    return Windows(
-        tokens=np.asarray(rows[:keep], np.int32),
-        document=document,
-        num_documents=len(docs),
-        documents_used=len(set(document.tolist())),
-        dropped_tail_tokens=dropped,
-        short_documents=short,
-        total_windows=total,
-        sources=[d.source for d in docs],
+def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progress=True, mesh=None):
+    """Analyse every window not yet recorded, then summarise: (summary, windows). The
+    model's weights go on `mesh` (default one device), each batch along its `data` axis."""
+    out_dir = Path(out_dir)
+    docs = windowing.read_documents(corpus_path)
+    module, params, tokenizer = pretrained.load(model, dtype, mesh, progress)
+    windows = windowing.make_windows(
+        docs, tokenizer, cspec.tokens, cspec.max_windows, module.config.max_len
     )
+    spec.check_length(cspec.tokens)
+    wanted = _settings(model, corpus_path, cspec, spec, dtype)
+    with locks.lock(out_dir):
+        _check_settings(out_dir, wanted)
+        found = None
+        if spec.optimal_weights:
+            found = optimum.corpus_optimum(module, params, windows, spec, cspec, out_dir, progress)
+        records = _windows_done(module, params, windows, cspec, spec, found, out_dir, progress)
+        summary = statistics.summarize(records, cspec.seed)
+        summary.update(
+            description(model, corpus_path, windows, cspec, spec),
+            baseline=measure.baselines(cspec.tokens, spec),
+        )
+        if found is not None:
+            summary["optimal"] = optimum.summary(found)
+        if cspec.pruning:
+            summary["pruning"] = loss_pruning.corpus_curves(
+                module, params, windows, cspec, spec, progress
+            )
+        files.write_json(out_dir / SUMMARY_FILE, summary)
+    return summary, windows
+
+
+def _windows_done(module, params, windows, cspec, spec, found, out_dir, progress) -> list[dict]:
+    """Every window's record: those in windows.jsonl, the rest analysed and appended."""
+    done = {r["window"]: r for r in files.read_json_lines(out_dir / WINDOWS_FILE, ("window",))}
+    todo = [i for i in range(len(windows.tokens)) if i not in done]
+
+    def keep(index, line):
+        files.append_json_line(out_dir / WINDOWS_FILE, line)
+        done[index] = line
+
+    extra, extra_without_sink = {}, {}
+    if found is not None:
+        sizes = (len(windows.tokens), module.config.num_layers)
+        extra["optimal"] = optimum.per_window(found, "weights", *sizes)
+        if spec.sink_tokens:
+            extra_without_sink["optimal"] = optimum.per_window(
+                found, "weights_without_sink", *sizes
+            )
+    # The optimum is searched above, once; pairwise synergy (H^2 / 2 more operators) is a
+    # single-text view the corpus summary does not keep.
+    inner = dataclasses.replace(spec, optimal_weights=False, pairwise=False)
+    analyze_windows(
+        module,
+        params,
+        windows,
+        todo,
+        inner,
+        cspec.batch_size,
+        keep,
+        extra,
+        extra_without_sink=extra_without_sink,
+        progress=progress,
+    )
+    return [done[i] for i in range(len(windows.tokens))]
+
+
+def analyze_windows(
+    module,
+    params,
+    windows,
+    todo,
+    spec,
+    batch_size,
+    keep,
+    extra=None,
+    timer=None,
+    progress=True,
+    extra_without_sink=None,
+):
+    """Windows `todo` through the model, `batch_size` at a time (split along the `data`
+    axis of the parameters' mesh, or over the local devices without one); `keep(index,
+    line)` gets each window's record as soon as its batch is done (so an interrupted run
+    loses at most one batch). `extra` and `extra_without_sink` {name: weights per window
+    (W, L, H)} add mixes (e.g. the cross-fitted optimum)."""
+    total = len(windows.tokens)
+    bar = tqdm.tqdm(
+        total=total, initial=total - len(todo), desc="windows", unit="window", disable=not progress
+    )
+    with bar:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            tokens = pretrained.place_tokens(params, windows.tokens[batch])
+            pick = lambda mixes, batch=batch: {k: v[batch] for k, v in (mixes or {}).items()}
+            # The summary's baselines are computed once, not once per batch.
+            measured = text.analyze_tokens(
+                module,
+                params,
+                tokens,
+                spec,
+                timer,
+                pick(extra),
+                pick(extra_without_sink),
+                with_baselines=False,
+            )
+            for b, index in enumerate(batch):
+                line = {"window": index, "document": int(windows.document[index])}
+                line.update(window_record(measured, b))
+                keep(index, line)
+            bar.update(len(batch))
+
+
+def _settings(model, corpus_path, cspec, spec, dtype) -> dict:
+    return {
+        "model": str(model),
+        "model_sha256": pretrained.fingerprint(model),
+        "corpus": str(corpus_path),
+        "corpus_sha256": windowing.fingerprint(corpus_path),
+        "corpus_spec": dataclasses.asdict(cspec),
+        "spec": dataclasses.asdict(spec),
+        "dtype": dtype,
+        "record_format": record.FORMAT,
+    }
+
+
+# Settings a rerun may change: they do not change a window's numbers.
+_FREE = (
+    "corpus_spec.batch_size",
+    "corpus_spec.pruning",
+    "corpus_spec.pruning_windows",
+    "corpus_spec.pruning_points",
+    "corpus_spec.max_windows",
+)
+
+
+def _check_settings(out_dir: Path, wanted: dict) -> None:
+    """A first run writes its settings; a rerun must match them but for `_FREE`. Settings
+    written before the model's fingerprint was recorded take the model's as theirs."""
+    path = out_dir / SETTINGS_FILE
+    if path.exists():
+        old = files.read_json(path)
+        _check_format(out_dir, old.get("record_format", 1))
+        old.setdefault("model_sha256", wanted["model_sha256"])
+        settings.refuse_changes(
+            old,
+            wanted,
+            f"{out_dir} holds a corpus analysis with other settings",
+            "use another --out, or the old settings",
+            free=lambda field: field in _FREE,
+        )
+    files.write_json(path, wanted)
+
+
+def _check_format(out_dir: Path, found) -> None:
+    """Windows recorded in another format of the per-layer record are refused, never read
+    as this one (format 1 lacked fields every summary now reads)."""
+    if found != record.FORMAT:
+        raise ValueError(
+            f"{out_dir} holds windows measured in record format {found}, this version "
+            f"writes format {record.FORMAT}: use another --out (or remove {WINDOWS_FILE} "
+            f"and {SETTINGS_FILE} there to measure them again)"
+        )
+
+
+def window_record(measured: dict, b: int) -> dict:
+    """Window b's numbers out of a batch's record: per layer every per-window field, and
+    the rollout's network fidelity and the first token's share."""
+    layers = {str(k): _index(d, b) for k, d in measured["layers"].items()}
+    share = measured["rollout"]["sink_share"][b]
+    return {
+        "layers": layers,
+        "rollout": {"network_fidelity": float(share.min()), "first_token_share": float(share[0])},
+    }
+
+
+def _index(graph: dict, b: int) -> dict:
+    """Window b's entries of a layer's record (and of its graph without the sink)."""
+    out = {}
+    for key, value in graph.items():
+        if key in record.NOT_PER_SEQUENCE:
+            continue
+        out[key] = _index(value, b) if key == record.WITHOUT_SINK else _pick(value, b)
+    return out
+
+
+def _pick(tree, b):
+    if isinstance(tree, dict):
+        return {k: _pick(v, b) for k, v in tree.items()}
+    return np.asarray(tree)[b].tolist()
+
+
+def description(model, corpus_path, windows: windowing.Windows, cspec, spec) -> dict:
+    return {
+        "source": str(model),
+        "corpus": str(corpus_path),
+        "num_documents": windows.num_documents,
+        "documents_used": windows.documents_used,
+        "num_windows": int(len(windows.tokens)),
+        "total_windows": windows.total_windows,
+        "tokens_per_window": cspec.tokens,
+        "dropped_tail_tokens": windows.dropped_tail_tokens,
+        "short_documents": windows.short_documents,
+        "corpus_spec": dataclasses.asdict(cspec),
+        "spec": dataclasses.asdict(spec),
+    }

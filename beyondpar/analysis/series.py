@@ -21,7 +21,7 @@ import numpy as np
 import tqdm
 
 from beyondpar import measure, pretrained
-from beyondpar.analysis import corpus, corpus_report, text_report, windows
+from beyondpar.analysis import corpus, corpus_report, text_report, windowing
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, locks, settings
 
@@ -112,10 +112,10 @@ def run(models: list[str], text: str, spec, out_dir, dtype=None, progress=True, 
 def run_corpus(
     models: list[str], corpus_path, cspec, spec, out_dir, dtype=None, progress=True, mesh=None
 ):
-    """A corpus analysis (`windows.run`) of every model not yet recorded, each in
+    """A corpus analysis (`corpus.run`) of every model not yet recorded, each in
     its own folder; per-layer values in series.jsonl are means over windows."""
     wanted = {
-        "corpus_sha256": corpus.fingerprint(corpus_path),
+        "corpus_sha256": windowing.fingerprint(corpus_path),
         "tokens": cspec.tokens,
         "max_windows": cspec.max_windows,
         "spec": dataclasses.asdict(spec),
@@ -123,7 +123,7 @@ def run_corpus(
     }
 
     def analyse(model, folder):
-        summary, _ = windows.run(model, corpus_path, cspec, spec, folder, dtype, progress, mesh)
+        summary, _ = corpus.run(model, corpus_path, cspec, spec, folder, dtype, progress, mesh)
         corpus_report.write(summary, folder)
         return summarize(summary), summary["rollout"]["network_fidelity"]["mean"]
 

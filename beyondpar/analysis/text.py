@@ -35,8 +35,10 @@ def analyze_tokens(
     timer: Timer | None = None,
     extra=None,
     extra_without_sink=None,
+    with_baselines: bool = True,
 ):
-    """Record of a pretrained model on token ids: per analysed layer, then the rollout.
+    """Record of a pretrained model on token ids: per analysed layer, then the rollout,
+    and (`with_baselines`) uniform causal attention of the same length beside them.
 
     One layer's attention is alive at a time; for the rollout only each layer's mix of
     heads (B x T x T) is kept (see `SinkRollout`).
@@ -63,7 +65,8 @@ def analyze_tokens(
             out[layer] = measure_layer(attn, weights, spec, timer, fixed, fixed_inner)
     with timer.part("rollout"):
         summary = rollout.record()
-    return {"layers": out, "rollout": summary, **baselines(np.shape(tokens_BxT)[-1], spec)}
+    out = {"layers": out, "rollout": summary}
+    return {**out, **baselines(np.shape(tokens_BxT)[-1], spec)} if with_baselines else out
 
 
 def _at_layer(extra: dict | None, layer: int) -> dict:

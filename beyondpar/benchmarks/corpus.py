@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from beyondpar import measure
-from beyondpar.analysis import corpus, corpus_report, statistics
-from beyondpar.analysis import windows as windows_lib
+from beyondpar.analysis import corpus as corpus_lib
+from beyondpar.analysis import corpus_report, statistics, windowing
 from beyondpar.base import settings
 from beyondpar.base.timing import Timer, timed
 from beyondpar.benchmarks.machine import matmul_flops_per_s, peak_rss_gb
@@ -20,10 +20,10 @@ from beyondpar.benchmarks.models import SMOLLM2_135M, random_model
 from beyondpar.benchmarks.printing import print_result
 
 
-def random_windows(num_windows: int, tokens: int, vocab: int, seed: int = 0) -> corpus.Windows:
+def random_windows(num_windows: int, tokens: int, vocab: int, seed: int = 0) -> windowing.Windows:
     """`num_windows` windows of random token ids, four windows per 'document'."""
     ids = np.random.default_rng(seed).integers(0, vocab, (num_windows, tokens), dtype=np.int32)
-    return corpus.Windows(
+    return windowing.Windows(
         tokens=ids,
         document=np.arange(num_windows) // 4,
         num_documents=-(-num_windows // 4),
@@ -56,7 +56,7 @@ def corpus_suite(
     timer = Timer()
     records = {}
     start = time.perf_counter()
-    windows_lib.analyze_windows(
+    corpus_lib.analyze_windows(
         module,
         params,
         data,
@@ -92,9 +92,9 @@ def _summary_and_report_seconds(records, data, spec, tokens: int, batch_size: in
     seconds = {}
     start = time.perf_counter()
     summary = statistics.summarize([records[i] for i in range(len(records))])
-    cspec = windows_lib.CorpusSpec(tokens=tokens, batch_size=batch_size)
+    cspec = corpus_lib.CorpusSpec(tokens=tokens, batch_size=batch_size)
     summary.update(
-        windows_lib.description("random SmolLM2-135M shape", "random ids", data, cspec, spec),
+        corpus_lib.description("random SmolLM2-135M shape", "random ids", data, cspec, spec),
         baseline=measure.baselines(tokens, spec),
     )
     seconds["summary (bootstrap intervals)"] = time.perf_counter() - start

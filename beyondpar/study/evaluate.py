@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from beyondpar import checkpoints, measure, metrics, pruning, synergy, tasks, weighting
+from beyondpar import batches, checkpoints, measure, metrics, pruning, synergy, tasks, weighting
 from beyondpar import model as model_lib
 from beyondpar.base import checks, files, locks, parallel
 from beyondpar.measure import record
@@ -191,11 +191,13 @@ def _weights_columns(weights, optimal: dict, n: int) -> dict:
 
 
 def _accuracies(logits, examples: tasks.Examples) -> dict:
-    correct = np.asarray(jnp.argmax(logits, -1)) == np.asarray(examples.targets)
-    mask = np.asarray(examples.predictable)
+    """Per sequence, on the host (float64): accuracy at every position and on the
+    predictable ones."""
+    logits = np.asarray(logits)
+    batch = batches.Batch(*(np.asarray(a) for a in examples))
     return {
-        "accuracy": np.mean(correct, -1),
-        "accuracy_predictable": np.sum(correct & mask, -1) / np.maximum(np.sum(mask, -1), 1),
+        "accuracy": np.mean(logits.argmax(-1) == batch.targets, -1),
+        "accuracy_predictable": batches.accuracy(logits, batch, axis=-1),
     }
 
 

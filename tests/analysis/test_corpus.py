@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from beyondpar import measure, pretrained, pruning
-from beyondpar.analysis import corpus, corpus_report, loss_pruning, optimum, series
+from beyondpar.analysis import corpus as corpus_lib
+from beyondpar.analysis import corpus_report, loss_pruning, optimum, series, windowing
 from beyondpar.analysis import text as text_lib
-from beyondpar.analysis import windows as windows_lib
 from beyondpar.base import files, parallel
 from conftest import DATA, analyze_cli
 
@@ -35,7 +35,7 @@ class WordTokenizer:
 def test_documents_of_each_corpus_kind(tmp_path):
     txt = tmp_path / "c.txt"
     txt.write_text("one two three\n\nfour five\n  \n\nsix\n")
-    assert [d.text.strip() for d in corpus.read_documents(txt)] == [
+    assert [d.text.strip() for d in windowing.read_documents(txt)] == [
         "one two three",
         "four five",
         "six",
@@ -44,34 +44,34 @@ def test_documents_of_each_corpus_kind(tmp_path):
     jsonl.write_text(
         json.dumps({"text": "a b"}) + "\n\n" + json.dumps({"text": "c", "id": 2}) + "\n"
     )
-    docs = corpus.read_documents(jsonl)
+    docs = windowing.read_documents(jsonl)
     assert [d.text for d in docs] == ["a b", "c"] and docs[1].source == f"{jsonl}:3"
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "b.txt").write_text("second\n\nstill second")
     (folder / "a.txt").write_text("first")
     (folder / "skip.md").write_text("not a txt file")
-    assert [d.text for d in corpus.read_documents(folder)] == ["first", "second\n\nstill second"]
+    assert [d.text for d in windowing.read_documents(folder)] == ["first", "second\n\nstill second"]
 
 
 def test_windows_are_consecutive_counted_and_cut_in_order():
     docs = [
-        corpus.Document("a", "w " * 10),
-        corpus.Document("b", "w " * 3),
-        corpus.Document("c", "w " * 8),
+        windowing.Document("a", "w " * 10),
+        windowing.Document("b", "w " * 3),
+        windowing.Document("c", "w " * 8),
     ]
-    w = corpus.make_windows(docs, WordTokenizer(), 4, None, 100)
+    w = windowing.make_windows(docs, WordTokenizer(), 4, None, 100)
     assert w.tokens.shape == (4, 4) and w.document.tolist() == [0, 0, 2, 2]
     assert (w.dropped_tail_tokens, w.short_documents, w.total_windows) == (2 + 3 + 0, 1, 4)
-    first = corpus.make_windows(docs, WordTokenizer(), 4, 3, 100)
+    first = windowing.make_windows(docs, WordTokenizer(), 4, 3, 100)
     assert first.document.tolist() == [0, 0, 2] and first.total_windows == 4
     assert first.documents_used == 2 and first.num_documents == 3
     with pytest.raises(ValueError, match="no document of the corpus is as long as --tokens=11"):
-        corpus.make_windows(docs, WordTokenizer(), 11, None, 100)
+        windowing.make_windows(docs, WordTokenizer(), 11, None, 100)
     with pytest.raises(ValueError, match="--tokens=64 is longer than the model's context of 32"):
-        corpus.make_windows(docs, WordTokenizer(), 64, None, 32)
+        windowing.make_windows(docs, WordTokenizer(), 64, None, 32)
     with pytest.raises(ValueError, match="--max_windows must be an integer >= 1, got 0"):
-        corpus.make_windows(docs, WordTokenizer(), 4, 0, 100)
+        windowing.make_windows(docs, WordTokenizer(), 4, 0, 100)
 
 
 def test_a_line_of_only_spaces_or_tabs_separates_documents(tmp_path):
@@ -80,10 +80,10 @@ def test_a_line_of_only_spaces_or_tabs_separates_documents(tmp_path):
     documents, each window of them owned by its own paragraph."""
     txt = tmp_path / "c.txt"
     txt.write_text("1 2 3 4\n \n5 6 7 8\n\t \n9 10 11 12\nstill third\n")
-    docs = corpus.read_documents(txt)
+    docs = windowing.read_documents(txt)
     assert [d.text for d in docs] == ["1 2 3 4", "5 6 7 8", "9 10 11 12\nstill third\n"]
     assert {d.source for d in docs} == {str(txt)}
-    w = corpus.make_windows(docs, WordTokenizer(), 4, None, 100)
+    w = windowing.make_windows(docs, WordTokenizer(), 4, None, 100)
     assert w.document.tolist() == [0, 1, 2] and w.num_documents == 3
     assert (w.dropped_tail_tokens, w.short_documents) == (2, 0)
 
@@ -99,7 +99,7 @@ def test_a_folders_fingerprint_changes_with_its_file_names_and_boundaries(tmp_pa
         path.mkdir()
         for file_name, text in files_text.items():
             (path / file_name).write_text(text)
-        return corpus.fingerprint(path)
+        return windowing.fingerprint(path)
 
     base = folder("base", {"a.txt": "one two", "b.txt": "three four"})
     assert folder("copy", {"a.txt": "one two", "b.txt": "three four"}) == base
@@ -111,7 +111,7 @@ def test_a_folders_fingerprint_changes_with_its_file_names_and_boundaries(tmp_pa
     single.mkdir()
     (single / "a.txt").write_text("one two")
     (single / "b.txt").write_text("one two")
-    assert corpus.fingerprint(single / "a.txt") != corpus.fingerprint(single / "b.txt")
+    assert windowing.fingerprint(single / "a.txt") != windowing.fingerprint(single / "b.txt")
 
 
 def test_a_fingerprint_keeps_each_file_name_apart_from_its_bytes(tmp_path):
@@ -124,12 +124,12 @@ def test_a_fingerprint_keeps_each_file_name_apart_from_its_bytes(tmp_path):
     second.mkdir()
     (first / "a.txt").write_text("b.txt one")
     (second / "a.txtb.txt").write_text(" one")
-    assert [d.text for d in corpus.read_documents(first)] == ["b.txt one"]
-    assert [d.text for d in corpus.read_documents(second)] == [" one"]
-    assert corpus.fingerprint(first) != corpus.fingerprint(second)
+    assert [d.text for d in windowing.read_documents(first)] == ["b.txt one"]
+    assert [d.text for d in windowing.read_documents(second)] == [" one"]
+    assert windowing.fingerprint(first) != windowing.fingerprint(second)
     (tmp_path / "x.txt").write_text("y")
     (tmp_path / "x.tx").write_text("ty")
-    assert corpus.fingerprint(tmp_path / "x.txt") != corpus.fingerprint(tmp_path / "x.tx")
+    assert windowing.fingerprint(tmp_path / "x.txt") != windowing.fingerprint(tmp_path / "x.tx")
 
 
 def test_a_folder_named_like_a_text_file_is_not_a_document(tmp_path):
@@ -141,8 +141,8 @@ def test_a_folder_named_like_a_text_file_is_not_a_document(tmp_path):
         (folder / "a.txt").write_text("one two three")
     (beside / "sub.txt").mkdir()
     (beside / "sub.txt" / "b.txt").write_text("four")
-    assert [d.text for d in corpus.read_documents(beside)] == ["one two three"]
-    assert corpus.fingerprint(beside) == corpus.fingerprint(alone)
+    assert [d.text for d in windowing.read_documents(beside)] == ["one two three"]
+    assert windowing.fingerprint(beside) == windowing.fingerprint(alone)
 
 
 @pytest.mark.parametrize(
@@ -160,19 +160,19 @@ def test_bad_corpora_are_named(tmp_path, name, content, message):
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(ValueError, match=message):
-        corpus.read_documents(path)
+        windowing.read_documents(path)
 
 
 @pytest.fixture(scope="module")
 def corpus_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus")
-    cspec = windows_lib.CorpusSpec(
+    cspec = corpus_lib.CorpusSpec(
         tokens=24, max_windows=7, batch_size=4, pruning=True, pruning_windows=3, pruning_points=3
     )
     spec = measure.MeasureSpec(
         horizon=20, max_steps=20, pairwise=False, sink_tokens=1, optimal_weights=True
     )
-    summary, windows = windows_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
+    summary, windows = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
     corpus_report.write(summary, out)
     return out, summary, windows, cspec, spec
 
@@ -183,7 +183,7 @@ def lines(path):
 
 def test_window_records_are_the_single_window_analysis(corpus_run):
     out, summary, windows, _, spec = corpus_run
-    records = lines(out / windows_lib.WINDOWS_FILE)
+    records = lines(out / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in records) == list(range(7))
     module, params, _ = pretrained.load(HF / "llama-tiny")
     alone = text_lib.analyze_tokens(module, params, windows.tokens[5:6], spec)
@@ -201,7 +201,7 @@ def test_window_records_are_the_single_window_analysis(corpus_run):
 
 def test_summary_means_wins_and_description(corpus_run):
     out, summary, windows, _, _ = corpus_run
-    records = sorted(lines(out / windows_lib.WINDOWS_FILE), key=lambda r: r["window"])
+    records = sorted(lines(out / corpus_lib.WINDOWS_FILE), key=lambda r: r["window"])
     layer = summary["layers"]["1"]
     gains = np.array([r["layers"]["1"]["mixes"]["learned"]["gain"] for r in records])
     assert layer["mixes"]["learned"]["gain"]["mean"] == pytest.approx(gains.mean(), rel=1e-9)
@@ -216,44 +216,44 @@ def test_summary_means_wins_and_description(corpus_run):
 
 
 def test_a_damaged_settings_file_is_named(tmp_path):
-    path = tmp_path / windows_lib.SETTINGS_FILE
+    path = tmp_path / corpus_lib.SETTINGS_FILE
     path.write_text('{"corpus": "c.txt", "spec": {"hor')
-    cspec = windows_lib.CorpusSpec(tokens=24, max_windows=2)
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=2)
     with pytest.raises(ValueError, match=f"^{path} is not valid JSON"):
-        windows_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
+        corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
 
 
 def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tmp_path):
     out, _, _, cspec, spec = corpus_run
     copy = tmp_path / "copy"
     copy.mkdir()
-    for name in (windows_lib.SETTINGS_FILE, windows_lib.WINDOWS_FILE):
+    for name in (corpus_lib.SETTINGS_FILE, corpus_lib.WINDOWS_FILE):
         (copy / name).write_text((out / name).read_text())
-    kept = (copy / windows_lib.WINDOWS_FILE).read_text().splitlines()[:3]
-    (copy / windows_lib.WINDOWS_FILE).write_text("\n".join(kept) + '\n{"window": 3, "lay')
-    other_batch = windows_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=3)
-    summary, _ = windows_lib.run(HF / "llama-tiny", TEXT, other_batch, spec, copy, progress=False)
-    records = lines_skipping_torn(copy / windows_lib.WINDOWS_FILE)
+    kept = (copy / corpus_lib.WINDOWS_FILE).read_text().splitlines()[:3]
+    (copy / corpus_lib.WINDOWS_FILE).write_text("\n".join(kept) + '\n{"window": 3, "lay')
+    other_batch = corpus_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=3)
+    summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, other_batch, spec, copy, progress=False)
+    records = lines_skipping_torn(copy / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in records) == list(range(7))
-    done = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
+    done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
     for r in records:  # batch 3 = batch 4, window by window
         a = r["layers"]["1"]["heads"]["fidelity"]
         np.testing.assert_allclose(
             a, done[r["window"]]["layers"]["1"]["heads"]["fidelity"], rtol=1e-5
         )
-    before = (copy / windows_lib.WINDOWS_FILE).read_text()
-    windows_lib.run(HF / "llama-tiny", TEXT, other_batch, spec, copy, progress=False)
-    assert (copy / windows_lib.WINDOWS_FILE).read_text() == before
+    before = (copy / corpus_lib.WINDOWS_FILE).read_text()
+    corpus_lib.run(HF / "llama-tiny", TEXT, other_batch, spec, copy, progress=False)
+    assert (copy / corpus_lib.WINDOWS_FILE).read_text() == before
     with pytest.raises(ValueError, match=r"other settings \(corpus_spec.tokens: 24 -> 16"):
-        windows_lib.run(
+        corpus_lib.run(
             HF / "llama-tiny",
             TEXT,
-            windows_lib.CorpusSpec(tokens=16),
+            corpus_lib.CorpusSpec(tokens=16),
             spec,
             copy,
             progress=False,
         )
-    assert (copy / windows_lib.WINDOWS_FILE).read_text() == before
+    assert (copy / corpus_lib.WINDOWS_FILE).read_text() == before
 
 
 def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_path):
@@ -261,9 +261,9 @@ def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_pat
     batch over two along data: every window's numbers as on one device."""
     out, _, _, cspec, spec = corpus_run
     mesh = parallel.model_mesh(2, 2)
-    windows_lib.run(HF / "llama-tiny", TEXT, cspec, spec, tmp_path, progress=False, mesh=mesh)
-    done = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
-    sharded = lines(tmp_path / windows_lib.WINDOWS_FILE)
+    corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, tmp_path, progress=False, mesh=mesh)
+    done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
+    sharded = lines(tmp_path / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in sharded) == list(range(7))
     for r in sharded:
         for layer in ("0", "1"):
@@ -293,9 +293,9 @@ def lines_skipping_torn(path):
 
 def test_loss_pruning_curves_start_at_the_models_loss():
     module, params, tokenizer = pretrained.load(HF / "llama-tiny")
-    docs = corpus.read_documents(TEXT)
-    windows = corpus.make_windows(docs, tokenizer, 24, 4, module.config.max_len)
-    cspec = windows_lib.CorpusSpec(tokens=24, pruning=True, pruning_windows=4, pruning_points=4)
+    docs = windowing.read_documents(TEXT)
+    windows = windowing.make_windows(docs, tokenizer, 24, 4, module.config.max_len)
+    cspec = corpus_lib.CorpusSpec(tokens=24, pruning=True, pruning_windows=4, pruning_points=4)
     curves = loss_pruning.corpus_curves(module, params, windows, cspec, SPEC)
     logits, _ = pretrained.apply_with_attention(module, params, windows.tokens)
     logits = np.asarray(logits[:, :-1], np.float64)
@@ -343,7 +343,7 @@ def test_pruning_points_are_the_nearest_heads_to_even_spacing(monkeypatch):
     monkeypatch.setattr(pruning, "masked_scores", fake_scores)
     tokens = np.arange(5 * 6).reshape(5, 6)
     windows = types.SimpleNamespace(tokens=tokens)
-    cspec = windows_lib.CorpusSpec(tokens=6, pruning_windows=3, pruning_points=4, seed=5)
+    cspec = corpus_lib.CorpusSpec(tokens=6, pruning_windows=3, pruning_points=4, seed=5)
     spec = measure.MeasureSpec(horizon=7)
     curves = loss_pruning.corpus_curves(module, None, windows, cspec, spec, progress=False)
     assert curves["windows"] == 3
@@ -405,7 +405,7 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
 def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
 
     models = [str(HF / "llama-tiny"), str(HF / "qwen3-tiny")]
-    cspec = windows_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
     out = tmp_path / "series"
     records, written = series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
     assert [r["model"] for r in records] == models
@@ -424,7 +424,7 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
     before = (windows.stat().st_mtime_ns, (out / "series.jsonl").read_text())
     series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
     assert (windows.stat().st_mtime_ns, (out / "series.jsonl").read_text()) == before
-    other = windows_lib.CorpusSpec(tokens=12, max_windows=3)
+    other = corpus_lib.CorpusSpec(tokens=12, max_windows=3)
     with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
     done = analyze_cli(
@@ -451,7 +451,7 @@ def test_every_window_is_measured_with_weights_searched_without_its_fold(corpus_
     assert found["search_windows"] == [[4, 5, 6], [0, 2, 3]]  # outside the fold, 3 each
     assert summary["optimal"]["search_windows"] == found["search_windows"]
     module, params, _ = pretrained.load(HF / "llama-tiny")
-    records = {r["window"]: r for r in lines(out / windows_lib.WINDOWS_FILE)}
+    records = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
     for window, fold in ((1, 0), (5, 1)):
         weights = np.asarray(found["weights"][fold])  # L x H
         inner = np.asarray(found["weights_without_sink"][fold])
@@ -502,11 +502,11 @@ def test_in_sample_values_are_each_searchs_own_windows_and_beat_every_head(corpu
 
 def test_a_changed_window_count_is_refused_when_the_optimum_is_held_out(corpus_run, tmp_path):
     out, _, _, _, spec = corpus_run
-    for name in (windows_lib.SETTINGS_FILE, windows_lib.WINDOWS_FILE, optimum.OPTIMAL_FILE):
+    for name in (corpus_lib.SETTINGS_FILE, corpus_lib.WINDOWS_FILE, optimum.OPTIMAL_FILE):
         (tmp_path / name).write_text((out / name).read_text())
-    fewer = windows_lib.CorpusSpec(tokens=24, max_windows=6, batch_size=4)
+    fewer = corpus_lib.CorpusSpec(tokens=24, max_windows=6, batch_size=4)
     with pytest.raises(ValueError, match=r"other folds .*--max_windows"):
-        windows_lib.run(HF / "llama-tiny", TEXT, fewer, spec, tmp_path, progress=False)
+        corpus_lib.run(HF / "llama-tiny", TEXT, fewer, spec, tmp_path, progress=False)
 
 
 def cells(report: str, heading: str) -> dict[str, list[str]]:
@@ -565,14 +565,14 @@ def test_an_edited_corpus_is_refused_on_a_rerun(tmp_path):
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "a.txt").write_text(TEXT.read_text())
-    cspec = windows_lib.CorpusSpec(tokens=16, max_windows=2)
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=2)
     out = tmp_path / "out"
-    windows_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
-    before = (out / windows_lib.WINDOWS_FILE).read_text()
+    corpus_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
+    before = (out / corpus_lib.WINDOWS_FILE).read_text()
     (folder / "a.txt").write_text(TEXT.read_text().replace("Nature", "Reason"))  # same name
     with pytest.raises(ValueError, match=r"other settings \(corpus_sha256: "):
-        windows_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
-    assert (out / windows_lib.WINDOWS_FILE).read_text() == before
+        corpus_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
+    assert (out / corpus_lib.WINDOWS_FILE).read_text() == before
 
 
 def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run):
@@ -608,7 +608,7 @@ def test_each_record_names_its_windows_document():
     tokens = np.arange(3 * 6).reshape(3, 6) % 50 + 1
     picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 1]))
     got = {}
-    windows_lib.analyze_windows(
+    corpus_lib.analyze_windows(
         module, params, picked, [0, 1, 2], SPEC, 2, got.__setitem__, progress=False
     )
     assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1}

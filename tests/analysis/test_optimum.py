@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from beyondpar import measure
-from beyondpar.analysis import optimum, windows
+from beyondpar.analysis import corpus, optimum
 
 
 def test_a_single_window_is_not_held_out():
@@ -29,11 +29,11 @@ def test_weights_searched_on_other_windows_of_the_same_folds_are_refused(tmp_pat
     spec = measure.MeasureSpec(optimal_weights=True, folds=2)
     stored = optimum.plan(6, 2, 3, [0, 1])  # three search windows per fold
     (tmp_path / optimum.OPTIMAL_FILE).write_text(json.dumps(stored))
-    fewer = windows.CorpusSpec(tokens=8, search_windows=2)
+    fewer = corpus.CorpusSpec(tokens=8, search_windows=2)
     assert optimum.plan(6, 2, 2, [0, 1])["folds"] == stored["folds"]
     with pytest.raises(ValueError, match=r"search windows \[\[3, 4, 5\], \[0, 1, 2\]\]"):
         optimum.corpus_optimum(module, None, corpus_windows, spec, fewer, tmp_path)
-    same = windows.CorpusSpec(tokens=8, search_windows=3)
+    same = corpus.CorpusSpec(tokens=8, search_windows=3)
     assert optimum.corpus_optimum(module, None, corpus_windows, spec, same, tmp_path) == stored
 
 
@@ -42,7 +42,7 @@ def test_a_damaged_weights_file_is_named(tmp_path):
     spec = measure.MeasureSpec(optimal_weights=True, folds=2)
     path = tmp_path / optimum.OPTIMAL_FILE
     path.write_text(json.dumps(optimum.plan(6, 2, 3, [0, 1]))[:50])
-    cspec = windows.CorpusSpec(tokens=8, search_windows=3)
+    cspec = corpus.CorpusSpec(tokens=8, search_windows=3)
     with pytest.raises(ValueError, match=f"^{path} is not valid JSON"):
         optimum.corpus_optimum(module, None, corpus_windows, spec, cspec, tmp_path)
 
@@ -89,7 +89,7 @@ def test_the_corpus_search_scores_its_mix_at_the_analysis_horizon(tmp_path, monk
         optimum.pretrained, "head_importances", lambda module, params: np.ones((1, 2))
     )
     module, corpus_windows = stub_model(4, 1)
-    cspec = windows.CorpusSpec(tokens=3, search_windows=2)
+    cspec = corpus.CorpusSpec(tokens=3, search_windows=2)
     for horizon, want in ((2, 0.25), (100, 0.5)):
         spec = measure.MeasureSpec(horizon=horizon, optimal_weights=True, folds=2)
         out = tmp_path / str(horizon)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from beyondpar import measure
-from beyondpar.analysis import corpus_report, series, windows
+from beyondpar.analysis import corpus, corpus_report, series
 
 
 def line(label: str, layers: dict, network: float = 1.0) -> dict:
@@ -183,14 +183,14 @@ def test_a_corpus_series_refuses_a_rerun_with_another_window_count(tmp_path, mon
             "rollout": {"network_fidelity": {"mean": 0.25}},
         }, None
 
-    monkeypatch.setattr(windows, "run", fake_run)
+    monkeypatch.setattr(corpus, "run", fake_run)
     monkeypatch.setattr(corpus_report, "write", lambda summary, folder: [])
     monkeypatch.setattr(series.pretrained, "fingerprint", lambda model: f"sha of {model}")
     text = tmp_path / "corpus.txt"
     text.write_text("one two three four five six seven eight nine ten\n")
     spec = measure.MeasureSpec(horizon=30, max_steps=40)
     out = tmp_path / "out"
-    three = windows.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
+    three = corpus.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
     shown, _ = series.run_corpus(["ckpt-7"], text, three, spec, out, progress=False)
     assert analysed == [("ckpt-7", 3)]
     assert shown[0]["network_fidelity_pct"] == pytest.approx(25.0)
@@ -200,7 +200,7 @@ def test_a_corpus_series_refuses_a_rerun_with_another_window_count(tmp_path, mon
     assert (recorded["tokens"], recorded["max_windows"]) == (16, 3)
     series.run_corpus(["ckpt-7"], text, three, spec, out, progress=False)
     assert analysed == [("ckpt-7", 3)]
-    five = windows.CorpusSpec(tokens=16, max_windows=5, batch_size=2)
+    five = corpus.CorpusSpec(tokens=16, max_windows=5, batch_size=2)
     with pytest.raises(ValueError, match=r"other settings \(max_windows: 3 -> 5\)"):
         series.run_corpus(["ckpt-7", "ckpt-9"], text, five, spec, out, progress=False)
     assert analysed == [("ckpt-7", 3)]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from beyondpar import measure
-from beyondpar.analysis import corpus, windows
+from beyondpar.analysis import corpus, windowing
 
 
 @dataclasses.dataclass
@@ -27,14 +27,14 @@ class NumberTokenizer:
 
 
 def _doc(name, first, length):
-    return corpus.Document(name, " ".join(str(first + k) for k in range(length)))
+    return windowing.Document(name, " ".join(str(first + k) for k in range(length)))
 
 
 def test_a_document_exactly_one_window_long_gives_a_window_and_is_not_short():
     """T = 4 over documents of 4, 5 and 3 tokens: the first two give one window each
     (the second drops 1 token), only the 3-token one is short (its 3 tokens dropped)."""
     docs = [_doc("a", 0, 4), _doc("b", 100, 5), _doc("c", 200, 3)]
-    w = corpus.make_windows(docs, NumberTokenizer(), 4, None, 16)
+    w = windowing.make_windows(docs, NumberTokenizer(), 4, None, 16)
     assert w.tokens.tolist() == [[0, 1, 2, 3], [100, 101, 102, 103]]
     assert w.document.tolist() == [0, 1]
     assert w.short_documents == 1
@@ -48,7 +48,7 @@ def test_documents_used_are_those_of_the_kept_windows(max_windows, used):
     first `max_windows` of them use only the documents they come from, while the total
     and the dropped and short counts still describe the whole corpus."""
     docs = [_doc("a", 0, 8), _doc("b", 10, 4), _doc("c", 20, 4)]
-    w = corpus.make_windows(docs, NumberTokenizer(), 4, max_windows, 16)
+    w = windowing.make_windows(docs, NumberTokenizer(), 4, max_windows, 16)
     kept = min(max_windows, 4)
     assert w.document.tolist() == [0, 0, 1, 2][:kept]
     assert len(w.tokens) == kept and w.total_windows == 4
@@ -59,10 +59,10 @@ def test_documents_used_are_those_of_the_kept_windows(max_windows, used):
 def test_a_window_as_long_as_the_models_context_is_allowed():
     """T equal to the context fits the model; one token more is refused."""
     docs = [_doc("a", 0, 7)]
-    w = corpus.make_windows(docs, NumberTokenizer(), 6, None, 6)
+    w = windowing.make_windows(docs, NumberTokenizer(), 6, None, 6)
     assert w.tokens.tolist() == [[0, 1, 2, 3, 4, 5]] and w.dropped_tail_tokens == 1
     with pytest.raises(ValueError, match="--tokens=7 is longer than the model's context of 6"):
-        corpus.make_windows(docs, NumberTokenizer(), 7, None, 6)
+        windowing.make_windows(docs, NumberTokenizer(), 7, None, 6)
 
 
 @pytest.mark.parametrize("max_windows", [0, -1, 2.5, "3", True])
@@ -73,7 +73,7 @@ def test_a_window_count_that_is_not_a_positive_integer_is_named(max_windows):
     with pytest.raises(
         ValueError, match=f"--max_windows must be an integer >= 1, got {max_windows!r}"
     ):
-        corpus.make_windows(docs, NumberTokenizer(), 4, max_windows, 16)
+        windowing.make_windows(docs, NumberTokenizer(), 4, max_windows, 16)
 
 
 def _batch_record():
@@ -98,7 +98,7 @@ def test_a_window_record_is_its_row_of_the_batch(b):
     """Window b's record holds row b of every per-window field, in both graphs, keyed by
     the layer as a string; the rollout's network fidelity is the smallest sink share over
     the window's tokens and the first token's share is that of token 0."""
-    line = windows.window_record(_batch_record(), b)
+    line = corpus.window_record(_batch_record(), b)
     assert sorted(line["layers"]) == ["0", "3"]
     layer = line["layers"]["3"]
     assert layer["heads"]["fidelity"] == [10.0 * b, 10.0 * b + 1]
@@ -123,7 +123,7 @@ def test_a_window_length_that_is_not_an_integer_of_two_or_more_is_named(tokens):
     with pytest.raises(
         ValueError, match=re.escape(f"--tokens must be an integer >= 2, got {tokens!r}")
     ):
-        corpus.make_windows(docs, NumberTokenizer(), tokens, None, 16)
+        windowing.make_windows(docs, NumberTokenizer(), tokens, None, 16)
 
 
 @pytest.mark.parametrize(
@@ -132,8 +132,8 @@ def test_a_window_length_that_is_not_an_integer_of_two_or_more_is_named(tokens):
 @pytest.mark.parametrize("value", [0, -2, 1.5, True])
 def test_a_corpus_count_that_is_not_a_positive_integer_is_named(name, value):
     with pytest.raises(ValueError, match=rf"--{name} must be an integer >= 1, got {value!r}"):
-        windows.CorpusSpec(tokens=8, **{name: value})
-    assert getattr(windows.CorpusSpec(tokens=8, **{name: 1}), name) == 1
+        corpus.CorpusSpec(tokens=8, **{name: value})
+    assert getattr(corpus.CorpusSpec(tokens=8, **{name: 1}), name) == 1
 
 
 HF = Path(__file__).parents[1] / "data" / "hf"
@@ -142,8 +142,8 @@ HF = Path(__file__).parents[1] / "data" / "hf"
 def _settings(tmp_path, model=HF / "gpt2-tiny", **changes):
     corpus_file = tmp_path / "corpus.txt"
     corpus_file.write_text("1 2 3 4\n")
-    cspec = windows.CorpusSpec(**{"tokens": 4, **changes})
-    return windows._settings(str(model), corpus_file, cspec, measure.MeasureSpec(), None)
+    cspec = corpus.CorpusSpec(**{"tokens": 4, **changes})
+    return corpus._settings(str(model), corpus_file, cspec, measure.MeasureSpec(), None)
 
 
 def test_a_rerun_on_a_model_changed_in_place_is_refused(tmp_path):
@@ -154,21 +154,21 @@ def test_a_rerun_on_a_model_changed_in_place_is_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     first = _settings(tmp_path, model)
-    windows._check_settings(out, first)
-    windows._check_settings(out, _settings(tmp_path, model))  # the same files: accepted
+    corpus._check_settings(out, first)
+    corpus._check_settings(out, _settings(tmp_path, model))  # the same files: accepted
     shutil.rmtree(model)
     shutil.copytree(HF / "gpt2-untied", model)
     with pytest.raises(ValueError, match="other settings .model_sha256: '[0-9a-f]{64}' -> "):
-        windows._check_settings(out, _settings(tmp_path, model))
-    assert json.loads((out / windows.SETTINGS_FILE).read_text()) == first
+        corpus._check_settings(out, _settings(tmp_path, model))
+    assert json.loads((out / corpus.SETTINGS_FILE).read_text()) == first
 
 
 def test_settings_saved_without_a_model_fingerprint_take_the_models(tmp_path):
     wanted = _settings(tmp_path)
     older = {k: v for k, v in wanted.items() if k != "model_sha256"}
-    (tmp_path / windows.SETTINGS_FILE).write_text(json.dumps(older))
-    windows._check_settings(tmp_path, wanted)
-    kept = json.loads((tmp_path / windows.SETTINGS_FILE).read_text())
+    (tmp_path / corpus.SETTINGS_FILE).write_text(json.dumps(older))
+    corpus._check_settings(tmp_path, wanted)
+    kept = json.loads((tmp_path / corpus.SETTINGS_FILE).read_text())
     assert kept["model_sha256"] == wanted["model_sha256"]
 
 
@@ -185,10 +185,10 @@ def test_settings_saved_without_a_model_fingerprint_take_the_models(tmp_path):
 def test_a_rerun_may_change_what_does_not_change_a_windows_numbers(tmp_path, field, value):
     """Batching, the pruning curves and the window cap leave every recorded window as it
     is: a rerun that changes one of them is accepted and its settings are kept."""
-    windows._check_settings(tmp_path, _settings(tmp_path))
+    corpus._check_settings(tmp_path, _settings(tmp_path))
     changed = _settings(tmp_path, **{field: value})
-    windows._check_settings(tmp_path, changed)
-    kept = json.loads((tmp_path / windows.SETTINGS_FILE).read_text())
+    corpus._check_settings(tmp_path, changed)
+    kept = json.loads((tmp_path / corpus.SETTINGS_FILE).read_text())
     assert kept["corpus_spec"][field] == value
 
 
@@ -197,9 +197,9 @@ def test_a_rerun_that_changes_a_windows_numbers_is_refused(tmp_path, field, valu
     """The optimum's search windows and the window length change the numbers already
     recorded: a rerun with another value is refused, naming the field and both values."""
     first = _settings(tmp_path)
-    windows._check_settings(tmp_path, first)
+    corpus._check_settings(tmp_path, first)
     old = first["corpus_spec"][field]
     changed = _settings(tmp_path, **{field: value})
     with pytest.raises(ValueError, match=rf"corpus_spec\.{field}: {old} -> {value}"):
-        windows._check_settings(tmp_path, changed)
-    assert json.loads((tmp_path / windows.SETTINGS_FILE).read_text()) == first
+        corpus._check_settings(tmp_path, changed)
+    assert json.loads((tmp_path / corpus.SETTINGS_FILE).read_text()) == first
