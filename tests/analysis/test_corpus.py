@@ -2,6 +2,7 @@
 resume, bootstrap intervals, the loss-pruning curves, and one line for every bad input."""
 
 import json
+import shutil
 import types
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from beyondpar.analysis import corpus as corpus_lib
 from beyondpar.analysis import corpus_report, loss_pruning, optimum, series, windowing
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, parallel
+from beyondpar.measure import record as measure_record
 from conftest import DATA, analyze_cli
 
 HF = DATA / "hf"
@@ -221,6 +223,41 @@ def test_a_damaged_settings_file_is_named(tmp_path):
     cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=2)
     with pytest.raises(ValueError, match=f"^{path} is not valid JSON"):
         corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("found", [None, 1, 3])
+def test_windows_of_another_record_format_are_refused(corpus_run, tmp_path, found):
+    """Windows measured before the record gained fields (settings without a format) or
+    by a newer version are refused in one line, and nothing there is rewritten."""
+    out, _, _, cspec, spec = corpus_run
+    for name in (corpus_lib.SETTINGS_FILE, corpus_lib.WINDOWS_FILE):
+        shutil.copy(out / name, tmp_path / name)
+    settings = json.loads((tmp_path / corpus_lib.SETTINGS_FILE).read_text())
+    assert settings.pop("record_format") == measure_record.FORMAT
+    if found is not None:
+        settings["record_format"] = found
+    (tmp_path / corpus_lib.SETTINGS_FILE).write_text(json.dumps(settings))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    message = f"record format {found or 1}, this version writes format {measure_record.FORMAT}"
+    with pytest.raises(ValueError, match=message) as err:
+        corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, tmp_path, progress=False)
+    assert "\n" not in str(err.value)
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != ".lock"}
+    assert after == before
+
+
+def test_a_corpus_run_computes_its_baselines_once(tmp_path, monkeypatch):
+    """Uniform causal attention is the same for every batch: measured for the summary
+    only, never per batch of windows."""
+    calls = []
+    real = measure.baselines
+    counted = lambda *args: calls.append(args) or real(*args)
+    monkeypatch.setattr(text_lib, "baselines", counted)
+    monkeypatch.setattr(corpus_lib.measure, "baselines", counted)
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=5, batch_size=2)
+    summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
+    assert len(calls) == 1
+    assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 24, rel=1e-5)
 
 
 def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tmp_path):
