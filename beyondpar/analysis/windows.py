@@ -178,18 +178,14 @@ _FREE = (
 def _check_settings(out_dir: Path, wanted: dict) -> None:
     """A first run writes its settings; a rerun must match them but for `_FREE`. Settings
     written before the model's fingerprint was recorded take the model's as theirs."""
-    path = out_dir / SETTINGS_FILE
-    if path.exists():
-        old = files.read_json(path)
-        old.setdefault("model_sha256", wanted["model_sha256"])
-        settings.refuse_changes(
-            old,
-            wanted,
-            f"{out_dir} holds a corpus analysis with other settings",
-            "use another --out, or the old settings",
-            free=lambda field: field in _FREE,
-        )
-    files.write_json(path, wanted)
+    settings.guard(
+        out_dir / SETTINGS_FILE,
+        wanted,
+        f"{out_dir} holds a corpus analysis with other settings",
+        "use another --out, or the old settings",
+        free=lambda field: field in _FREE,
+        defaults={"model_sha256": wanted["model_sha256"]},
+    )
 
 
 def window_record(record: dict, b: int) -> dict:
