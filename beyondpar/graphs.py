@@ -124,9 +124,27 @@ def _check_rollout(attn, weights, residual):
 def layer_operators(attn, weights=None, residual: float = 0.5) -> jax.Array:
     """A~_l = residual * I + (1 - residual) * C_l for every layer: ...xLxTxT."""
     a = _check_rollout(attn, weights, residual)
-    mixed = combine_heads(a, weights)
-    eye = jnp.eye(a.shape[-1], dtype=mixed.dtype)
-    return residual * eye + (1.0 - residual) * mixed
+    return layer_operator(combine_heads(a, weights), residual)
+
+
+def layer_operator(mixed_TxT, residual: float = 0.5) -> jax.Array:
+    """A~ = residual * I + (1 - residual) * C of one layer's mixed heads C (...xTxT): the
+    residual stream keeps `residual` of every position's state."""
+    eye = jnp.eye(mixed_TxT.shape[-1], dtype=mixed_TxT.dtype)
+    return residual * eye + (1.0 - residual) * mixed_TxT
+
+
+@jax.jit
+def rollout_step(product_TxT, op_TxT) -> jax.Array:
+    """One more layer of the rollout: A~ R (...xTxT each)."""
+    return jnp.matmul(op_TxT, product_TxT, precision=jax.lax.Precision.HIGHEST)
+
+
+@jax.jit
+def sink_row_step(row_T, op_TxT) -> jax.Array:
+    """The sink's row through one more layer, taken from the last layer down: v A~ (O(T^2)
+    where `rollout_step` is O(T^3))."""
+    return jnp.einsum("...i,...ij->...j", row_T, op_TxT, precision=jax.lax.Precision.HIGHEST)
 
 
 def rollout(attn, weights=None, residual: float = 0.5) -> jax.Array:
@@ -143,8 +161,7 @@ def rollout(attn, weights=None, residual: float = 0.5) -> jax.Array:
 def _rollout(ops_LxTxT):
     ops = jnp.moveaxis(ops_LxTxT, -3, 0)
     eye = jnp.broadcast_to(jnp.eye(ops.shape[-1], dtype=ops.dtype), ops.shape[1:])
-    step = lambda r, op: (jnp.matmul(op, r, precision=jax.lax.Precision.HIGHEST), None)
-    return jax.lax.scan(step, eye, ops)[0]
+    return jax.lax.scan(lambda r, op: (rollout_step(r, op), None), eye, ops)[0]
 
 
 def rollout_sink(attn, weights=None, residual: float = 0.5) -> jax.Array:
@@ -156,13 +173,26 @@ def rollout_sink(attn, weights=None, residual: float = 0.5) -> jax.Array:
 @jax.jit
 def _rollout_sink(ops_LxTxT):
     ops = jnp.moveaxis(ops_LxTxT, -3, 0)[::-1]  # e_tau^T A~_L first, A~_1 last
-    t = ops.shape[-1]
-    sink = jnp.broadcast_to(jax.nn.one_hot(t - 1, t, dtype=ops.dtype), ops.shape[1:-1])
-    step = lambda v, op: (
-        jnp.einsum("...i,...ij->...j", v, op, precision=jax.lax.Precision.HIGHEST),
-        None,
-    )
-    return jax.lax.scan(step, sink, ops)[0]
+    return jax.lax.scan(lambda v, op: (sink_row_step(v, op), None), _sink(ops[0]), ops)[0]
+
+
+def _sink(like_TxT) -> jax.Array:
+    """e_tau^T for every matrix of `like_TxT`: ...xT."""
+    t = like_TxT.shape[-1]
+    return jnp.broadcast_to(jax.nn.one_hot(t - 1, t, dtype=like_TxT.dtype), like_TxT.shape[:-1])
+
+
+def rollout_sink_of_mixed(mixed_layers, residual: float = 0.5) -> jax.Array:
+    """`rollout_sink` from the layers' heads already mixed: a sequence, first layer first,
+    of ...xTxT operators. One layer's operator exists at a time, so the layers are never
+    stacked (a caller keeps only the mixes)."""
+    checks.unit_interval("residual", residual)
+    if not mixed_layers:
+        raise ValueError("mixed_layers must hold at least one layer, got none")
+    row = _sink(mixed_layers[-1])
+    for mixed in reversed(mixed_layers):
+        row = sink_row_step(row, layer_operator(mixed, residual))
+    return row
 
 
 def sink_mass(attn, sink_tokens: int = 1) -> jax.Array:

@@ -123,6 +123,31 @@ def test_rollout_matches_numpy_on_pretrained_attention(name):
         np.testing.assert_allclose(sink, got[..., -1, :], rtol=1e-10, atol=1e-14)
 
 
+def test_rollout_from_mixed_layers_and_its_steps_match_the_rollout():
+    """The sink's row from the layers' mixes, one layer at a time, is `rollout_sink`'s, and
+    the running product of `rollout_step` over the layer operators is `rollout`'s."""
+    attn = graphs.random_causal(2, (2, 3, 4), 9)  # B x L x H x T x T, float32
+    weights = np.random.default_rng(2).random((3, 4))
+    mixed = [graphs.combine_heads(attn[:, layer], weights[layer]) for layer in range(3)]
+    for residual in (0.0, 0.3):
+        np.testing.assert_allclose(
+            graphs.rollout_sink_of_mixed(mixed, residual),
+            graphs.rollout_sink(attn, weights, residual),
+            rtol=1e-6,
+            atol=1e-8,
+        )
+        product = graphs.layer_operator(mixed[0], residual)
+        for layer in (1, 2):
+            product = graphs.rollout_step(product, graphs.layer_operator(mixed[layer], residual))
+        np.testing.assert_allclose(
+            product, graphs.rollout(attn, weights, residual), rtol=1e-6, atol=1e-8
+        )
+    with pytest.raises(ValueError, match="mixed_layers must hold at least one layer, got none"):
+        graphs.rollout_sink_of_mixed([])
+    with pytest.raises(ValueError, match="residual must be a number in"):
+        graphs.rollout_sink_of_mixed(mixed, residual=-0.1)
+
+
 @pytest.mark.parametrize(
     "call,message",
     [

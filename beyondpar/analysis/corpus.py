@@ -183,21 +183,20 @@ _FREE = (
 
 
 def _check_settings(out_dir: Path, wanted: dict) -> None:
-    """A first run writes its settings; a rerun must match them but for `_FREE`. Settings
-    written before the model's fingerprint was recorded take the model's as theirs."""
+    """A first run writes its settings; a rerun must match them but for `_FREE`, in the
+    same record format. Settings written before the model's fingerprint was recorded take
+    the model's as theirs."""
     path = out_dir / SETTINGS_FILE
     if path.exists():
-        old = files.read_json(path)
-        _check_format(out_dir, old.get("record_format", 1))
-        old.setdefault("model_sha256", wanted["model_sha256"])
-        settings.refuse_changes(
-            old,
-            wanted,
-            f"{out_dir} holds a corpus analysis with other settings",
-            "use another --out, or the old settings",
-            free=lambda field: field in _FREE,
-        )
-    files.write_json(path, wanted)
+        _check_format(out_dir, files.read_json(path).get("record_format", 1))
+    settings.guard(
+        path,
+        wanted,
+        f"{out_dir} holds a corpus analysis with other settings",
+        "use another --out, or the old settings",
+        free=lambda field: field in _FREE,
+        defaults={"model_sha256": wanted["model_sha256"]},
+    )
 
 
 def _check_format(out_dir: Path, found) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import tqdm
 
 from beyondpar import graphs, pretrained, weighting
-from beyondpar.base import files
+from beyondpar.base import files, settings
 
 OPTIMAL_FILE = "optimal_weights.json"
 
@@ -41,17 +41,17 @@ def corpus_optimum(module, params, windows, spec, cspec, out_dir, progress=True)
     layers = list(range(module.config.num_layers)) if spec.layers is None else list(spec.layers)
     wanted = plan(len(windows.tokens), spec.folds, cspec.search_windows, layers)
     path = Path(out_dir) / OPTIMAL_FILE
-    if path.exists():
-        found = files.read_json(path)
-        if {k: found.get(k) for k in wanted} != wanted:
-            raise ValueError(
-                f"{path} holds weights searched for other folds ({found.get('folds')} with "
-                f"search windows {found.get('search_windows')}, now {wanted['folds']}): "
-                "--max_windows changed which windows each fold holds; use another --out"
-            )
-        return found
-    found = {**wanted, **_search(module, params, windows, spec, wanted, progress)}
-    files.write_json(path, found)
+    found = settings.guard(
+        path,
+        wanted,
+        f"{path} holds weights searched for other folds",
+        "--max_windows changed which windows each fold holds; use another --out",
+        free=lambda field: field not in wanted,  # what was found beside the plan
+        write=False,  # the file is written once the weights are found
+    )
+    if found is None:
+        found = {**wanted, **_search(module, params, windows, spec, wanted, progress)}
+        files.write_json(path, found)
     return found
 
 

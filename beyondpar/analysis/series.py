@@ -140,12 +140,14 @@ def _series(models, wanted: dict, analyse, out_dir, what: str, progress: bool, f
     with locks.lock(out_dir):
         records = files.read_json_lines(out_dir / SERIES_FILE, KEYS)
         _check_folders([r["model"] for r in records] + models, out_dir)
-        for record in records:
-            settings.refuse_changes(
-                record["settings"],
+        for record in records:  # each line holds the settings it was analysed with
+            settings.guard(
+                out_dir / SERIES_FILE,
                 wanted,
                 f"{out_dir / SERIES_FILE} holds a series analysed with other settings",
                 "use another --out, or the old settings",
+                saved=record["settings"],
+                write=False,
             )
         done, asked = {_key(r["model"]) for r in records}, {_key(m) for m in models}
         _check_unchanged([r for r in records if _key(r["model"]) in asked], fingerprint, out_dir)

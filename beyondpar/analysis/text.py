@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -83,7 +82,8 @@ ROLLOUT_KEEP_BYTES = 2**30
 
 class SinkRollout:
     """The sink's row of the rollout of the layers `add`ed in order (heads already mixed,
-    B x T x T each), with `residual` * I added to every layer."""
+    B x T x T each), with `residual` * I added to every layer. The math is `graphs`'s; this
+    class only chooses what to keep in memory (see `ROLLOUT_KEEP_BYTES`)."""
 
     def __init__(self, num_layers: int, residual: float, keep_bytes: int | None = None):
         self.num_layers, self.residual = num_layers, residual
@@ -96,41 +96,20 @@ class SinkRollout:
         if self.keep:
             self.kept.append(mixed_BxTxT)
             return
-        self.product = _product_step(self.product, mixed_BxTxT, self.residual)
+        op = graphs.layer_operator(jnp.asarray(mixed_BxTxT), self.residual)
+        self.product = op if self.product is None else graphs.rollout_step(self.product, op)
         self.product.block_until_ready()
 
     def sink_share(self) -> np.ndarray:
         """(B, T): token j's share in what the last position holds after every layer."""
         if self.product is not None:
             return np.asarray(self.product[..., -1, :])
-        t = self.kept[0].shape[-1]
-        row = jnp.broadcast_to(
-            jax.nn.one_hot(t - 1, t, dtype=self.kept[0].dtype), self.kept[0].shape[:-1]
-        )
-        for mixed in reversed(self.kept):
-            row = _row_step(row, mixed, self.residual)
-        return np.asarray(row)
+        return np.asarray(graphs.rollout_sink_of_mixed(self.kept, self.residual))
 
     def record(self) -> dict:
         """The sink's share of every token, and the smallest: the network's fidelity."""
         shares = self.sink_share()
         return {"sink_share": shares, "network_fidelity": shares.min(-1)}
-
-
-@jax.jit
-def _row_step(row_BxT, mixed_BxTxT, residual):
-    """row A~ for A~ = residual * I + (1 - residual) * mixed."""
-    moved = jnp.einsum("bi,bij->bj", row_BxT, mixed_BxTxT, precision=jax.lax.Precision.HIGHEST)
-    return residual * row_BxT + (1.0 - residual) * moved
-
-
-@jax.jit
-def _product_step(product, mixed_BxTxT, residual):
-    eye = jnp.eye(mixed_BxTxT.shape[-1], dtype=mixed_BxTxT.dtype)
-    op = residual * eye + (1.0 - residual) * mixed_BxTxT
-    if product is None:
-        return jnp.broadcast_to(op, mixed_BxTxT.shape)
-    return jnp.matmul(op, product, precision=jax.lax.Precision.HIGHEST)
 
 
 def analyze_attention(attn, spec: MeasureSpec, timer: Timer | None = None) -> dict:

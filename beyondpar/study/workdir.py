@@ -3,8 +3,8 @@
 `prepare(path, config, step)`: a run resumed with a config that changes the model, the
 data, the optimiser or the seed is refused before anything is written, naming every
 differing field; changes that only extend or observe a run are allowed, appended with the
-step to `config_history.jsonl`, and config.json is rewritten atomically. One process per
-workdir: `base.locks.lock`.
+step to `config_history.jsonl`, and config.json is rewritten atomically (`settings.guard`).
+One process per workdir: `base.locks.lock`.
 """
 
 from __future__ import annotations
@@ -49,18 +49,14 @@ def read_config(path: str | os.PathLike) -> dict:
 def prepare(path: str | os.PathLike, config: ml_collections.ConfigDict, step: int) -> None:
     """Write config.json for a new run, or check and record a resumed run's changes."""
     path = Path(path)
-    new = settings.json_form(config.to_dict())  # as config.json would hold it
-    if not (path / CONFIG_FILE).exists():
-        files.write_json(path / CONFIG_FILE, new)
-        return
-    diff = settings.refuse_changes(
-        read_config(path),
-        new,
+    saved = read_config(path) if (path / CONFIG_FILE).exists() else None
+    settings.guard(
+        path / CONFIG_FILE,
+        settings.json_form(config.to_dict()),  # as config.json would hold it
         f"workdir {path} holds another experiment; resuming it with this config would change",
         "use a new workdir, or the old values",
         free=is_mutable,
+        saved=saved,
+        history=path / HISTORY_FILE,
+        step=step,
     )
-    if diff:
-        changed = {k: [old, value] for k, (old, value) in diff.items()}
-        files.append_json_line(path / HISTORY_FILE, {"step": step, "changes": changed})
-        files.write_json(path / CONFIG_FILE, new)

@@ -31,7 +31,8 @@ def test_weights_searched_on_other_windows_of_the_same_folds_are_refused(tmp_pat
     (tmp_path / optimum.OPTIMAL_FILE).write_text(json.dumps(stored))
     fewer = corpus.CorpusSpec(tokens=8, search_windows=2)
     assert optimum.plan(6, 2, 2, [0, 1])["folds"] == stored["folds"]
-    with pytest.raises(ValueError, match=r"search windows \[\[3, 4, 5\], \[0, 1, 2\]\]"):
+    listed = r"\(search_windows: \[\[3, 4, 5\], \[0, 1, 2\]\] -> \[\[3, 5\], \[0, 2\]\]\); "
+    with pytest.raises(ValueError, match=f"other folds {listed}--max_windows"):
         optimum.corpus_optimum(module, None, corpus_windows, spec, fewer, tmp_path)
     same = corpus.CorpusSpec(tokens=8, search_windows=3)
     assert optimum.corpus_optimum(module, None, corpus_windows, spec, same, tmp_path) == stored
