@@ -249,3 +249,14 @@ def test_package_names_in_backticks_exist():
             if named and not resolves(code, modules):
                 missing.append(f"{page.relative_to(ROOT)}: {code}")
     assert not missing, missing
+
+
+def test_the_design_lists_every_field_of_the_per_layer_record_with_its_unit():
+    """The record's table in docs/design.md is the record: a field added, renamed or
+    given another unit in measure.record shows here."""
+    from beyondpar.measure import record
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (\w+) \|", text, re.MULTILINE))
+    want = {f.name: f.unit for f in record.FIELDS.values()}
+    assert {name: rows.get(name) for name in want} == want

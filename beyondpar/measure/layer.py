@@ -106,13 +106,14 @@ def baseline(num_tokens: int, spec: MeasureSpec) -> dict[str, float]:
 
 def measure_layer(
     attn_BxHxTxT,
-    weights_H,
-    spec: MeasureSpec,
+    weights_H=None,
+    spec: MeasureSpec = MeasureSpec(),
     timer: Timer | None = None,
     extra=None,
     extra_without_sink=None,
 ) -> dict:
-    """Every per-layer number, arrays with a leading sequence axis B. `extra` {name:
+    """The record of one layer (`record` documents it), arrays with a leading sequence
+    axis B; `weights_H` the learned head weights (None: a model without them). `extra` {name:
     weights (H,) or per sequence (B, H)} adds fixed mixes (e.g. optimal weights searched
     on other windows). With `spec.sink_tokens` = k > 0, the same again under
     `without_sink` on the graph without the first k tokens (rows renormalised over the

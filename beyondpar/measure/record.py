@@ -28,7 +28,8 @@ FORMAT = 2  # the version of the record written to JSON: 1 had no "format" key
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-    """One number of the record: its `unit` (fraction, steps, radius) and meaning."""
+    """One number of the record: its `unit` (fraction, steps, radius, tv: a total-variation
+    distance) and meaning."""
 
     name: str
     unit: str
@@ -53,7 +54,7 @@ OPERATOR = (
 GAIN = Field("gain", "fraction", "the mix's fidelity minus its best head's")
 LAYER = (
     Field("best_head_fidelity", "fraction", "the largest minimax fidelity of one head"),
-    Field("head_diversity", "fraction", "mean total variation between heads' rows"),
+    Field("head_diversity", "tv", "mean total variation distance between heads' rows"),
     Field(
         "cross_head_share_minimax",
         "fraction",
