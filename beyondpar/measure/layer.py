@@ -3,10 +3,11 @@ their mixes and the graph without the sink tokens, beside uniform causal attenti
 same length. Its record's fields, shapes and units are in `record`.
 
 Per layer: every head's minimax fidelity (with the median and 10th percentile of node
-fidelity), hitting time on both walks, TV and spectral mixing (normalised walk: the
-reference walk saturates on causal attention), the mixes with output-projection and
-uniform weights, best head, amplification gain, head diversity, cross-head share,
-pairwise synergy and, when asked, optimal weights held out over sequences.
+fidelity), hitting time, TV and spectral mixing and the spectral radius on both walks
+(the reference walk's TV and spectral times saturate on causal attention), the mixes
+with output-projection and uniform weights, best head, amplification gain, head
+diversity, cross-head share, pairwise synergy and, when asked, optimal weights held out
+over sequences.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ class MeasureSpec:
 def operator_fields(ops_xTxT, spec: MeasureSpec, validate: bool = True) -> dict:
     """Every per-operator number: minimax fidelity (the paper's minimum over tokens) with
     the median and 10th percentile of node fidelity beside it (a typical token, when one
-    unread token sets the minimum to 0), hitting times on both walks, TV and spectral
-    mixing on the normalised walk. `validate` False: operators already checked."""
+    unread token sets the minimum to 0), hitting time, TV and spectral mixing and the
+    spectral radius on both walks. `validate` False: operators already checked."""
     return _operator_sweep(ops_xTxT, spec, validate)[0]
 
 
