@@ -24,6 +24,8 @@ def pairwise(mats_pp: Mapping, plt, title: str | None = None):
     bound = max(max(float(np.abs(m).max()) for m in mats), 1e-9)
     for i, (ax, layer, mat) in enumerate(zip(axes.flat, layers, mats, strict=False)):
         image = ax.imshow(mat, cmap="RdBu", vmin=-bound, vmax=bound)
+        ax.set_xticks(range(len(mat)))
+        ax.set_yticks(range(len(mat)))
         ylabel = "head" if i % cols == 0 else ""
         ax.set(title=f"layer {numbering.number(layer)}", xlabel="head", ylabel=ylabel)
     for ax in list(axes.flat)[len(layers) :]:
