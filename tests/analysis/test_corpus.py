@@ -617,7 +617,7 @@ def test_each_record_names_its_windows_document():
 def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
     out, summary, _, _, _ = corpus_run
     report = (out / "report.md").read_text()
-    for heading in ("## Layers\n", "## Layers without", "### Layer 0", "## Pruning heads"):
+    for heading in ("## Layers\n", "## Layers without", "### Layer 1", "## Pruning heads"):
         table = report[report.index(heading) :].split("\n\n")[1].splitlines()
         if not table[0].startswith("|"):  # a paragraph before the table
             table = report[report.index(heading) :].split("\n\n")[2].splitlines()
