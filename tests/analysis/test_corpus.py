@@ -537,7 +537,7 @@ def test_report_cells_are_the_summarys_values_with_intervals(corpus_run):
         rows = cells(report, heading)
         for layer, full in summary["layers"].items():
             d = pick(full)
-            row = rows[layer]
+            row = rows[str(int(layer) + 1)]  # layer k of the report is key k-1
             assert row[1] == ci(d["best_head_fidelity"])
             mixes = ["learned", "uniform", "optimal"]  # the report's order
             assert set(d["mixes"]) == set(mixes)
