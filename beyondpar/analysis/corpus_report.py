@@ -260,14 +260,15 @@ def _layer_panel(ax, summary: dict, suffix: str, title: str) -> None:
     ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
 
 
-def plot_pruning(summary: dict, plt):
-    """Next-token loss on the corpus as heads are pruned, a line per order."""
+def pruning_panels(summary: dict) -> list:
+    """Next-token loss on the corpus as heads are pruned, a line per order, for
+    `reports.figures.pruning`."""
     curves = {
         name: (c["heads_pruned"], c["loss"])
         for name, c in summary["pruning"].items()
         if name != "windows"
     }
-    return figures.pruning([("next-token loss", curves)], plt, "pruning heads on the corpus")
+    return [("next-token loss", curves)]
 
 
 def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
@@ -276,7 +277,8 @@ def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
     out_dir = Path(out_dir)
     plots = {"fidelity_layers.png": plot_layers}
     if "pruning" in summary:
-        plots["pruning.png"] = plot_pruning
+        title = "pruning heads on the corpus"
+        plots["pruning.png"] = lambda s, plt: figures.pruning(pruning_panels(s), plt, title)
     plt = files.pyplot()
     drawn = {name: lambda plot=plot: plot(summary, plt) for name, plot in plots.items()}
     with locks.lock(out_dir):
