@@ -1,6 +1,7 @@
 """The package's plan, read from its source with `ast`: imports flow one way (entry points
--> workflows -> models -> kernels -> base helpers), the two workflows never import each
-other, no module reaches into another's private names, and modules stay small."""
+-> workflows -> reports -> models -> kernels -> base helpers), the two workflows never
+import each other, no module reaches into another's private names, and modules stay
+small."""
 
 import ast
 from pathlib import Path
@@ -24,6 +25,7 @@ MODELS = {
     "pruning",
 }
 WORKFLOWS = {"study", "analysis"}
+WORKFLOW_RANK = 5
 MAX_FUNCTION_LINES = 60
 
 
@@ -45,11 +47,13 @@ def layer(name: str) -> tuple[int, str]:
         return 2, "measure"
     if top in MODELS:
         return 3, "models"
+    if top == "reports":
+        return 4, "reports"
     if top in WORKFLOWS:
-        return 4, top
+        return WORKFLOW_RANK, top
     if top == "benchmarks":
-        return 5, "benchmarks"
-    return 6, "package"
+        return 6, "benchmarks"
+    return 7, "package"
 
 
 def imports(tree: ast.AST, name: str) -> list[tuple[str, ast.AST]]:
@@ -80,20 +84,22 @@ def test_imports_flow_down_and_workflows_stay_apart():
         rank, group = layer(name)
         for target, node in imports(tree, name):
             t_rank, t_group = layer(target)
-            if t_rank > rank or (t_rank == rank == 4 and t_group != group):
+            if t_rank > rank or (t_rank == rank == WORKFLOW_RANK and t_group != group):
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {name} -> {target}")
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
 
-def test_graphs_and_metrics_import_only_base_helpers():
-    """graphs.py and every module of the metrics package: base helpers, and the package's
-    own modules, only."""
+def test_graphs_metrics_and_reports_import_only_base_helpers():
+    """The kernels work on any attention array, and the report pieces on any numbers:
+    both workflows use them, so they know nothing of models or records. graphs.py, every
+    module of the metrics package and of reports: base helpers and their own package."""
     metrics = sorted((PACKAGE / "metrics").glob("*.py"))
-    assert len(metrics) > 1, "beyondpar/metrics/ holds no modules"
-    for path in (PACKAGE / "graphs.py", *metrics):
+    reports = sorted((PACKAGE / "reports").glob("*.py"))
+    assert len(metrics) > 1 and len(reports) > 1, "metrics/ or reports/ holds no modules"
+    for path in (PACKAGE / "graphs.py", *metrics, *reports):
+        own = f"beyondpar.{path.parent.name}." if path.parent != PACKAGE else "beyondpar.base"
         targets = {t for t, _ in imports(ast.parse(path.read_text()), "")}
-        own = ("beyondpar.base", "beyondpar.metrics.") if path in metrics else ("beyondpar.base",)
-        assert all(t.startswith(own) for t in targets), (path.name, targets)
+        assert all(t.startswith(("beyondpar.base", own)) for t in targets), (path.name, targets)
 
 
 def test_no_function_imports_the_package():
@@ -170,7 +176,7 @@ def test_configs_and_launchers_import_no_private_or_sibling_logic(folder):
     for path in sorted((ROOT / folder).glob("*.py")):
         targets = {t for t, _ in imports(ast.parse(path.read_text()), "")}
         if folder == "configs":
-            workflows = {t for t in targets if layer(t)[0] >= 4}
+            workflows = {t for t in targets if layer(t)[0] >= WORKFLOW_RANK}
             assert workflows <= {"beyondpar.study.config_lib"}, (path.name, workflows)
         assert not any(t.rsplit(".", 1)[-1].startswith("_") for t in targets), path.name
 

@@ -1,6 +1,8 @@
 """A corpus summary -> report.md (means with 95% bootstrap intervals over windows, a
 uniform causal baseline row, wins of each mix over its best head, pruning curves) and
-plots. Layers are numbered from 0, as in the checkpoint's tensor names."""
+plots. The report and its plots number layers from 1, as the paper does; corpus.json and
+windows.jsonl keep the checkpoint's 0-based layer keys. Field names and units are the
+record's own (`beyondpar.measure.record`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from beyondpar.base import files, locks
+from beyondpar.measure import record as schema
+from beyondpar.reports import figures, numbering, tables
+
+FIDELITY, MEDIAN, P10 = schema.FIDELITY, schema.MEDIAN, schema.P10
+HITTING = schema.HITTING_NORMALIZED
+BEST_HEAD_FIDELITY = schema.BEST_HEAD_FIDELITY
+GAIN, SINK_MASS = schema.GAIN.name, schema.SINK_MASS.name
 
 
 def _ci(stat: dict, scale: float = 100, digits: int = 3) -> str:
@@ -23,8 +32,15 @@ def _at(stat: dict, i: int) -> dict:
     return {k: v[i] for k, v in stat.items()}
 
 
-MIX_LABELS = {"optimal": "optimal, held out"}
-MIX_ORDER = ("learned", "uniform", "optimal")  # a summary read back from JSON is sorted
+MIX_LABELS = {schema.OPTIMAL: "optimal, held out"}
+MIX_ORDER = (
+    schema.LEARNED,
+    schema.UNIFORM,
+    schema.OPTIMAL,
+)  # a summary read back from JSON is sorted
+
+
+LAYER_NOTE = numbering.note("corpus.json", "windows.jsonl")
 
 
 def ordered_mixes(mixes) -> list[str]:
@@ -34,10 +50,11 @@ def ordered_mixes(mixes) -> list[str]:
 def markdown(summary: dict) -> str:
     spec = summary["spec"]
     k = spec.get("sink_tokens", 0)
-    lines = [f"# Corpus analysis: {summary['source']}", "", _corpus_line(summary), ""]
+    lines = [f"# Corpus analysis: {summary['source']}", "", LAYER_NOTE, ""]
+    lines += [_corpus_line(summary), ""]
     lines += [_values_line(spec, k), ""]
-    if "optimal" in summary:
-        lines += [_optimal_line(summary["optimal"], k), ""]
+    if schema.OPTIMAL in summary:
+        lines += [_optimal_line(summary[schema.OPTIMAL], k), ""]
     lines += [
         "Rollout: network fidelity "
         f"{_ci(summary['rollout']['network_fidelity'], digits=4)}%, first token's share at "
@@ -54,8 +71,9 @@ def markdown(summary: dict) -> str:
         lines += _layer_table(
             summary, "_without_sink", summary["baseline"]["baseline_without_sink"]
         )
+    base = summary["baseline"]["baseline"]
     for layer, d in summary["layers"].items():
-        lines += ["", f"### Layer {layer}", "", *_head_table(d, summary["baseline"]["baseline"])]
+        lines += ["", f"### Layer {numbering.number(layer)}", "", *_head_table(d, base)]
     if "pruning" in summary:
         lines += ["", *_pruning_table(summary["pruning"])]
     return "\n".join(lines) + "\n"
@@ -77,8 +95,7 @@ def _values_line(spec: dict, k: int) -> str:
         "Values: mean over windows [95% percentile-bootstrap interval]. Fidelity in %, "
         f"hitting time in steps (horizon {spec['horizon']}, step cap {spec['max_steps']}). "
         "'wins': share of windows where the mix keeps more of its worst token than its "
-        "best head. The baseline is uniform causal attention of the same length. Layers "
-        "numbered from 0."
+        "best head. The baseline is uniform causal attention of the same length."
     )
     if k:
         line += (
@@ -115,65 +132,49 @@ def _windows(indices: list[int]) -> str:
 
 
 def _layer_table(summary: dict, suffix: str, base: dict) -> list[str]:
-    pick = (lambda d: d["without_sink"]) if suffix else (lambda d: d)
+    pick = (lambda d: d[schema.WITHOUT_SINK]) if suffix else (lambda d: d)
     mixes = ordered_mixes(pick(next(iter(summary["layers"].values())))["mixes"])
-    in_sample = summary.get("optimal", {}).get(f"in_sample{suffix}")
+    in_sample = summary.get(schema.OPTIMAL, {}).get(f"in_sample{suffix}")
     label = lambda m: MIX_LABELS.get(m, m)
-    header = "| layer | best head | best head (%) | " + " | ".join(
-        f"{label(m)} (%) | gain {label(m)} (pp) | wins {label(m)}" for m in mixes
-    )
-    extra = " optimal in sample (%) |" if in_sample is not None else ""
-    lines = [
-        header + " |" + extra + " sink mass |",
-        "|---:|---:|---:|" + "---:|---:|---:|" * len(mixes) + "---:|" * (1 + bool(extra)),
-    ]
+    columns = ["best head", "best head (%)"]
+    for m in mixes:
+        columns += [f"{label(m)} (%)", f"gain {label(m)} (pp)", f"wins {label(m)}"]
+    columns += ["optimal in sample (%)"] * (in_sample is not None) + ["sink mass"]
+    rows = []
     for layer, full in summary["layers"].items():
         d = pick(full)
-        cells = [
-            f"{_ci(d['mixes'][m]['fidelity'])} | {_ci(d['mixes'][m]['gain'])} "
-            f"| {100 * d['mixes'][m]['wins_share']:.0f}%"
-            for m in mixes
-        ]
+        cells = [str(d["best_head"]), _ci(d[BEST_HEAD_FIDELITY])]
+        for m in mixes:
+            mix = d["mixes"][m]
+            cells += [_ci(mix[FIDELITY]), _ci(mix[GAIN]), f"{100 * mix['wins_share']:.0f}%"]
         if in_sample is not None:
             cells.append(f"{100 * in_sample[layer]:.3f}")
-        sink = np.mean(full["sink_mass"]["mean"])
-        lines.append(
-            f"| {layer} | {d['best_head']} | {_ci(d['best_head_fidelity'])} | "
-            + " | ".join(cells)
-            + f" | {sink:.3f} |"
-        )
-    lines.append(
-        f"| baseline: uniform causal | - | - | {100 * base['fidelity']:.3f} | - | - |"
-        + " - | - | - |" * (len(mixes) - 1)
-        + " - |" * (1 + bool(extra))
-    )
-    return lines
+        cells.append(f"{np.mean(full[SINK_MASS]['mean']):.3f}")
+        rows.append((layer, cells))
+    closing = ["baseline: uniform causal", "-", "-", f"{100 * base[FIDELITY]:.3f}"]
+    closing += ["-"] * (len(columns) + 1 - len(closing))
+    return tables.layer_table(columns, rows, [closing])
 
 
 def _head_table(d: dict, base: dict) -> list[str]:
     lines = [
-        "| operator | fidelity (%) | median (%) | p10 (%) | hitting norm (steps) | sink mass |",
+        "| operator | fidelity (%) | median (%) | p10 (%) "
+        f"| hitting norm ({schema.unit_of(HITTING)}) | sink mass |",
         "|---|---:|---:|---:|---:|---:|",
     ]
 
     def row(name, stat, sink="-"):
-        return (
-            f"| {name} | {_ci(stat['fidelity'])} | {_ci(stat['fidelity_median'])} "
-            f"| {_ci(stat['fidelity_p10'])} | {_ci(stat['hitting_time_normalized'], 1, 2)} "
-            f"| {sink} |"
-        )
+        cells = [_ci(stat[f]) for f in (FIDELITY, MEDIAN, P10)]
+        return tables.row([name, *cells, _ci(stat[HITTING], 1, 2), sink])
 
     for name, stat in d["mixes"].items():
         lines.append(row(f"mix: {name}", stat))
     heads = d["heads"]
-    for h in range(len(heads["fidelity"]["mean"])):
+    for h in range(len(heads[FIDELITY]["mean"])):
         stat = {f: _at(v, h) for f, v in heads.items()}
-        lines.append(row(f"head {h}", stat, f"{d['sink_mass']['mean'][h]:.3f}"))
-    lines.append(
-        f"| baseline: uniform causal | {100 * base['fidelity']:.3f} "
-        f"| {100 * base['fidelity_median']:.3f} | {100 * base['fidelity_p10']:.3f} "
-        f"| {base['hitting_time_normalized']:.2f} | - |"
-    )
+        lines.append(row(f"head {h}", stat, f"{d[SINK_MASS]['mean'][h]:.3f}"))
+    percent = [f"{100 * base[f]:.3f}" for f in (FIDELITY, MEDIAN, P10)]
+    lines.append(tables.row(["baseline: uniform causal", *percent, f"{base[HITTING]:.2f}", "-"]))
     return lines
 
 
@@ -220,13 +221,14 @@ def _layer_panel(ax, summary: dict, suffix: str, title: str) -> None:
     import matplotlib.ticker
 
     layers = [int(k) for k in summary["layers"]]
-    pick = (lambda d: d["without_sink"]) if suffix else (lambda d: d)
+    numbers = np.asarray([numbering.number(k) for k in layers])
+    pick = (lambda d: d[schema.WITHOUT_SINK]) if suffix else (lambda d: d)
     first = pick(next(iter(summary["layers"].values())))
     series = {
-        MIX_LABELS.get(m, m): (lambda d, m=m: d["mixes"][m]["fidelity"])
+        MIX_LABELS.get(m, m): (lambda d, m=m: d["mixes"][m][FIDELITY])
         for m in ordered_mixes(first["mixes"])
     }
-    series["best head"] = lambda d: d["best_head_fidelity"]
+    series["best head"] = lambda d: d[BEST_HEAD_FIDELITY]
     stats = {
         name: [get(pick(summary["layers"][str(k)])) for k in layers] for name, get in series.items()
     }
@@ -236,19 +238,19 @@ def _layer_panel(ax, summary: dict, suffix: str, title: str) -> None:
     floor = min(positive) / 2 if positive else 1e-6
     width = 0.8 / len(stats)
     for i, (name, st) in enumerate(stats.items()):
-        x = np.asarray(layers) + (i - (len(stats) - 1) / 2) * width
+        x = numbers + (i - (len(stats) - 1) / 2) * width
         mean = np.maximum(100 * np.array([s["mean"] for s in st]), floor)
         low = np.maximum(100 * np.array([s["low"] for s in st]), floor)
         high = np.maximum(100 * np.array([s["high"] for s in st]), floor)
         ax.errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o", ms=3, capsize=2, label=name)
-    base = summary["baseline"][f"baseline{suffix}"]["fidelity"]
+    base = summary["baseline"][f"baseline{suffix}"][FIDELITY]
     ax.axhline(100 * base, color="gray", linestyle="--", label="uniform causal attention")
     ax.set_yscale("log")
     # Ticks at 1, 2 and 5 of every decade, written as plain numbers (0.02, not 2 x 10^-2).
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xticks(layers)
+    ax.set_xticks(numbers)
     ax.set(
         xlabel="layer",
         ylabel="minimax fidelity (%, log)",
@@ -258,15 +260,15 @@ def _layer_panel(ax, summary: dict, suffix: str, title: str) -> None:
     ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
 
 
-def plot_pruning(summary: dict, plt):
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name, c in summary["pruning"].items():
-        if name != "windows":
-            ax.plot(c["heads_pruned"], c["loss"], marker="o", label=name)
-    ax.set(xlabel="heads pruned", ylabel="next-token loss", title="pruning heads on the corpus")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+def pruning_panels(summary: dict) -> list:
+    """Next-token loss on the corpus as heads are pruned, a line per order, for
+    `reports.figures.pruning`."""
+    curves = {
+        name: (c["heads_pruned"], c["loss"])
+        for name, c in summary["pruning"].items()
+        if name != "windows"
+    }
+    return [("next-token loss", curves)]
 
 
 def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
@@ -275,9 +277,10 @@ def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
     out_dir = Path(out_dir)
     plots = {"fidelity_layers.png": plot_layers}
     if "pruning" in summary:
-        plots["pruning.png"] = plot_pruning
+        title = "pruning heads on the corpus"
+        plots["pruning.png"] = lambda s, plt: figures.pruning(pruning_panels(s), plt, title)
     plt = files.pyplot()
-    figures = {name: lambda plot=plot: plot(summary, plt) for name, plot in plots.items()}
+    drawn = {name: lambda plot=plot: plot(summary, plt) for name, plot in plots.items()}
     with locks.lock(out_dir):
         written = [files.write_text(out_dir / "report.md", markdown(summary))]
-        return written + files.write_figures(out_dir, figures)
+        return written + files.write_figures(out_dir, drawn)

@@ -3,7 +3,8 @@ of one model): the real-model analogue of evaluating every step of a run.
 
 Each model's full report goes to its own folder (for a corpus, with its own resumable
 windows.jsonl) and one summary line per model is appended to `series.jsonl`; `series.md`
-shows every per-layer summary against the checkpoint. A rerun skips the models already
+shows every per-layer summary against the checkpoint, layers numbered from 1 as in every
+report (series.jsonl keeps the records' 0-based layer keys). A rerun skips the models already
 recorded with the same settings and refuses other settings, naming every differing field;
 one process per output folder.
 """
@@ -24,25 +25,27 @@ from beyondpar import measure, pretrained
 from beyondpar.analysis import corpus, corpus_report, text_report, windowing
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, locks, settings
+from beyondpar.measure import record as schema
+from beyondpar.reports import numbering, tables
 
 SERIES_FILE = "series.jsonl"
 REPORT_FILE = "series.md"
 KEYS = ("model", "label", "settings", "layers")
-SUMMARY = {  # column -> (what, how to read it from a layer record)
-    "uniform_fidelity_pct": ("uniform mix minimax fidelity (%)", "mixes.uniform.fidelity", 100),
-    "uniform_median_pct": (
-        "uniform mix median node fidelity (%)",
-        "mixes.uniform.fidelity_median",
-        100,
-    ),
-    "best_head_fidelity_pct": ("best head minimax fidelity (%)", "best_head_fidelity", 100),
+FIDELITY, MEDIAN = schema.FIDELITY, schema.MEDIAN
+HITTING = schema.HITTING_NORMALIZED
+BEST_HEAD_FIDELITY, DIVERSITY = schema.BEST_HEAD_FIDELITY, schema.DIVERSITY
+UNIFORM_MIX = ("mixes", schema.UNIFORM)
+SUMMARY = {  # column of series.jsonl -> (what, its keys in a layer record, scale)
+    "uniform_fidelity_pct": ("uniform mix minimax fidelity (%)", (*UNIFORM_MIX, FIDELITY), 100),
+    "uniform_median_pct": ("uniform mix median node fidelity (%)", (*UNIFORM_MIX, MEDIAN), 100),
+    "best_head_fidelity_pct": ("best head minimax fidelity (%)", (BEST_HEAD_FIDELITY,), 100),
     "hitting_time_steps": (
-        "uniform mix hitting time, normalised walk (steps)",
-        "mixes.uniform.hitting_time_normalized",
+        f"uniform mix hitting time, normalised walk ({schema.unit_of(HITTING)})",
+        (*UNIFORM_MIX, HITTING),
         1,
     ),
-    "sink_mass": ("mean sink mass over heads", "sink_mass", 1),
-    "head_diversity": ("head diversity", "head_diversity", 1),
+    "sink_mass": ("mean sink mass over heads", (schema.SINK_MASS.name,), 1),
+    "head_diversity": ("head diversity", (DIVERSITY,), 1),
 }
 _STEP = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_]?(\d+)", re.IGNORECASE)
 
@@ -80,7 +83,7 @@ def summarize(record: dict) -> dict:
         row = {}
         for column, (_, where, scale) in SUMMARY.items():
             value = d
-            for key in where.split("."):
+            for key in where:
                 value = value[key]
             value = value["mean"] if isinstance(value, dict) else value
             row[column] = scale * float(np.mean(value))
@@ -213,31 +216,27 @@ def _ordered(records: list[dict]) -> list[dict]:
 
 
 def markdown(records: list[dict], what: str = "one text") -> str:
-    over = "windows" if what.startswith("one corpus") else "sequences"
+    is_corpus = what.startswith("one corpus")
+    over, each = ("windows", "corpus.json") if is_corpus else ("sequences", "analysis.json")
     lines = [
         "# Series analysis",
         "",
-        f"{len(records)} model(s), {what}; per-layer values are means over {over}; "
-        "layers numbered from 0. Each model's full report is in its own folder.",
+        f"{len(records)} model(s), {what}; per-layer values are means over {over}. "
+        + numbering.note("series.jsonl", f"each model's {each}")
+        + " Each model's full report is in its own folder.",
         "",
         "| checkpoint | network fidelity (%) |",
         "|---|---:|",
     ]
-    lines += [f"| {r['label']} | {r['network_fidelity_pct']:.4f} |" for r in records]
+    lines += [tables.row([r["label"], f"{r['network_fidelity_pct']:.4f}"]) for r in records]
     layers = sorted({int(k) for r in records for k in r["layers"]})
-    for column, (what, _, _) in SUMMARY.items():
-        lines += [
-            "",
-            f"## {what}",
-            "",
-            "| checkpoint | " + " | ".join(f"layer {k}" for k in layers) + " |",
-        ]
+    for column, (heading, _, _) in SUMMARY.items():
+        lines += ["", f"## {heading}", ""]
+        lines.append(tables.row(["checkpoint", *(f"layer {numbering.number(k)}" for k in layers)]))
         lines.append("|---|" + "---:|" * len(layers))
         for r in records:
             cells = [r["layers"].get(str(k), {}).get(column) for k in layers]
             lines.append(
-                f"| {r['label']} | "
-                + " | ".join("-" if c is None else f"{c:.4g}" for c in cells)
-                + " |"
+                tables.row([r["label"], *("-" if c is None else f"{c:.4g}" for c in cells)])
             )
     return "\n".join(lines) + "\n"

@@ -1,5 +1,7 @@
-"""An analysis record -> report.md, analysis.json and plots. Layers are numbered from 0,
-as in the checkpoint's tensor names and the `--layers` flag."""
+"""An analysis record -> report.md, analysis.json and plots. The report and its plots
+number layers from 1, as the paper does; the record (analysis.json) keeps the
+checkpoint's 0-based layer keys, as the `--layers` flag does. Field names and units are
+the record's own (`beyondpar.measure.record`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,31 @@ from pathlib import Path
 import numpy as np
 
 from beyondpar.base import files, locks
+from beyondpar.measure import record as schema
+from beyondpar.reports import figures, numbering, tables
+
+FIDELITY, MEDIAN, P10 = schema.FIDELITY, schema.MEDIAN, schema.P10
+BEST_HEAD_FIDELITY, DIVERSITY = schema.BEST_HEAD_FIDELITY, schema.DIVERSITY
+CROSS_HEAD_SHARE = schema.CROSS_HEAD_SHARE
+GAIN, SINK_MASS = schema.GAIN.name, schema.SINK_MASS.name
+# The head table: every operator field of the record, its column label and digits;
+# fractions are shown in percent.
+HEAD_COLUMNS = tuple(
+    zip(
+        schema.OPERATOR,
+        (
+            "fidelity",
+            "median",
+            "p10",
+            "hitting ref",
+            "hitting norm",
+            "TV mixing",
+            "spectral mixing",
+        ),
+        (3, 3, 3, 2, 2, 1, 2),
+        strict=True,
+    )
+)
 
 
 def to_json(value):
@@ -38,12 +65,14 @@ def markdown(record: dict) -> str:
     lines = [
         f"# Attention analysis: {record['source']}",
         "",
+        numbering.note("analysis.json", "the `--layers` flag"),
+        "",
         f"{record['num_sequences']} sequence(s) of {record['seq_len']} tokens; "
         f"{record['num_layers']} layers x {record['num_heads']} query heads. Horizon "
         f"{spec['horizon']}, step cap {spec['max_steps']}, eps {spec['eps']}, rollout "
         f"residual {spec['residual']}. Fidelity in %; hitting time in steps on both walks; "
         "TV and spectral mixing on the normalised walk (the reference walk saturates on "
-        "causal attention). Layers numbered from 0. Values: mean over sequences. "
+        "causal attention). Values: mean over sequences. "
         "Fidelity median / p10: the median and 10th percentile over tokens of node fidelity "
         "(the minimax fidelity is their minimum). The baseline row is uniform causal "
         f"attention of the same length through the same metrics. {sink_note}",
@@ -63,17 +92,19 @@ def markdown(record: dict) -> str:
     if k:
         lines += ["", f"## Layers without sink (first {k} token(s) dropped)", ""]
         lines += _layer_table(
-            record, "layers", lambda d: d["without_sink"], record.get("baseline_without_sink")
+            record, "layers", lambda d: d[schema.WITHOUT_SINK], record.get("baseline_without_sink")
         )
     for layer, d in record["layers"].items():
-        lines += ["", f"### Layer {layer}", ""]
+        number = numbering.number(layer)
+        lines += ["", f"### Layer {number}", ""]
         lines += _head_table(d)
         if k:
-            lines += ["", f"Layer {layer} without sink:", "", *_head_table(d["without_sink"])]
-        if "optimal" in d:
+            inner = d[schema.WITHOUT_SINK]
+            lines += ["", f"Layer {number} without sink:", "", *_head_table(inner)]
+        if schema.OPTIMAL in d:
             lines += ["", optimal_line(d)]
             if k:
-                lines += ["", "Without sink: " + optimal_line(d["without_sink"])]
+                lines += ["", "Without sink: " + optimal_line(d[schema.WITHOUT_SINK])]
     if any("pairwise_synergy" in d for d in record["layers"].values()):
         lines += ["", "![pairwise synergy](pairwise_synergy.png)"]
     lines += ["", "![per-head fidelity](fidelity_heads.png)"]
@@ -87,8 +118,8 @@ def markdown(record: dict) -> str:
 def optimal_line(d: dict) -> str:
     """The optimum of a layer: held out (each sequence measured with weights searched on
     the other folds) beside its in-sample value, or in sample only and said so."""
-    o = d["optimal"]
-    measured = 100 * _m(d["mixes"]["optimal"]["fidelity"])
+    o = d[schema.OPTIMAL]
+    measured = 100 * _m(d["mixes"][schema.OPTIMAL][FIDELITY])
     searched = 100 * _m(o["in_sample"])
     weights = "; ".join(
         "(" + ", ".join(f"{w:.3f}" for w in fold) + ")" for fold in np.asarray(o["fold_weights"])
@@ -113,57 +144,73 @@ def _top_shares(record: dict, count: int = 5) -> str:
 
 
 def _layer_table(record: dict, key: str, pick, base: dict | None) -> list[str]:
-    lines = [
-        "| layer | best head | best head (%) | learned mix (%) | uniform mix (%) "
-        "| gain learned (pp) | uniform median (%) | uniform p10 (%) | sink mass | diversity "
-        "| cross-head share |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    columns = [
+        "best head",
+        "best head (%)",
+        "learned mix (%)",
+        "uniform mix (%)",
+        "gain learned (pp)",
+        "uniform median (%)",
+        "uniform p10 (%)",
+        "sink mass",
+        "diversity",
+        "cross-head share",
     ]
-    for layer, full in record[key].items():
-        d = pick(full)
-        mixes = d["mixes"]
-        learned = mixes.get("learned", mixes["uniform"])
-        uniform = mixes["uniform"]
-        lines.append(
-            f"| {layer} | {int(np.bincount(np.asarray(d['best_head'])).argmax())} "
-            f"| {100 * _m(d['best_head_fidelity']):.3f} | {100 * _m(learned['fidelity']):.3f} "
-            f"| {100 * _m(uniform['fidelity']):.3f} | {100 * _m(learned['gain']):+.3f} "
-            f"| {100 * _m(uniform['fidelity_median']):.3f} "
-            f"| {100 * _m(uniform['fidelity_p10']):.3f} | {_m(full['sink_mass']):.3f} "
-            f"| {_m(d['head_diversity']):.3f} | {_m(d['cross_head_share_mean']):.3f} |"
-        )
+    rows = [(layer, _layer_cells(pick(full), full)) for layer, full in record[key].items()]
+    closing = []
     if base is not None:
-        lines.append(
-            f"| baseline: uniform causal | - | - | - | {100 * base['fidelity']:.3f} | - "
-            f"| {100 * base['fidelity_median']:.3f} | {100 * base['fidelity_p10']:.3f} "
-            "| - | - | - |"
+        percent = {f: f"{100 * base[f]:.3f}" for f in (FIDELITY, MEDIAN, P10)}
+        closing.append(
+            ["baseline: uniform causal", "-", "-", "-", percent[FIDELITY], "-"]
+            + [percent[MEDIAN], percent[P10], "-", "-", "-"]
         )
-    return lines
+    return tables.layer_table(columns, rows, closing)
+
+
+def _layer_cells(d: dict, full: dict) -> list[str]:
+    """A layer's row: its most frequent best head, then means over sequences; the sink
+    mass is the full graph's."""
+    mixes = d["mixes"]
+    learned = mixes.get(schema.LEARNED, mixes[schema.UNIFORM])
+    uniform = mixes[schema.UNIFORM]
+    return [
+        str(int(np.bincount(np.asarray(d["best_head"])).argmax())),
+        f"{100 * _m(d[BEST_HEAD_FIDELITY]):.3f}",
+        f"{100 * _m(learned[FIDELITY]):.3f}",
+        f"{100 * _m(uniform[FIDELITY]):.3f}",
+        f"{100 * _m(learned[GAIN]):+.3f}",
+        f"{100 * _m(uniform[MEDIAN]):.3f}",
+        f"{100 * _m(uniform[P10]):.3f}",
+        f"{_m(full[SINK_MASS]):.3f}",
+        f"{_m(d[DIVERSITY]):.3f}",
+        f"{_m(d[CROSS_HEAD_SHARE]):.3f}",
+    ]
 
 
 def _head_table(d: dict) -> list[str]:
+    labels = [label + (" (%)" if f.unit == "fraction" else "") for f, label, _ in HEAD_COLUMNS]
     lines = [
-        "| operator | fidelity (%) | median (%) | p10 (%) | hitting ref | hitting norm "
-        "| TV mixing | spectral mixing | sink mass |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        tables.row(["operator", *labels, SINK_MASS.replace("_", " ")]),
+        "|---|" + "---:|" * (len(HEAD_COLUMNS) + 1),
     ]
 
-    def row(name, f, sink="-"):
-        return (
-            f"| {name} | {100 * _m(f['fidelity']):.3f} | {100 * _m(f['fidelity_median']):.3f} "
-            f"| {100 * _m(f['fidelity_p10']):.3f} | {_m(f['hitting_time_reference']):.2f} "
-            f"| {_m(f['hitting_time_normalized']):.2f} | {_m(f['tv_mixing_time_normalized']):.1f} "
-            f"| {_m(f['spectral_mixing_time_normalized']):.2f} | {sink} |"
-        )
+    def row(name, values, sink="-"):
+        return tables.row([name, *(_cell(f, values[f.name], n) for f, _, n in HEAD_COLUMNS), sink])
 
     for name, f in d["mixes"].items():
         lines.append(row(f"mix: {name}", f))
     heads = d["heads"]
-    sink = d.get("sink_mass")
-    for h in range(np.asarray(heads["fidelity"]).shape[-1]):
+    sink = d.get(SINK_MASS)
+    for h in range(np.asarray(heads[FIDELITY]).shape[-1]):
         mass = "-" if sink is None else f"{_m(np.asarray(sink)[:, h]):.3f}"
         lines.append(row(f"head {h}", {k: np.asarray(v)[:, h] for k, v in heads.items()}, mass))
     return lines
+
+
+def _cell(field: schema.Field, values, digits: int) -> str:
+    """The mean over sequences; a fraction in percent."""
+    scale = 100 if field.unit == "fraction" else 1
+    return f"{scale * _m(values):.{digits}f}"
 
 
 def plot_sink_share(record: dict, plt, labelled: int = 8):
@@ -188,30 +235,24 @@ def plot_sink_share(record: dict, plt, labelled: int = 8):
 
 def plot_head_fidelity(record: dict, plt):
     layers = list(record["layers"])
-    grid = np.stack([100 * np.mean(record["layers"][k]["heads"]["fidelity"], 0) for k in layers])
+    grid = np.stack([100 * np.mean(record["layers"][k]["heads"][FIDELITY], 0) for k in layers])
     fig, ax = plt.subplots(figsize=(0.5 * grid.shape[1] + 3, 0.4 * len(layers) + 2))
     image = ax.imshow(grid, aspect="auto", cmap="viridis")
-    ax.set_yticks(range(len(layers)), [str(k) for k in layers])
+    ax.set_yticks(range(len(layers)), [str(numbering.number(k)) for k in layers])
     ax.set(xlabel="head", ylabel="layer", title="minimax fidelity per head (%)")
     fig.colorbar(image, ax=ax)
     fig.tight_layout()
     return fig
 
 
-def plot_pairwise(record: dict, plt):
-    layers = [k for k, d in record["layers"].items() if "pairwise_synergy" in d]
-    cols = min(4, len(layers))
-    rows = -(-len(layers) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
-    mats = [100 * np.mean(record["layers"][k]["pairwise_synergy"], 0) for k in layers]
-    bound = max(max(float(np.abs(m).max()) for m in mats), 1e-9)
-    for ax, layer, mat in zip(axes.flat, layers, mats, strict=False):
-        image = ax.imshow(mat, cmap="RdBu", vmin=-bound, vmax=bound)
-        ax.set(title=f"layer {layer}", xlabel="head")
-    for ax in list(axes.flat)[len(layers) :]:
-        ax.axis("off")
-    fig.colorbar(image, ax=axes.ravel().tolist(), label="pair - better head (pp)", shrink=0.8)
-    return fig
+def pairwise_by_layer(record: dict) -> dict:
+    """{layer index: H x H} of each 50/50 pair's fidelity minus its better head (pp), mean
+    over sequences, for the layers that have it."""
+    return {
+        k: 100 * np.mean(d["pairwise_synergy"], 0)
+        for k, d in record["layers"].items()
+        if "pairwise_synergy" in d
+    }
 
 
 def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
@@ -223,9 +264,9 @@ def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
     plots = {"sink_share.png": plot_sink_share, "fidelity_heads.png": plot_head_fidelity}
     pairwise = any("pairwise_synergy" in d for d in record["layers"].values())
     if pairwise:
-        plots["pairwise_synergy.png"] = plot_pairwise
+        plots["pairwise_synergy.png"] = lambda r, plt: figures.pairwise(pairwise_by_layer(r), plt)
     plt = files.pyplot()
-    figures = {name: lambda plot=plot: plot(record, plt) for name, plot in plots.items()}
+    drawn = {name: lambda plot=plot: plot(record, plt) for name, plot in plots.items()}
     with locks.lock(out_dir):
         written = [
             files.write_text(out_dir / "report.md", markdown(record)),
@@ -233,4 +274,4 @@ def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
         ]
         if not pairwise:
             (out_dir / "pairwise_synergy.png").unlink(missing_ok=True)
-        return written + files.write_figures(out_dir, figures)
+        return written + files.write_figures(out_dir, drawn)

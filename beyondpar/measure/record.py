@@ -68,10 +68,17 @@ LAYER = (
 )
 SINK_MASS = Field("sink_mass", "fraction", "each head's mean attention on the first k tokens")
 
+# Names the reports read one by one (a name, never a position in the tuples below).
+FIDELITY, MEDIAN, P10 = "fidelity", "fidelity_median", "fidelity_p10"
+HITTING_NORMALIZED = "hitting_time_normalized"
+BEST_HEAD_FIDELITY, DIVERSITY = "best_head_fidelity", "head_diversity"
+CROSS_HEAD_SHARE = "cross_head_share_mean"
+
 OPERATOR_FIELDS = tuple(f.name for f in OPERATOR)
 MIX_FIELDS = (*OPERATOR_FIELDS, GAIN.name)
 LAYER_SCALARS = tuple(f.name for f in LAYER)
 FIELDS = {f.name: f for f in (*OPERATOR, GAIN, *LAYER, SINK_MASS)}
+assert {FIDELITY, MEDIAN, P10, HITTING_NORMALIZED, BEST_HEAD_FIDELITY, DIVERSITY} <= set(FIELDS)
 
 LEARNED, UNIFORM, OPTIMAL = "learned", "uniform", "optimal"
 # The optimum searched on the sequences it is scored on (an upper estimate), and the

@@ -17,6 +17,8 @@ import matplotlib.ticker
 import numpy as np
 
 from beyondpar.base import files
+from beyondpar.reports import figures as report_figures
+from beyondpar.reports import numbering, tables
 from beyondpar.study import synergy_report
 
 # Per-layer metrics of a record and their units; records written before a metric existed
@@ -84,15 +86,12 @@ def _fmt(mean, std, percent: bool) -> str:
 
 
 def _layer_table(cells: dict, heads: list[int], name: str) -> list[str]:
-    layers = len(cells[heads[0]][name][0])
-    lines = ["| layer | " + " | ".join(f"H={h}" for h in heads) + " |"]
-    lines.append("|---:|" + "---:|" * len(heads))
-    for layer in range(layers):
-        row = [
-            _fmt(cells[h][name][0][layer], cells[h][name][1][layer], name in PERCENT) for h in heads
-        ]
-        lines.append(f"| {layer + 1} | " + " | ".join(row) + " |")
-    return lines
+    mean, std = ([cells[h][name][i] for h in heads] for i in (0, 1))
+    rows = (
+        (layer, [_fmt(m[layer], s[layer], name in PERCENT) for m, s in zip(mean, std, strict=True)])
+        for layer in range(len(mean[0]))
+    )
+    return tables.layer_table([f"H={h}" for h in heads], rows)
 
 
 def _amplification_table(cells: dict, heads: list[int]) -> list[str]:
@@ -110,9 +109,8 @@ def _amplification_table(cells: dict, heads: list[int]) -> list[str]:
             gain, won = 100 * c["gain"][0][layer], 100 * c["combined_wins"][0][layer]
             wins += c["gain"][0][layer] > 0
             total += 1
-            lines.append(
-                f"| {h} | {layer + 1} | {best:.2f} | {comb:.2f} | {gain:+.2f} | {won:.0f}% |"
-            )
+            cells = [f"{best:.2f}", f"{comb:.2f}", f"{gain:+.2f}", f"{won:.0f}%"]
+            lines.append(tables.row([h, numbering.number(layer), *cells]))
     if total:
         lines.append("")
         lines.append(
@@ -282,7 +280,7 @@ def rows(records: list[dict]) -> list[dict]:
     for r in sorted(records, key=lambda r: (r["run"], -1 if r["step"] is None else r["step"])):
         for layer in range(r["layers"]):
             row = {k: r[k] for k in ("run", "step", "task", "heads", "seed", "walk")}
-            row["layer"] = layer + 1
+            row["layer"] = numbering.number(layer)
             for name in LAYER_METRICS:
                 stat = r["metrics"].get(name)
                 row[f"{column(name)}_mean"] = None if stat is None else stat["mean"][layer]
@@ -334,7 +332,12 @@ def plot_vs_heads(records: list[dict]):
                 mean = np.array([scale * cells[(task, h)][name][0][layer] for h in heads])
                 std = np.array([scale * cells[(task, h)][name][1][layer] for h in heads])
                 ax.errorbar(
-                    heads, mean, yerr=std, marker="o", capsize=3, label=f"layer {layer + 1}"
+                    heads,
+                    mean,
+                    yerr=std,
+                    marker="o",
+                    capsize=3,
+                    label=f"layer {numbering.number(layer)}",
                 )
                 ends += [*(mean - std), *(mean + std)]
             ax.set_xscale("log", base=2)
@@ -371,7 +374,7 @@ def plot_amplification(records: list[dict]):
             for layer in range(layers):
                 gains = [100 * cells[(task, h)]["gain"][0][layer] for h in heads]
                 x = np.arange(len(heads)) + (layer - (layers - 1) / 2) * width
-                ax.bar(x, gains, width, label=f"layer {layer + 1}")
+                ax.bar(x, gains, width, label=f"layer {numbering.number(layer)}")
             ax.set_xticks(np.arange(len(heads)), [str(h) for h in heads])
         ax.axhline(0, color="k", lw=0.8)
         ax.set(xlabel="heads", ylabel="combined - best head (pp)", title=f"amplification: {task}")
@@ -445,7 +448,11 @@ def figures(records: list[dict]) -> dict:
     for r in runs:
         safe = r["run"].replace("/", "_")
         if "pairwise_synergy" in r["metrics"] and r["heads"] > 1:
-            out[f"synergy_{safe}.png"] = lambda r=r: synergy_report.plot_pairwise(r, plt)
+            out[f"synergy_{safe}.png"] = lambda r=r: report_figures.pairwise(
+                synergy_report.pairwise_by_layer(r), plt, f"pairwise synergy: {r['run']}"
+            )
         if "pruning" in r:
-            out[f"pruning_{safe}.png"] = lambda r=r: synergy_report.plot_pruning(r, plt)
+            out[f"pruning_{safe}.png"] = lambda r=r: report_figures.pruning(
+                synergy_report.pruning_panels(r), plt, f"pruning: {r['run']}"
+            )
     return out

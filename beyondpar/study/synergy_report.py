@@ -1,9 +1,12 @@
 """Report sections for the synergy analyses: optimal weights, diversity against gain,
-pairwise synergy and pruning. Each takes the latest record of every run."""
+pairwise synergy and pruning (their figures drawn by `reports.figures`). Each takes the
+latest record of every run."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from beyondpar.reports import numbering, tables
 
 OPTIMAL_COLUMNS = (
     ("fidelity_optimal", "fidelity"),
@@ -56,7 +59,7 @@ def optimal_table(runs: list[dict], task: str) -> list[str]:
         }
         for layer in range(group[0]["layers"]):
             cells = [_cell(values, name, kind, layer) for name, kind in OPTIMAL_COLUMNS]
-            lines.append(f"| {heads} | {layer + 1} | " + " | ".join(cells) + " |")
+            lines.append(tables.row([heads, numbering.number(layer), *cells]))
     return lines
 
 
@@ -124,40 +127,22 @@ def plot_diversity(runs: list[dict], plt):
     return fig
 
 
-def plot_pairwise(record: dict, plt):
-    """One heatmap per layer: fidelity of each 50/50 pair minus its better head (pp)."""
+def pairwise_by_layer(record: dict) -> dict:
+    """{layer index: H x H} of each 50/50 pair's fidelity minus its better head (pp)."""
     mats = 100 * np.asarray(record["metrics"]["pairwise_synergy"]["mean"], np.float64)
-    layers = len(mats)
-    fig, axes = plt.subplots(1, layers, figsize=(3.2 * layers, 3.2), squeeze=False)
-    bound = max(float(np.abs(mats).max()), 1e-9)
-    for layer, ax in enumerate(axes[0]):
-        image = ax.imshow(mats[layer], cmap="RdBu", vmin=-bound, vmax=bound)
-        ax.set(title=f"layer {layer + 1}", xlabel="head", ylabel="head" if layer == 0 else "")
-    fig.colorbar(image, ax=axes[0].tolist(), label="pair - better head (pp)", shrink=0.8)
-    fig.suptitle(f"pairwise synergy: {record['run']}")
-    return fig
+    return dict(enumerate(mats))
 
 
-def plot_pruning(record: dict, plt):
-    """Accuracy and layer-mean fidelity as heads are pruned, a line per order."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+def pruning_panels(record: dict) -> list:
+    """Accuracy and layer-mean fidelity as heads are pruned, a line per order, for
+    `reports.figures.pruning`."""
+    accuracy, fidelity = {}, {}
     for name, curve in record["pruning"].items():
         pruned = curve["heads_pruned"]
-        axes[0].plot(
-            pruned,
-            100 * np.asarray(curve["accuracy"]),
-            marker="o",
-            ms=3,
-            label=f"{name} (AUC {curve['auc']:.3f})",
-        )
-        axes[1].plot(pruned, 100 * np.mean(curve["fidelity"], axis=1), marker="o", ms=3, label=name)
-    axes[0].set(xlabel="heads pruned", ylabel="accuracy, predictable positions (%)")
-    axes[1].set(
-        xlabel="heads pruned", ylabel="minimax fidelity of remaining heads,\nlayer mean (%)"
-    )
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"pruning: {record['run']}")
-    fig.tight_layout()
-    return fig
+        label = f"{name} (AUC {curve['auc']:.3f})"
+        accuracy[label] = (pruned, 100 * np.asarray(curve["accuracy"]))
+        fidelity[name] = (pruned, 100 * np.mean(curve["fidelity"], axis=1))
+    return [
+        ("accuracy, predictable positions (%)", accuracy),
+        ("minimax fidelity of remaining heads,\nlayer mean (%)", fidelity),
+    ]

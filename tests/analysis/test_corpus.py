@@ -574,7 +574,7 @@ def test_report_cells_are_the_summarys_values_with_intervals(corpus_run):
         rows = cells(report, heading)
         for layer, full in summary["layers"].items():
             d = pick(full)
-            row = rows[layer]
+            row = rows[str(int(layer) + 1)]  # layer k of the report is key k-1
             assert row[1] == ci(d["best_head_fidelity"])
             mixes = ["learned", "uniform", "optimal"]  # the report's order
             assert set(d["mixes"]) == set(mixes)
@@ -654,7 +654,7 @@ def test_each_record_names_its_windows_document():
 def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
     out, summary, _, _, _ = corpus_run
     report = (out / "report.md").read_text()
-    for heading in ("## Layers\n", "## Layers without", "### Layer 0", "## Pruning heads"):
+    for heading in ("## Layers\n", "## Layers without", "### Layer 1", "## Pruning heads"):
         table = report[report.index(heading) :].split("\n\n")[1].splitlines()
         if not table[0].startswith("|"):  # a paragraph before the table
             table = report[report.index(heading) :].split("\n\n")[2].splitlines()

@@ -101,7 +101,7 @@ def test_layer_rows_give_mean_low_high_in_percent_with_mixes_in_report_order(sum
     assert header.index("learned (%)") < header.index("uniform (%)")
     assert header.index("uniform (%)") < header.index("optimal, held out (%)")
     rows = cells(report, "## Layers\n")
-    assert rows["1"] == [
+    assert rows["2"] == [
         "2",
         "26.000 [25.000, 28.000]",
         "31.000 [30.000, 33.000]",
@@ -117,6 +117,19 @@ def test_layer_rows_give_mean_low_high_in_percent_with_mixes_in_report_order(sum
     ]
 
 
+def test_layers_are_numbered_from_one_and_the_top_says_how_keys_map(summary):
+    """Summary key "k" (corpus.json, windows.jsonl) is layer k + 1 in the report: in the
+    layer table, in the per-layer headings, and said at the top."""
+    report = corpus_report.markdown(summary)
+    assert report.splitlines()[2] == (
+        "Layers are numbered from 1, as in the paper: layer k in this report is key k-1 in "
+        "corpus.json and windows.jsonl."
+    )
+    assert list(cells(report, "## Layers\n"))[:2] == ["1", "2"]
+    assert "### Layer 1\n" in report and "### Layer 2\n" in report
+    assert "### Layer 0" not in report
+
+
 def test_baseline_row_fills_the_table_width(summary):
     """The baseline's fidelity sits under the first mix; every row has as many cells as
     the header has columns."""
@@ -130,7 +143,7 @@ def test_baseline_row_fills_the_table_width(summary):
 def test_head_table_gives_hitting_time_in_steps_and_the_baseline_in_percent(summary):
     """Fidelities in percent with intervals, hitting time unscaled in steps, each head's
     sink mass from its own entry, and the baseline row in the same units."""
-    rows = cells(corpus_report.markdown(summary), "### Layer 1")
+    rows = cells(corpus_report.markdown(summary), "### Layer 2")
     assert rows["head 2"] == [
         "26.000 [25.000, 28.000]",
         "30.000 [29.000, 32.000]",
@@ -165,8 +178,8 @@ def test_table_without_sink_has_its_own_baseline_and_values(summary):
     report = corpus_report.markdown(summary)
     rows = cells(report, "## Layers without the first 1 token(s)")
     assert rows["baseline: uniform causal"][:3] == ["-", "-", "7.500"]
-    assert rows["1"][:3] == ["2", "31.000 [30.000, 33.000]", "36.000 [35.000, 38.000]"]
-    assert rows["1"][-1] == "0.300"
+    assert rows["2"][:3] == ["2", "31.000 [30.000, 33.000]", "36.000 [35.000, 38.000]"]
+    assert rows["2"][-1] == "0.300"
     assert cells(report, "## Layers\n")["baseline: uniform causal"][2] == "6.250"
 
 

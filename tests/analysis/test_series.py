@@ -20,13 +20,17 @@ def table(report: str, heading: str) -> list[list[str]]:
 
 
 def test_layer_columns_follow_layer_numbers_not_their_spelling():
-    """Twelve layers: layer 10 comes after layer 9, not after layer 1, and each cell is its
-    own layer's value; a layer a model lacks is '-'."""
+    """Twelve layers: key 10 comes after key 9, not after key 1, and each cell is its own
+    layer's value; a layer a model lacks is '-'. Key k is layer k + 1, as the top says."""
     first = {str(k): {"sink_mass": k / 100} for k in (11, 2, 10, 0, 1, 9, 3, 4, 5, 6, 7, 8)}
     second = {"10": {"sink_mass": 0.5}}
     report = series.markdown([line("a", first), line("b", second)])
     rows = table(report, "## mean sink mass over heads")
-    assert rows[0][1:] == [f"layer {k}" for k in range(12)]
+    assert rows[0][1:] == [f"layer {k}" for k in range(1, 13)]
+    assert (
+        "Layers are numbered from 1, as in the paper: layer k in this report is key k-1 in "
+        "series.jsonl and each model's analysis.json." in report
+    )
     assert rows[2][1:] == [f"{k / 100:.4g}" for k in range(12)]
     assert rows[3][1:] == ["-"] * 10 + ["0.5", "-"]
 

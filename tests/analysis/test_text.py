@@ -94,7 +94,8 @@ def test_attention_from_elsewhere_and_the_report(tmp_path):
         saved["layers"]["1"]["head_diversity"], record["layers"][1]["head_diversity"]
     )
     text = (tmp_path / "out" / "report.md").read_text()
-    assert "| 1 | " in text and "Network fidelity" in text
+    assert "Network fidelity" in text
+    assert "### Layer 2\n" in text and "### Layer 1\n" not in text  # key 1 is layer 2
 
 
 @pytest.mark.parametrize(

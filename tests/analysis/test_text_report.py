@@ -39,15 +39,29 @@ def parked():
 
 def test_layer_row_names_the_most_frequent_best_head(parked):
     assert parked["layers"][0]["best_head"].tolist() == [1, 1]
-    row = table_rows(text_report.markdown(parked), "## Layers")["0"]
+    row = table_rows(text_report.markdown(parked), "## Layers")["1"]
     assert row[0] == "1"
+
+
+def test_layers_are_numbered_from_one_and_the_top_says_how_keys_map(parked):
+    """Record key k (the checkpoint's layer index, `--layers`) is layer k + 1 in the
+    report: in the layer table, in the per-layer headings, and said at the top."""
+    layer = parked["layers"][0]
+    report = text_report.markdown({**parked, "layers": {0: layer, 7: layer}})
+    assert report.splitlines()[2] == (
+        "Layers are numbered from 1, as in the paper: layer k in this report is key k-1 in "
+        "analysis.json and the `--layers` flag."
+    )
+    assert list(table_rows(report, "## Layers"))[:2] == ["1", "8"]
+    assert "### Layer 1\n" in report and "### Layer 8\n" in report
+    assert "### Layer 0" not in report
 
 
 def test_head_rows_give_hitting_time_on_each_walk_in_its_column(parked):
     heads = parked["layers"][0]["heads"]
     ref, norm = heads["hitting_time_reference"][:, 1], heads["hitting_time_normalized"][:, 1]
     assert abs(np.mean(ref) - np.mean(norm)) > 0.01  # the walks differ on this head
-    row = table_rows(text_report.markdown(parked), "### Layer 0")["head 1"]
+    row = table_rows(text_report.markdown(parked), "### Layer 1")["head 1"]
     assert row[3:5] == [f"{np.mean(ref):.2f}", f"{np.mean(norm):.2f}"]
 
 
@@ -82,7 +96,7 @@ def test_learned_mix_columns_are_the_learned_mix_not_the_uniform_one():
     learned = 100 * np.mean(layer["mixes"]["learned"]["fidelity"])
     mixed = 100 * np.mean(layer["mixes"]["uniform"]["fidelity"])
     assert learned == pytest.approx(100 / T, abs=1e-3) and mixed < learned - 1
-    row = table_rows(text_report.markdown(rec), "## Layers")["3"]
+    row = table_rows(text_report.markdown(rec), "## Layers")["4"]
     assert row[2:5] == [f"{learned:.3f}", f"{mixed:.3f}", "+0.000"]
 
 
@@ -107,7 +121,7 @@ def test_best_head_is_the_one_most_sequences_pick_not_the_first_sequences():
     spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
     rec = record(spec, attn)
     assert rec["layers"][0]["best_head"].tolist() == [0, 2, 2]
-    assert table_rows(text_report.markdown(rec), "## Layers")["0"][0] == "2"
+    assert table_rows(text_report.markdown(rec), "## Layers")["1"][0] == "2"
 
 
 def test_table_without_sink_has_its_own_baseline_and_values():
@@ -126,8 +140,8 @@ def test_table_without_sink_has_its_own_baseline_and_values():
     layer = rec["layers"][0]
     best = 100 * np.mean(layer["without_sink"]["best_head_fidelity"])
     assert abs(best - 100 * np.mean(layer["best_head_fidelity"])) > 1e-3
-    assert rows["0"][1] == f"{best:.3f}"
-    assert rows["0"][7] == f"{np.mean(layer['sink_mass']):.3f}"
+    assert rows["1"][1] == f"{best:.3f}"
+    assert rows["1"][7] == f"{np.mean(layer['sink_mass']):.3f}"
 
 
 def test_layer_row_gives_uniform_mix_median_and_p10_each_in_its_column(parked):
@@ -143,7 +157,7 @@ def test_layer_row_gives_uniform_mix_median_and_p10_each_in_its_column(parked):
     }
     changed = {**layer, "mixes": {**layer["mixes"], "uniform": uniform}}
     report = text_report.markdown({**parked, "layers": {5: changed}})
-    row = table_rows(report, "## Layers")["5"]
+    row = table_rows(report, "## Layers")["6"]
     assert row[5:7] == ["30.000", "7.500"]
 
 
