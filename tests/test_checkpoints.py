@@ -1,6 +1,7 @@
 """Run checkpoints: orbax round trips, checksums, damaged steps and interrupted saves."""
 
 import json
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -154,3 +155,18 @@ def test_ctrl_c_during_a_save_lands_once_the_checkpoint_and_its_checksum_are_who
     sums = json.loads((tmp_path / "ck" / checkpoints.CHECKSUMS).read_text())
     assert sums == {"1": checkpoints.checksum({"w": jnp.ones(2)})}
     assert [p.name for p in (tmp_path / "ck").iterdir() if "tmp" in p.name] == []
+
+
+class _State(typing.NamedTuple):
+    step: np.ndarray
+    params: dict
+
+
+def test_checksum_is_the_same_for_a_named_tuple_read_back_as_a_dict():
+    """A state saved as a named tuple (fields in their own order: step, params) and read
+    back as a dict (keys sorted: params, step) hashes the same."""
+    params = {"w": np.arange(3.0, dtype=np.float32)}
+    as_tuple = _State(np.int32(7), params)
+    as_dict = {"step": np.int32(7), "params": params}
+    assert checkpoints.checksum(as_tuple) == checkpoints.checksum(as_dict)
+    assert checkpoints.checksum(as_tuple) != checkpoints.checksum(as_tuple._replace(step=8))

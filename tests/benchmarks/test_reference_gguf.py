@@ -1,6 +1,7 @@
 """The reference GGUF reader's own conventions, checked against llama.cpp's converter as
 the tests' exporter writes it: tensor names, the Llama q/k row order, what it refuses."""
 
+import gguf
 import numpy as np
 import pytest
 from gguf_export import export, permute
@@ -55,3 +56,23 @@ def test_files_it_does_not_fully_read_are_refused(tmp_path):
     window = export(DATA / "hf" / "mistral-window", tmp_path / "mistral.gguf")
     with pytest.raises(ValueError, match=r"must hold none of \['attention.sliding_window'\]"):
         reference_gguf.ReferenceGguf(window)
+
+
+@pytest.mark.parametrize(
+    "name,extra,unread",
+    [
+        ("llama-tiny", lambda w: w.add_rope_scaling_factor(2.0), "rope.scaling.factor"),
+        (
+            "llama-tiny",
+            lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
+            "rope.scaling.type",
+        ),
+        ("llama3-rope", None, "rope_freqs.weight"),
+    ],
+)
+def test_files_with_a_scaled_rope_are_refused(tmp_path, name, extra, unread):
+    """A scaled rope or Llama 3's rope divisors would change the model; this reader does
+    not read them, so it must not give a model without them."""
+    path = export(DATA / "hf" / name, tmp_path / "model.gguf", extra=extra)
+    with pytest.raises(ValueError, match=rf"must hold none of \['{unread}'\]"):
+        reference_gguf.ReferenceGguf(path)

@@ -161,3 +161,42 @@ def test_a_row_length_that_is_no_multiple_of_the_block_is_named(tmp_path):
         match=r"'w': row length must be a multiple of Q8_0's block of 32, got 48",
     ):
         gguf_header.read(damaged(tmp_path, bytes(data)))
+
+
+def written(path, build):
+    """A GGUF file of `build(writer)`'s metadata and tensors."""
+    writer = gguf.GGUFWriter(path, "llama")
+    build(writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_tensor_may_have_up_to_eight_dimensions(tmp_path):
+    """ggml records at most 8 dimensions: a tensor of 8 reads (innermost first), one of 9
+    is named."""
+    values = np.arange(6, dtype=np.float32).reshape(1, 1, 1, 1, 1, 1, 2, 3)
+    path = written(tmp_path / "eight.gguf", lambda w: w.add_tensor("x", values))
+    info = gguf_header.read(path).tensors["x"]
+    assert info.shape == (3, 2, 1, 1, 1, 1, 1, 1) and info.rows_cols == (2, 3)
+    np.testing.assert_array_equal(
+        gguf_header.read(path).raw(info).view(np.float32), [[0, 1, 2], [3, 4, 5]]
+    )
+    nine = written(tmp_path / "nine.gguf", lambda w: w.add_tensor("x", values[None]))
+    with pytest.raises(gguf_header.HeaderError, match=r"'x' must have at most 8 dimensions, got 9"):
+        gguf_header.read(nine)
+
+
+@pytest.mark.parametrize("alignment", [0, 24, 48])
+def test_an_alignment_that_is_not_a_power_of_two_is_named(tmp_path, alignment):
+    def build(writer):
+        writer.add_uint32("general.alignment", alignment)
+        writer.add_tensor("x", np.zeros((2, 4), np.float32))
+
+    path = written(tmp_path / "aligned.gguf", build)
+    with pytest.raises(
+        gguf_header.HeaderError, match=rf"general.alignment must be a power of two, got {alignment}"
+    ):
+        gguf_header.read(path)

@@ -493,3 +493,23 @@ def test_find_expands_a_home_folder_path(tmp_path, monkeypatch):
     (tmp_path / "models" / "m.gguf").write_bytes(b"")
     assert gguf_reader.find("~/models/m.gguf") == tmp_path / "models" / "m.gguf"
     assert gguf_reader.find("~/models") == tmp_path / "models" / "m.gguf"
+
+
+def test_a_gemma2_gguf_with_a_rope_scaling_factor_runs_the_linearly_scaled_rope(tmp_path):
+    """llama.cpp reads `rope.scaling.factor` as linear when no type is stored, and Gemma 2
+    takes it like Gemma 3's full layers: the file runs as the Hugging Face copy with that
+    rope (and the key_length ** -0.5 score scale a GGUF file implies), not as the
+    unscaled one."""
+    extra = lambda w: w.add_rope_scaling_factor(2.0)  # noqa: E731
+    path = export(HF / "gemma2-tiny", tmp_path / "model.gguf", extra=extra)
+    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert gguf_reader.GgufFile(path).config()["rope_parameters"] == rope
+    tokens = expected("gemma2-tiny")["tokens"]
+    got, _ = pretrained.apply_with_attention(*pretrained.load(path)[:2], tokens)
+    logits = {}
+    for name, rope_parameters in (("scaled", rope), ("unscaled", {**rope, "factor": 1.0})):
+        change = {"rope_parameters": rope_parameters, "query_pre_attn_scalar": 16}
+        folder = copy_checkpoint("gemma2-tiny", tmp_path / name, change)
+        logits[name], _ = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
+    np.testing.assert_allclose(got, logits["scaled"], atol=1e-5)
+    assert np.abs(np.asarray(got) - logits["unscaled"]).max() > 1e-3
