@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from beyondpar import checkpoints, model
-from conftest import DATA
+from helpers.paths import DATA
 
 
 def heads_of(name):

@@ -9,7 +9,7 @@ import pytest
 
 from beyondpar import graphs
 from beyondpar.base import checks
-from conftest import DATA
+from helpers.paths import DATA
 
 
 def test_combine_heads_is_weighted_mean():

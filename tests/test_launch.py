@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import DATA, ROOT
+from helpers.paths import DATA, ROOT
 
 HF = DATA / "hf"
 TEXT = DATA / "text" / "declaration.txt"

@@ -10,7 +10,7 @@ import pytest
 from beyondpar import checkpoints, graphs, metrics, model, synergy, tasks, weighting
 from beyondpar.study import config_lib, train
 from configs import smoke
-from conftest import DATA
+from helpers.paths import DATA
 
 
 def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100):

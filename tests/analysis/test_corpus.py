@@ -13,7 +13,8 @@ from beyondpar.analysis import corpus, corpus_report, loss_pruning, measures, op
 from beyondpar.analysis import text as text_lib
 from beyondpar.analysis import windows as windows_lib
 from beyondpar.base import files, parallel
-from conftest import DATA, analyze_cli
+from helpers.launchers import analyze_cli
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ from beyondpar import graphs, metrics, pretrained
 from beyondpar.analysis import measures, series, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import parallel
-from conftest import DATA, analyze_cli
+from helpers.launchers import analyze_cli
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from beyondpar.benchmarks import (
     training,
 )
 from beyondpar.benchmarks.models import SMOLLM2_135M
-from conftest import SMOLLM2_GGUF, needs_smollm2
+from helpers.paths import SMOLLM2_GGUF, needs_smollm2
 
 
 def test_numpy_baselines_agree_with_kernels():

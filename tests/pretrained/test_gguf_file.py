@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gguf_export import export
-from hf_fixtures import HF, copy_checkpoint, expected
 from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.pretrained import gguf_file, gguf_quants
+from helpers.gguf_export import export
+from helpers.hf_fixtures import HF, copy_checkpoint, expected
 
 Q = gguf.GGMLQuantizationType
 # Round-off of each type on these weights: the logits' worst deviation it allows.

@@ -10,7 +10,7 @@ import gguf
 import pytest
 
 from beyondpar.pretrained import gguf_file, gguf_tokenizer
-from conftest import DATA
+from helpers.paths import DATA
 
 FIXTURES = DATA / "gguf_tokenizer"
 SPM = FIXTURES / "spm.gguf"

@@ -7,8 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gguf_export import export
-from hf_fixtures import copy_checkpoint, expected
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
@@ -16,7 +14,9 @@ from beyondpar import pretrained
 from beyondpar.base import parallel
 from beyondpar.benchmarks import gguf_models, previous_load
 from beyondpar.pretrained import files, gguf_file, gguf_quants, loading, sharding
-from conftest import DATA
+from helpers.gguf_export import export
+from helpers.hf_fixtures import copy_checkpoint, expected
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 FIXTURES = sorted(p.name for p in HF.iterdir() if (p / "config.json").is_file())

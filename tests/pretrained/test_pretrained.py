@@ -7,7 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_fixtures import (
+from safetensors.numpy import load_file, save_file
+
+from beyondpar import pretrained
+from helpers.hf_fixtures import (
     CONFIG_VARIANTS,
     HF,
     config_of,
@@ -15,9 +18,6 @@ from hf_fixtures import (
     expected,
     logits_and_attention,
 )
-from safetensors.numpy import load_file, save_file
-
-from beyondpar import pretrained
 
 FAMILIES = (
     "gpt2-tiny",

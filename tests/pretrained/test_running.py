@@ -7,7 +7,7 @@ import pytest
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
-from conftest import DATA
+from helpers.paths import DATA
 
 LLAMA = DATA / "hf" / "llama-tiny"  # 2 layers, 4 query heads, 2 kv heads, head_dim 8
 

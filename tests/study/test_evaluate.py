@@ -15,7 +15,7 @@ from beyondpar import checkpoints, graphs, metrics, pruning, synergy, tasks
 from beyondpar import model as model_lib
 from beyondpar.study import evaluate, train
 from configs import smoke
-from conftest import DATA
+from helpers.paths import DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from beyondpar.study import report, synergy_report
-from conftest import DATA
+from helpers.paths import DATA
 
 GOLDEN = DATA / "golden_report.md"
 

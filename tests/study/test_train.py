@@ -186,7 +186,7 @@ def test_two_processes_match_one(tmp_path):
         subprocess.Popen(
             [
                 sys.executable,
-                str(ROOT / "tests" / "distributed_worker.py"),
+                str(ROOT / "tests" / "helpers" / "distributed_worker.py"),
                 str(port),
                 str(i),
                 str(workdir),

@@ -19,7 +19,7 @@ from beyondpar.base import files, locks, settings
 from beyondpar.study import ablation, evaluate, report, train, workdir
 from configs import ablation as ablation_config
 from configs import smoke
-from conftest import DATA
+from helpers.paths import DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 
