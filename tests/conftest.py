@@ -1,6 +1,6 @@
 """Test setup and shared fixtures. The suite runs as users run the code: float32, x64 off
-(tests that compare with a float64 reference switch it on for themselves: the `float64`
-marker or fixture), on four fake CPU devices, with quicker compilation and a compilation
+(a test that compares with a float64 reference is marked `float64`, and x64 is on
+inside it), on four fake CPU devices, with quicker compilation and a compilation
 cache of its own. Helpers live in the `helpers` package."""
 
 import atexit
@@ -47,27 +47,7 @@ from beyondpar import checkpoints, tasks  # noqa: E402
 from beyondpar import model as model_lib  # noqa: E402
 from helpers.memory_maps import release_compiled_programs  # noqa: E402
 from helpers.paths import DATA, FIXTURES, load_fixture  # noqa: E402
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "float64: the test compares with a float64 reference; x64 is on inside it"
-    )
-
-
-@pytest.fixture(autouse=True)
-def _float64_when_marked(request):
-    """x64 on for a test marked `float64` (a module marks all its tests with
-    `pytestmark = pytest.mark.float64`), off for every other."""
-    with jax.enable_x64(request.node.get_closest_marker("float64") is not None):
-        yield
-
-
-@pytest.fixture
-def float64():
-    """x64 on inside the test that asks for it."""
-    with jax.enable_x64(True):
-        yield
+from helpers.trained_runs import shared_folder, smoke_config, trained_once  # noqa: E402
 
 
 @pytest.fixture(params=FIXTURES)
@@ -85,6 +65,31 @@ def reference():
     _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
     weights = model_lib.head_importances(module, params)
     return module, params, examples, np.asarray(attn, np.float64), np.asarray(weights)
+
+
+# Small runs trained once for the whole test run (by the first worker that needs one) and
+# read by every test that needs no config of its own; a test that changes one copies it.
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """configs/smoke.py trained: 64 steps, checkpoints at 56 and 64."""
+    return trained_once(shared_folder(tmp_path_factory), "smoke", smoke_config())
+
+
+@pytest.fixture(scope="session")
+def one_epoch_run(tmp_path_factory):
+    """configs/smoke.py for one epoch, no weight search or pruning: 8 steps, checkpoint 8."""
+    config = smoke_config(epochs=1, evaluation_extras=False)
+    return trained_once(shared_folder(tmp_path_factory), "one-epoch", config)
+
+
+@pytest.fixture(scope="session")
+def two_epoch_run(tmp_path_factory):
+    """configs/smoke.py for two epochs, no weight search or pruning: 16 steps, checkpoints
+    at 8 and 16."""
+    config = smoke_config(epochs=2, evaluation_extras=False)
+    return trained_once(shared_folder(tmp_path_factory), "two-epoch", config)
 
 
 @pytest.fixture(autouse=True, scope="module")

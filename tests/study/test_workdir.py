@@ -39,9 +39,10 @@ def short():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    path = tmp_path_factory.mktemp("run")
-    train.train_and_evaluate(short(), str(path))
+def run(one_epoch_run, tmp_path_factory):
+    """The shared run of `short()`, copied: a refused resume still takes its lock."""
+    path = tmp_path_factory.mktemp("run") / "run"
+    shutil.copytree(one_epoch_run, path)
     return path
 
 
