@@ -35,7 +35,7 @@ allocator.keep_freed_memory()  # as every launcher does (`parallel.use_all_cpu_c
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
-jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_enable_x64", False)  # the default, whatever JAX_ENABLE_X64 says
 jax.config.update("jax_compilation_cache_dir", _COMPILED)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 jax.config.update("jax_compilation_cache_max_size", _CACHE_BYTES)
@@ -48,6 +48,14 @@ from beyondpar import model as model_lib  # noqa: E402
 from helpers.memory_maps import release_compiled_programs  # noqa: E402
 from helpers.paths import DATA, FIXTURES, load_fixture  # noqa: E402
 from helpers.trained_runs import shared_folder, smoke_config, trained_once  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _float64_when_marked(request):
+    """x64 on for a test marked `float64` (a module marks all its tests with
+    `pytestmark = pytest.mark.float64`), off for every other."""
+    with jax.enable_x64(request.node.get_closest_marker("float64") is not None):
+        yield
 
 
 @pytest.fixture(params=FIXTURES)

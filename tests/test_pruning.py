@@ -80,6 +80,7 @@ def test_bad_masks(small, mask, message):
         model_lib.apply_with_attention(module, params, tokens, mask)
 
 
+@pytest.mark.float64
 def test_gradient_importance_is_the_finite_difference(small):
     module, params, tokens = small
     params64 = jax.tree.map(lambda x: x.astype(jnp.float64), params)
