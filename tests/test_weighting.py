@@ -109,6 +109,7 @@ def test_pattern_search_moves_towards_the_better_mix_and_halves_its_step(monkeyp
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
 
 
+@pytest.mark.float64
 def test_pattern_search_runs_until_every_start_has_settled(monkeypatch):
     """Two starts searched together end where each ends alone: the first starts at its
     optimum (its step halves to the smallest in nine rounds); the second's objective
