@@ -179,6 +179,7 @@ def test_operator_fields_of_both_walks_come_from_one_sweep():
 # ---------------------------------------------------------------- sink-aware measures
 
 
+@pytest.mark.float64
 def test_sink_mass_drop_and_uniform_baseline_closed_forms():
     attn = np.tril(np.random.default_rng(0).random((2, 3, 6, 6)))
     attn /= attn.sum(-1, keepdims=True)
