@@ -52,10 +52,17 @@ from helpers.trained_runs import shared_folder, smoke_config, trained_once  # no
 
 @pytest.fixture(autouse=True)
 def _float64_when_marked(request):
-    """x64 on for a test marked `float64` (a module marks all its tests with
-    `pytestmark = pytest.mark.float64`), off for every other."""
-    with jax.enable_x64(request.node.get_closest_marker("float64") is not None):
+    """x64 on for a test marked `float64`, off again after it. Switched in the global
+    config, not with the `jax.enable_x64` context, which holds for the calling thread only:
+    checkpoint loading converts tensors on worker threads."""
+    if request.node.get_closest_marker("float64") is None:
         yield
+        return
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", False)
 
 
 @pytest.fixture(params=FIXTURES)

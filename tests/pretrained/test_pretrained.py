@@ -55,6 +55,7 @@ def test_parity_with_transformers(name):
     np.testing.assert_allclose(attn, exp["attention"], atol=ATTENTION_ATOL.get(name, 1e-5))
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", CONFIG_VARIANTS)
 def test_config_fields_are_read_as_transformers_reads_them(name):
     """Fixtures whose config.json holds a field as real checkpoints write it, where
