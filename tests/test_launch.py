@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import DATA, ROOT
+from helpers.launchers import launch_many
+from helpers.paths import DATA, ROOT
 
 HF = DATA / "hf"
 TEXT = DATA / "text" / "declaration.txt"
@@ -24,70 +25,81 @@ def launch(script: str, *flags: str, cwd=ROOT):
     )
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        ([f"--model={HF / 'llama-tiny'}", f"--corpus={TEXT}"], "--corpus needs --tokens=T"),
-        (
-            [f"--model={HF / 'llama-tiny'}", "--text=hi", f"--corpus={TEXT}", "--tokens=8"],
-            "give exactly one of --text or --text_file or --corpus, got --text, --corpus",
-        ),
-        (
-            [f"--model={HF / 'llama-tiny'}", "--text=hi", "--max_windows=3"],
-            "--max_windows: for --corpus only",
-        ),
-        (
-            [f"--model={HF / 'llama-tiny'}", "--text=hi", "--search_windows=3"],
-            "--search_windows: for --corpus only",
-        ),
-        (["--text=hi"], "give exactly one of --model or --attention, got none"),
-        (
-            [f"--model={HF / 'llama-tiny'}", "--text=hi", "--layers=0,one"],
-            "--layers must be layer numbers",
-        ),
-        (["--tokens=many"], "flag --tokens=many: invalid literal"),
-    ],
-)
-def test_analyze_flag_rules_are_one_line(tmp_path, flags, message):
-    done = launch("analyze.py", *flags, f"--out={tmp_path / 'out'}")
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
-    assert message in done.stderr
-    assert not (tmp_path / "out").exists()
+ANALYZE_MISTAKES = [
+    ([f"--model={HF / 'llama-tiny'}", f"--corpus={TEXT}"], "--corpus needs --tokens=T"),
+    (
+        [f"--model={HF / 'llama-tiny'}", "--text=hi", f"--corpus={TEXT}", "--tokens=8"],
+        "give exactly one of --text or --text_file or --corpus, got --text, --corpus",
+    ),
+    (
+        [f"--model={HF / 'llama-tiny'}", "--text=hi", "--max_windows=3"],
+        "--max_windows: for --corpus only",
+    ),
+    (
+        [f"--model={HF / 'llama-tiny'}", "--text=hi", "--search_windows=3"],
+        "--search_windows: for --corpus only",
+    ),
+    (["--text=hi"], "give exactly one of --model or --attention, got none"),
+    (
+        [f"--model={HF / 'llama-tiny'}", "--text=hi", "--layers=0,one"],
+        "--layers must be layer numbers",
+    ),
+    (["--tokens=many"], "flag --tokens=many: invalid literal"),
+]
+MISTAKES = [
+    ("train.py", [], "Flag --config must have a value"),
+    (
+        "train.py",
+        ["--config=configs/smoke.py", "--config.optim.lr=1", "--workdir=W"],
+        "error: --config.optim.lr must name fields of the config, got no field 'lr'\n",
+    ),
+    (
+        "train.py",
+        ["--config=configs/smoke.py", "--config.optim.learnin_rate=1", "--workdir=W"],
+        "error: --config.optim.learnin_rate must name fields of the config, got no field "
+        '\'learnin_rate\'; Did you mean "learning_rate" instead of "learnin_rate"?\n',
+    ),
+    ("train.py", ["--config=configs/nope.py", "--workdir=W"], "No such file or directory"),
+    (
+        "ablate.py",
+        ["--config=configs/ablation.py:tasks=all", "--workdir=W"],
+        "tasks must be one of ['attention', 'demo', 'paper'], got 'all'",
+    ),
+    ("evaluate.py", [], "give exactly one of --runs or --reference, got none"),
+    ("benchmark.py", ["fastest"], "takes one suite, one of ['metrics', 'train'"),
+]
 
 
-@pytest.mark.parametrize(
-    "script, flags, message",
-    [
-        ("train.py", [], "Flag --config must have a value"),
-        (
-            "train.py",
-            ["--config=configs/smoke.py", "--config.optim.lr=1", "--workdir=W"],
-            "error: --config.optim.lr must name fields of the config, got no field 'lr'\n",
-        ),
-        (
-            "train.py",
-            ["--config=configs/smoke.py", "--config.optim.learnin_rate=1", "--workdir=W"],
-            "error: --config.optim.learnin_rate must name fields of the config, got no field "
-            '\'learnin_rate\'; Did you mean "learning_rate" instead of "learnin_rate"?\n',
-        ),
-        ("train.py", ["--config=configs/nope.py", "--workdir=W"], "No such file or directory"),
-        (
-            "ablate.py",
-            ["--config=configs/ablation.py:tasks=all", "--workdir=W"],
-            "tasks must be one of ['attention', 'demo', 'paper'], got 'all'",
-        ),
-        ("evaluate.py", [], "give exactly one of --runs or --reference, got none"),
-        ("benchmark.py", ["fastest"], "takes one suite, one of ['metrics', 'train'"),
-    ],
-)
-def test_every_launchers_mistakes_are_one_line(tmp_path, script, flags, message):
-    flags = [f.replace("=W", f"={tmp_path / 'w'}") for f in flags]
-    done = launch(script, *flags)
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """What each mistake above gave, keyed by (analyze or launcher, case number), with the
+    folder it was told to write; all command lines run from one batch (`launch_many`)."""
+    folders, cases = {}, []
+    for i, (flags, _) in enumerate(ANALYZE_MISTAKES):
+        folders["analyze", i] = out = tmp_path_factory.mktemp("analyze") / "out"
+        cases.append(("analyze.py", [*flags, f"--out={out}"]))
+    for i, (script, flags, _) in enumerate(MISTAKES):
+        folders["launcher", i] = out = tmp_path_factory.mktemp("launcher") / "w"
+        cases.append((script, [f.replace("=W", f"={out}") for f in flags]))
+    return dict(zip(folders, zip(launch_many(cases), folders.values(), strict=True), strict=True))
+
+
+@pytest.mark.parametrize("case", range(len(ANALYZE_MISTAKES)))
+def test_analyze_flag_rules_are_one_line(refused, case):
+    done, out = refused["analyze", case]
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
-    assert message in done.stderr
-    assert not (tmp_path / "w").exists()
+    assert ANALYZE_MISTAKES[case][1] in done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", range(len(MISTAKES)))
+def test_every_launchers_mistakes_are_one_line(refused, case):
+    done, out = refused["launcher", case]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
+    assert MISTAKES[case][2] in done.stderr
+    assert not out.exists()
 
 
 def test_analyze_folds_flag_reaches_the_cross_fitted_optimum(tmp_path):
@@ -108,10 +120,11 @@ def test_launchers_start_without_scipy_stats():
     pays its start: it is imported when an interval or a rank correlation is computed."""
     modules = [
         "beyondpar.analysis.corpus_report",
-        "beyondpar.analysis.measures",
+        "beyondpar.measure",
         "beyondpar.analysis.series",
         "beyondpar.analysis.text_report",
-        "beyondpar.analysis.windows",
+        "beyondpar.analysis.corpus",
+        "beyondpar.analysis.windowing",
         "beyondpar.analysis.text",
         "beyondpar.benchmarks",
         "beyondpar.study.ablation",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from beyondpar.base import locks
+from helpers.launchers import launch_many
 
 ROOT = Path(__file__).parents[1]
 
@@ -438,57 +439,54 @@ def test_ablate_dry_run_prints_one_train_command_per_run_and_trains_nothing():
     assert all(c.startswith("python launch/train.py --config=configs/smoke.py") for c in commands)
 
 
-@pytest.mark.parametrize(
-    "launcher, flags",
-    [
-        ("analyze.py", ["--model=tests/data/hf/gpt2-tiny", "--text", "hello", "--out={out}"]),
-        ("train.py", ["--config=configs/smoke.py", "--workdir={out}"]),
-        ("ablate.py", ["--config=configs/ablation.py:base=smoke", "--workdir={out}"]),
-        ("evaluate.py", ["--runs={out}"]),
-        ("example2.py", ["--out={out}"]),
-    ],
-)
-def test_launchers_refuse_words_that_are_not_flags(tmp_path, launcher, flags):
+EXTRA_WORDS = [
+    ("analyze.py", ["--model=tests/data/hf/gpt2-tiny", "--text", "hello", "--out={out}"]),
+    ("train.py", ["--config=configs/smoke.py", "--workdir={out}"]),
+    ("ablate.py", ["--config=configs/ablation.py:base=smoke", "--workdir={out}"]),
+    ("evaluate.py", ["--runs={out}"]),
+    ("example2.py", ["--out={out}"]),
+]
+FOLDER_IS_A_FILE = [
+    ("train.py", ["--config=configs/smoke.py", "--workdir={file}"]),
+    ("ablate.py", ["--config=configs/ablation.py:base=smoke", "--workdir={file}"]),
+    ("example2.py", ["--out={file}"]),
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """What each command line above gave, keyed by (list, case number), with the folder or
+    file it named; all of them run from one batch (`launch_many`)."""
+    named, cases = {}, []
+    for i, (launcher, flags) in enumerate(EXTRA_WORDS):
+        named["words", i] = out = tmp_path_factory.mktemp("words") / "out"
+        cases.append((launcher, [f.format(out=out) for f in flags] + ["there", "friend"]))
+    for i, (launcher, flags) in enumerate(FOLDER_IS_A_FILE):
+        named["file", i] = file = tmp_path_factory.mktemp("file") / "file"
+        file.write_text("keep")
+        cases.append((launcher, [f.format(file=file) for f in flags]))
+    return dict(zip(named, zip(launch_many(cases), named.values(), strict=True), strict=True))
+
+
+@pytest.mark.parametrize("case", range(len(EXTRA_WORDS)))
+def test_launchers_refuse_words_that_are_not_flags(refused, case):
     """An unquoted flag value with spaces leaves words that are not flags: the launcher
     stops before doing anything, naming them, instead of running on the first word."""
-    out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / launcher)]
-        + [f.format(out=out) for f in flags]
-        + ["there", "friend"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done, out = refused["words", case]
+    launcher = EXTRA_WORDS[case][0]
     assert done.returncode == 2, done.stderr[-2000:]
     extra = "['there', 'friend']"
     assert done.stderr == f"error: {launcher} takes only flags, got extra arguments {extra}\n"
     assert not out.exists()
 
 
-@pytest.mark.parametrize(
-    "launcher, flags",
-    [
-        ("train.py", ["--config=configs/smoke.py", "--workdir={file}"]),
-        ("ablate.py", ["--config=configs/ablation.py:base=smoke", "--workdir={file}"]),
-        ("example2.py", ["--out={file}"]),
-    ],
-)
-def test_launchers_name_a_folder_flag_that_is_a_file(tmp_path, launcher, flags):
+@pytest.mark.parametrize("case", range(len(FOLDER_IS_A_FILE)))
+def test_launchers_name_a_folder_flag_that_is_a_file(refused, case):
     """A workdir or report folder that is an existing file is a usage error naming the
     flag, not a traceback."""
-    file = tmp_path / "file"
-    file.write_text("keep")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / launcher), *(f.format(file=file) for f in flags)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done, file = refused["file", case]
     assert done.returncode == 2, done.stderr[-2000:]
-    flag = flags[-1].split("=")[0]
+    flag = FOLDER_IS_A_FILE[case][1][-1].split("=")[0]
     assert done.stderr == f"error: {flag} must be a folder, got '{file}', which is a file\n"
     assert file.read_text() == "keep"
 

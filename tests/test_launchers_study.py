@@ -3,14 +3,14 @@ the output goes, and the exit status and message of a run that goes wrong."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from beyondpar.study import evaluate, train
-from configs import smoke
+from beyondpar.study import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,13 +49,10 @@ def test_train_cli_stops_a_diverged_run_with_status_2(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def two_checkpoints(tmp_path_factory):
+def two_checkpoints(two_epoch_run, tmp_path_factory):
     """A runs folder with one smoke run saved at steps 8 and 16."""
     root = tmp_path_factory.mktemp("runs")
-    config = smoke.get_config()
-    config.optim.num_epochs = 2  # 16 steps, checkpoints at 8 and 16
-    config.evaluation.update(optimal_weights=False, pruning=False)
-    train.train_and_evaluate(config, str(root / "a"))
+    shutil.copytree(two_epoch_run, root / "a")
     return root
 
 

@@ -87,6 +87,7 @@ class ThreeDense(nn.Module):
         return linear.dense_together(x, weights)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_projections_together_are_flax_denses_with_the_same_parameters(dtype):
     """DenseWeights makes nn.Dense's parameters (names, shapes, initial values); applied
@@ -153,6 +154,7 @@ def test_projections_together_of_mixed_dtypes_keep_each_denses_dtype():
         linear.dense_together(x, [])
 
 
+@pytest.mark.float64
 def test_projections_together_with_biases_of_mixed_dtypes_keep_each_denses_dtype():
     """Kernels of one dtype, biases of two: a float64 bias makes its own Dense float64 and
     leaves the other float32."""
@@ -169,6 +171,7 @@ def test_projections_together_with_biases_of_mixed_dtypes_keep_each_denses_dtype
         np.testing.assert_allclose(y, want, rtol=1e-6)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("param_dtype", [jnp.bfloat16, jnp.float16, jnp.float64])
 def test_dense_weights_take_param_dtype_for_kernel_and_bias(param_dtype):
     x = jnp.ones((2, 4), jnp.float32)

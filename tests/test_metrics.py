@@ -64,6 +64,7 @@ def bidirectional(seed: int, t: int) -> np.ndarray:
     return m / m.sum(-1, keepdims=True)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("kind", ["causal", "bidirectional", "causal on the triangular path"])
 def test_kernels_match_matrix_powers(walk, kind, monkeypatch):
@@ -86,6 +87,7 @@ def test_kernels_match_matrix_powers(walk, kind, monkeypatch):
         np.testing.assert_allclose(metrics.node_fidelity(c, k), phi, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("t", [7, 9, 10, 23])  # row blocks of the clipped cumulative mass:
 def test_transition_matrix_follows_the_definition(walk, t):  # exact, padded, uneven
@@ -122,6 +124,7 @@ def test_normalized_walk_sends_an_unread_token_to_the_sink():
     np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-12)
 
 
+@pytest.mark.float64
 def test_sink_signal_is_last_row_of_powers():
     c = causal(1, (), 9)
     got = metrics.sink_signal(c, 5)
@@ -152,6 +155,7 @@ def binomial_cdf_below(m: int, t: int, q: float) -> float:
     return sum(math.comb(t, j) * q**j * (1 - q) ** (t - j) for j in range(min(m, t + 1)))
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("walk", WALKS)
 def test_keep_or_pass_closed_form(walk):
     n, p, k, eps = 6, 0.6, 40, 0.25
@@ -182,6 +186,7 @@ def star(n: int) -> np.ndarray:
     return c
 
 
+@pytest.mark.float64
 def test_star_closed_form():
     n, k, eps = 7, 50, 0.25
     c = star(n)
@@ -204,6 +209,7 @@ def test_star_closed_form():
     np.testing.assert_allclose(metrics.spectral_mixing_time(c, eps, k, "reference"), k)
 
 
+@pytest.mark.float64
 def test_uniform_causal_closed_form():
     """Every query attends uniformly to itself and all earlier tokens."""
     t = 9
@@ -269,6 +275,7 @@ def test_transition_rows_sum_to_one():
             np.testing.assert_array_equal(p[-1], np.eye(8)[-1])  # absorbing sink
 
 
+@pytest.mark.float64
 def test_power_iteration_matches_eigvals():
     for seed in range(5):
         c = bidirectional(seed, 15)
@@ -278,6 +285,7 @@ def test_power_iteration_matches_eigvals():
             np.testing.assert_allclose(metrics.spectral_radius(c, walk), rho, rtol=1e-8)
 
 
+@pytest.mark.float64
 def test_spectral_radius_is_max_diagonal_for_causal():
     c = causal(2, (4,), 20)
     for walk in WALKS:
@@ -296,6 +304,7 @@ def short_triangular(monkeypatch):
     monkeypatch.setattr(fused, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("t", [8, 13, 21, 40])  # tiles of 2, 4 (padded), 6 (padded), 10
 def test_triangular_path_equals_the_dense_path(t, monkeypatch, short_triangular):
     """Causal operators skip the zeros above the diagonal (column tiles, GEMMs over all
@@ -392,6 +401,7 @@ def test_hitting_time_runs_on_while_a_step_would_still_round_the_sum():
         np.testing.assert_array_equal(got, full.hitting_time)
 
 
+@pytest.mark.float64
 def test_minimax_fidelity_of_a_non_causal_operator_runs_every_step():
     """The early stop holds for causal operators only. Here tokens read later tokens: the
     sink's share leaves it (down to 0.085 and 0.041) and comes back round the cycle
@@ -480,6 +490,7 @@ def test_the_papers_length_takes_the_triangular_path_unless_its_recursions_share
     assert metrics.triangular_tile(causal(1, (1,), 100)) == 25
 
 
+@pytest.mark.float64
 def test_metrics_by_walk_is_each_walks_metrics_from_one_pass():
     c = causal(4, (2, 3), 11)
     by_walk, signal = metrics.metrics_by_walk(c, 20, 15, 0.3, signal=True)
@@ -526,6 +537,7 @@ def test_batches_equal_loop():
     assert batched.hitting_time.shape == (2, 3)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("n", [1, 3, 5, 23, 41])
 def test_odd_batch_sizes_pad_and_shard(n):
     mats = causal(n, (n,), 8)
@@ -552,7 +564,9 @@ def test_second_call_does_not_retrace(module, block, kernel, monkeypatch):
     chex.clear_trace_counter()
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize(
+    "dtype", [jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.float64)]
+)
 def test_dtype_in_is_dtype_out(dtype):
     c = jnp.asarray(graphs.random_causal(0, (2,), 10), dtype)
     m = metrics.operator_metrics(c, horizon=5, max_steps=5)
@@ -582,6 +596,7 @@ def monte_carlo_agrees(key, c, walk):
     assert np.all(z < 4), z
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("walk", WALKS)
 def test_monte_carlo_counts_every_step_of_a_capped_chain(walk):
     """A deterministic chain of 8 tokens capped at 5 steps: starts need 7..0 steps, capped
@@ -776,7 +791,9 @@ def test_fidelity_equals_reference(fixture, dtype):
     )
 
 
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(jnp.float64, marks=pytest.mark.float64), jnp.float32]
+)
 @pytest.mark.parametrize("walk", metrics.WALKS)
 def test_hitting_time_equals_reference(fixture, dtype, walk):
     _, _, expected = fixture
@@ -789,6 +806,7 @@ def test_hitting_time_equals_reference(fixture, dtype, walk):
     )
 
 
+@pytest.mark.float64
 def test_fused_metrics_equal_single_kernels(fixture):
     _, _, expected = fixture
     attn = jnp.asarray(expected["attention"], jnp.float64)
@@ -805,6 +823,7 @@ def test_fused_metrics_equal_single_kernels(fixture):
     )
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("path", ["dense", "triangular"])
 def test_the_sink_signal_and_reference_walk_share_products_and_keep_their_numbers(
     path, monkeypatch
@@ -896,6 +915,7 @@ def test_finite_rows_that_overflow_are_named_by_their_sum_not_as_infinite():
             metrics.check_operator(broken)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("parts", [1, 3])
 def test_check_operator_reads_every_part_of_a_batch(parts, monkeypatch):
     """In a plain session (one CPU device) the check runs in one part per thread: a
@@ -916,6 +936,7 @@ def test_check_operator_reads_every_part_of_a_batch(parts, monkeypatch):
             metrics.check_operator(bad)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("where", [0, 2, 5])  # a matrix of the first, middle, last part
 def test_check_operator_reads_every_part_of_a_threaded_batch(where, monkeypatch):
     """A batch checked in parts, one per thread: one bad matrix in any part fails the whole

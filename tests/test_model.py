@@ -23,8 +23,9 @@ def test_parameter_count_is_the_same_for_every_head_count():
     assert set(counts.values()) == {172_800}
 
 
+@pytest.mark.float64
 def test_parameters_are_float32_when_64_bit_arrays_are_on():
-    """Flax's float32 parameters, whatever JAX's default float (the tests run with x64):
+    """Flax's float32 parameters, whatever JAX's default float (here float64: x64 on):
     a layer that took the default would train and save float64 weights."""
     assert jnp.zeros(()).dtype == jnp.float64
     module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
@@ -320,6 +321,7 @@ def _attention_by_autodiff(q, k, v, seeds, rate):
     return jnp.einsum("bhqk,bhkd->bhqd", jnp.where(kept, model.causal_softmax(q, k), 0), v)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize(
     "rate, shape",
     [
@@ -352,6 +354,7 @@ def test_attention_gradient_written_out_matches_autodiff(rate, shape):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.float64
 def test_causal_softmax_is_each_prefix_softmax():
     """Row i is the softmax of its scores over keys 0..i and exactly 0 after, also when
     the last key, future to every other row, scores highest in every row and the scores
@@ -437,6 +440,7 @@ def test_narrow_heads_sum_their_gradients_without_products(tokens):
     assert _row_sum_products(tokens, head_dim) == ([], [])
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("head_dim", [3, 4, 6])
 def test_contract_rows_is_the_plain_product_transposed_and_padded(head_dim):
     """A block of 4 query rows against its first 5 keys, padded to all 7 keys, by the sum
@@ -470,6 +474,7 @@ def test_query_blocks_split_in_halves_from_six_tokens_per_head_dimension(tokens,
     assert model.query_blocks(tokens, head_dim) == want
 
 
+@pytest.mark.float64
 def test_causal_softmax_of_later_queries_reads_keys_up_to_each_one():
     """Queries 3..5 of a sequence against its first 6 keys: the same rows as the whole
     sequence's attention, cut at key 6."""
@@ -508,6 +513,7 @@ def test_training_attention_drops_probabilities_and_scales_the_values(monkeypatc
     assert not np.allclose(got, other)
 
 
+@pytest.mark.float64
 def test_attention_gradients_keep_each_inputs_dtype():
     """Queries wider than keys and values (a float64 scale under x64) get float64
     gradients, keys and values float32 ones, as JAX's own differentiation gives."""
@@ -676,6 +682,9 @@ def test_block_normalises_both_sublayer_inputs_with_the_configs_epsilon():
     np.testing.assert_allclose(got, h + mlp, rtol=1e-6, atol=1e-7)
 
 
+# x64 on: the cosine offsets below, and so the parameters, are float64; in float32 the
+# comparison below fails its tolerances.
+@pytest.mark.float64
 def test_model_is_its_flax_layers_with_separate_projections(monkeypatch):
     """The joined query/key/value product and the written-out norm change nothing a user
     sees: the model with Flax's RMSNorm and one product per projection (as `nn.Dense`

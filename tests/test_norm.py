@@ -36,6 +36,7 @@ def test_values_and_parameters_are_flax_rmsnorms_bit_for_bit(shape, epsilon):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("shape", [(6,), (4, 6), (2, 3, 5)])
 @pytest.mark.parametrize("epsilon", [1e-6, 2.0])
 def test_gradients_are_autodiff_of_flax_rmsnorm(shape, epsilon):
@@ -57,6 +58,7 @@ def test_gradients_are_autodiff_of_flax_rmsnorm(shape, epsilon):
     np.testing.assert_allclose(scale_got, scale_want, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.float64
 def test_input_gradient_is_orthogonal_to_the_input_without_epsilon():
     """With epsilon 0 the norm is scale-free in each row, so the input's gradient is
     orthogonal to the row (x . dL/dx = 0), whatever the scale and the upstream gradient."""

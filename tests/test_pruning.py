@@ -5,9 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, graphs, metrics, pruning, tasks
+from beyondpar import graphs, metrics, pruning, tasks
 from beyondpar import model as model_lib
-from conftest import DATA
 
 SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
 
@@ -81,6 +80,7 @@ def test_bad_masks(small, mask, message):
         model_lib.apply_with_attention(module, params, tokens, mask)
 
 
+@pytest.mark.float64
 def test_gradient_importance_is_the_finite_difference(small):
     module, params, tokens = small
     params64 = jax.tree.map(lambda x: x.astype(jnp.float64), params)
@@ -105,15 +105,6 @@ def test_order_from_scores_normalises_per_layer_and_keeps_a_head():
     masks = pruning.masks_along([(1, 0), (0, 0)], 2, 3)
     np.testing.assert_array_equal(masks[0], 1.0)
     np.testing.assert_array_equal(masks[2], [[0, 1, 1], [0, 1, 1]])
-
-
-@pytest.fixture(scope="module")
-def reference():
-    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
-    examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 256)
-    _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
-    weights = model_lib.head_importances(module, params)
-    return module, params, examples, np.asarray(attn, np.float64), np.asarray(weights)
 
 
 def test_greedy_sequences_record_the_fidelity_each_removal_loses(reference):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from beyondpar import checkpoints, model, released
-from conftest import DATA
+from helpers.paths import DATA
 
 
 def test_import_reference_is_also_where_users_look():

@@ -9,6 +9,7 @@ from beyondpar import graphs, measure, metrics, pruning, synergy, weighting
 from beyondpar.study import worked_example
 
 
+@pytest.mark.float64
 def test_example2_pair_synergy():
     ops = worked_example.operators()
     heads = jnp.stack([ops["head1"], ops["head2"]])
@@ -31,6 +32,7 @@ def test_pairwise_synergy_batches_and_matches_amplification():
         synergy.pairwise_synergy(np.eye(3))
 
 
+@pytest.mark.float64
 def test_amplification_takes_lists_and_batches_of_heads():
     amp = synergy.amplification([0.375, 0.25], 5 / 12)
     np.testing.assert_allclose(amp["best_individual"], 0.375)
@@ -69,6 +71,7 @@ def example2_heads():
     return jnp.stack([ops["head1"], ops["head2"]])
 
 
+@pytest.mark.float64
 def test_example2_head_diversity():
     """Rows of the two heads differ by 0 (u), 1/2 (v), 1/3 (w), 1/3 (tau)."""
     np.testing.assert_allclose(synergy.head_diversity(example2_heads()), 7 / 24, rtol=1e-12)
@@ -79,6 +82,7 @@ def test_example2_head_diversity():
     np.testing.assert_allclose(synergy.head_diversity(example2_heads()[:1]), 0.0)
 
 
+@pytest.mark.float64
 def test_example2_cross_head_share():
     """Token v peaks at t = 3 with 0.44965, of which single-head paths carry 0.13021."""
     share = np.asarray(synergy.cross_head_share(example2_heads(), jnp.array([0.5, 0.5])))
@@ -87,6 +91,7 @@ def test_example2_cross_head_share():
     np.testing.assert_array_equal(share[2:], 0.0)  # w and tau peak at t = 1: one edge
 
 
+@pytest.mark.float64
 def test_cross_head_share_is_zero_for_one_head_and_batches():
     attn = graphs.random_causal(3, (2, 3), 8, dtype=np.float64)
     one = synergy.cross_head_share(attn, np.array([0.0, 1.0, 0.0]), 30)
@@ -111,6 +116,7 @@ def test_cross_head_share_is_zero_for_one_head_and_batches():
         np.testing.assert_allclose(got[b], expected, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.float64
 def test_example2_optimal_fidelity_matches_a_fine_grid():
     heads = example2_heads()
     beta = np.arange(0, 1 + 1e-12, 1e-5)
@@ -128,6 +134,7 @@ def test_example2_optimal_fidelity_matches_a_fine_grid():
     )  # the value is the exact metric
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize(
     "walk,head1,head2,mix,best",
     [
@@ -144,6 +151,7 @@ def test_example2_optimal_hitting_time_is_the_fastest_head(walk, head1, head2, m
     np.testing.assert_allclose(weights, np.eye(2)[int(best == head2)], atol=1e-6)
 
 
+@pytest.mark.float64
 def test_optimal_weights_never_lose_to_a_start_and_batch_over_layers():
     attn = graphs.random_causal(5, (2, 3, 4), 10, scale=4.0, dtype=np.float64)
     init = np.array([[1.0, 2.0, 3.0, 4.0], [4.0, 1.0, 1.0, 1.0]])
@@ -209,6 +217,7 @@ def plain_rows(v0, mat, keep, steps):
     return jnp.stack(out, axis=-2)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("steps", [1, 2, 7])
 def test_row_recursion_gradient_equals_autodiff_of_the_loop(steps):
     """The custom VJP of `weighting.rows` against jax.grad of the plain loop, and against
@@ -234,6 +243,7 @@ def test_row_recursion_gradient_equals_autodiff_of_the_loop(steps):
     np.testing.assert_allclose(custom[1, 2, 3], numeric, rtol=1e-6)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("t", [5, 13])  # causal T = 13: rows in blocks without later keys
 @pytest.mark.parametrize("causal", [True, False])
 def test_head_diversity_is_the_mean_over_head_pairs(t, causal):
@@ -315,6 +325,7 @@ def test_head_diversity_takes_a_known_causality(monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.float64
 def test_pairwise_synergy_measures_fidelity_within_its_horizon():
     """Within one step a token keeps only what the sink's row gives it: the pair's gain
     is then min_j of the mean of two sink rows minus the better head's min_j."""
@@ -329,6 +340,7 @@ def test_pairwise_synergy_measures_fidelity_within_its_horizon():
     assert not np.allclose(np.asarray(synergy.pairwise_synergy(attn)), want, atol=1e-6)
 
 
+@pytest.mark.float64
 def test_pairwise_synergy_of_heads_that_read_later_tokens():
     """Heads that are not causal (rows over every token) are measured as they are: each
     pair's gain is its own minimax fidelity minus its better head's. A bad horizon is
@@ -345,6 +357,7 @@ def test_pairwise_synergy_of_heads_that_read_later_tokens():
         synergy.pairwise_synergy(attn, 0)
 
 
+@pytest.mark.float64
 def test_pairwise_synergy_follows_mass_that_returns_to_later_tokens():
     """Heads that are not causal can send mass back to later tokens after the running
     minimum looks settled. With rows 0 -> 2, 1 -> 0 and the sink's row (0, p, 1 - p), token

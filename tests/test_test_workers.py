@@ -6,7 +6,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from conftest import _memory_maps, release_compiled_programs
+from helpers.memory_maps import memory_maps, release_compiled_programs
 
 
 def _compile(count: int) -> list:
@@ -23,18 +23,18 @@ def _maps_in_smaps() -> int:
 
 
 def test_memory_maps_are_counted_one_per_map():
-    held, _ = _memory_maps()
+    held, _ = memory_maps()
     assert abs(held - _maps_in_smaps()) <= 8  # maps made or dropped between the two reads
 
 
 def test_compiled_programs_hold_memory_maps_until_released():
-    held, limit = _memory_maps()
+    held, limit = memory_maps()
     assert 0 < held < limit // 2  # this worker is within its budget
     programs = _compile(200)  # kept alive: only the release drops their executables
-    grown, _ = _memory_maps()
+    grown, _ = memory_maps()
     assert held + 200 <= grown <= held + 200 * 8  # one to a few maps per program's code
     assert not release_compiled_programs(lambda: (grown, 2 * grown))  # at half: kept
-    assert _memory_maps()[0] >= grown
+    assert memory_maps()[0] >= grown
     assert release_compiled_programs(lambda: (grown, 2 * grown - 2))  # over half
-    assert _memory_maps()[0] < held + (grown - held) // 4  # most of them unmapped
+    assert memory_maps()[0] < held + (grown - held) // 4  # most of them unmapped
     assert [float(p(jnp.ones(1))[0]) for p in programs[:3]] == [1.0, 2.0, 3.0]

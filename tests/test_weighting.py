@@ -10,7 +10,7 @@ import pytest
 from beyondpar import checkpoints, graphs, metrics, model, synergy, tasks, weighting
 from beyondpar.study import config_lib, train
 from configs import smoke
-from conftest import DATA
+from helpers.paths import DATA
 
 
 def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100):
@@ -109,6 +109,7 @@ def test_pattern_search_moves_towards_the_better_mix_and_halves_its_step(monkeyp
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
 
 
+@pytest.mark.float64
 def test_pattern_search_runs_until_every_start_has_settled(monkeypatch):
     """Two starts searched together end where each ends alone: the first starts at its
     optimum (its step halves to the smallest in nine rounds); the second's objective

@@ -15,7 +15,8 @@ from beyondpar.analysis import corpus_report, loss_pruning, optimum, series, win
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, parallel
 from beyondpar.measure import record as measure_record
-from conftest import DATA, analyze_cli
+from helpers.launchers import analyze_cli
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[2]

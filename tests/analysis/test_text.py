@@ -12,7 +12,8 @@ from beyondpar import graphs, measure, metrics, pretrained
 from beyondpar.analysis import series, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import parallel
-from conftest import DATA, analyze_cli
+from helpers.launchers import analyze_cli
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,6 +180,7 @@ def test_operator_fields_of_both_walks_come_from_one_sweep():
 # ---------------------------------------------------------------- sink-aware measures
 
 
+@pytest.mark.float64
 def test_sink_mass_drop_and_uniform_baseline_closed_forms():
     attn = np.tril(np.random.default_rng(0).random((2, 3, 6, 6)))
     attn /= attn.sum(-1, keepdims=True)

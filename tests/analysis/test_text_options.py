@@ -10,7 +10,7 @@ import pytest
 from beyondpar import graphs, measure, metrics, pretrained, pruning, synergy
 from beyondpar.analysis import loss_pruning
 from beyondpar.analysis import text as text_lib
-from conftest import DATA
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 SHORT = "Multi-head attention lets every head of a layer read the earlier tokens"

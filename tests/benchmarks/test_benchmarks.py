@@ -16,9 +16,10 @@ from beyondpar.benchmarks import pretrained as pretrained_benchmark
 from beyondpar.benchmarks import synergy as synergy_benchmark
 from beyondpar.benchmarks import train as train_benchmark
 from beyondpar.benchmarks.models import SMOLLM2_135M
-from conftest import SMOLLM2_GGUF, needs_smollm2
+from helpers.paths import SMOLLM2_GGUF, needs_smollm2
 
 
+@pytest.mark.float64
 def test_numpy_baselines_agree_with_kernels():
     c = graphs.random_causal(4, (), 12, dtype=np.float64)
     fidelity, hit = baselines.numpy_exact(c, k=30)
@@ -92,6 +93,7 @@ def test_product_bound_of_the_metric_recursions():
     assert bound["fraction_of_matmul"] == pytest.approx(0.25, rel=1e-12)  # 1e11 / 4e11
 
 
+@pytest.mark.float64
 def test_product_recursion_is_ones_times_each_matrix_power():
     """Ones times each matrix `steps` times, and K times by default (float64 here)."""
     c = np.random.default_rng(0).random((3, 5, 5))

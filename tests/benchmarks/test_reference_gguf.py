@@ -4,10 +4,10 @@ the tests' exporter writes it: tensor names, the Llama q/k row order, what it re
 import gguf
 import numpy as np
 import pytest
-from gguf_export import export, permute
 
 from beyondpar.benchmarks import reference_gguf
-from conftest import DATA
+from helpers.gguf_export import export, permute
+from helpers.paths import DATA
 
 
 def test_row_order_pairs_each_heads_halves():

@@ -9,7 +9,7 @@ import pytest
 from beyondpar import graphs, measure, metrics, pretrained, synergy
 from beyondpar.analysis import text as text_lib
 from beyondpar.measure import layer as layer_module
-from conftest import DATA
+from helpers.paths import DATA
 
 WALKS = metrics.WALKS
 SPEC = measure.MeasureSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)

@@ -4,10 +4,10 @@ form or an equivalent config, checkpoint layouts, and bad values named."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_fixtures import HF, config_of, copy_checkpoint, expected, logits_and_attention
 from safetensors.numpy import load_file
 
 from beyondpar import pretrained
+from helpers.hf_fixtures import HF, config_of, copy_checkpoint, expected, logits_and_attention
 
 
 def run(folder, name):

@@ -7,10 +7,10 @@ import struct
 import gguf
 import numpy as np
 import pytest
-from gguf_export import export
 
 from beyondpar.pretrained.gguf import header as gguf_header
-from conftest import DATA, SMOLLM2_GGUF, needs_smollm2
+from helpers.gguf_export import export
+from helpers.paths import DATA, SMOLLM2_GGUF, needs_smollm2
 
 HF = DATA / "hf"
 V = gguf.GGUFValueType

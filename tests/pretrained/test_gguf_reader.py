@@ -10,13 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gguf_export import export
-from hf_fixtures import HF, copy_checkpoint, expected
 from safetensors.numpy import load_file
 
 from beyondpar import pretrained
 from beyondpar.pretrained.gguf import quants as gguf_quants
 from beyondpar.pretrained.gguf import reader as gguf_reader
+from helpers.gguf_export import export
+from helpers.hf_fixtures import HF, copy_checkpoint, expected
 
 Q = gguf.GGMLQuantizationType
 # Round-off of each type on these weights: the logits' worst deviation it allows.

@@ -11,7 +11,7 @@ import pytest
 
 from beyondpar.pretrained.gguf import reader as gguf_reader
 from beyondpar.pretrained.gguf import tokenizer as gguf_tokenizer
-from conftest import DATA
+from helpers.paths import DATA
 
 FIXTURES = DATA / "gguf_tokenizer"
 SPM = FIXTURES / "spm.gguf"

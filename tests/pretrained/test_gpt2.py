@@ -5,7 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_fixtures import (
+
+from beyondpar import pretrained
+from helpers.hf_fixtures import (
     HF,
     config_of,
     copy_checkpoint,
@@ -13,8 +15,6 @@ from hf_fixtures import (
     expected,
     logits_and_attention,
 )
-
-from beyondpar import pretrained
 
 
 def test_gpt2_keys_without_prefix_and_mask_buffers(tmp_path):

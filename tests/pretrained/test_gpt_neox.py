@@ -4,15 +4,15 @@ as transformers defaults them."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hf_fixtures import (
+
+from beyondpar import pretrained
+from helpers.hf_fixtures import (
     config_of,
     copy_checkpoint,
     copy_without,
     expected,
     logits_and_attention,
 )
-
-from beyondpar import pretrained
 
 
 def test_neox_legacy_rotary_fields_and_sequential_residual(tmp_path):

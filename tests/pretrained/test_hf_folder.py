@@ -6,15 +6,15 @@ import shutil
 
 import numpy as np
 import pytest
-from hf_fixtures import (
+from safetensors.numpy import load_file, save_file
+
+from beyondpar import pretrained
+from helpers.hf_fixtures import (
     HF,
     copy_checkpoint,
     expected,
     logits_and_attention,
 )
-from safetensors.numpy import load_file, save_file
-
-from beyondpar import pretrained
 
 
 def test_sharded_checkpoint_equals_single_file(tmp_path):

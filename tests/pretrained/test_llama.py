@@ -8,16 +8,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_fixtures import (
+from safetensors.numpy import load_file
+
+from beyondpar import pretrained
+from helpers.hf_fixtures import (
     HF,
     copy_checkpoint,
     copy_without,
     expected,
     logits_and_attention,
 )
-from safetensors.numpy import load_file
-
-from beyondpar import pretrained
 
 
 def repeat_kv_heads(weights, groups):

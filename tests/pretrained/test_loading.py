@@ -9,14 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gguf_export import export
-from hf_fixtures import (
-    ATTENTION_ATOL,
-    CONFIG_VARIANTS,
-    FAMILIES,
-    copy_checkpoint,
-    expected,
-)
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
@@ -26,7 +18,15 @@ from beyondpar.benchmarks import gguf_models, reference_gguf
 from beyondpar.pretrained import hf_folder, loading, sharding
 from beyondpar.pretrained.gguf import quants as gguf_quants
 from beyondpar.pretrained.gguf import reader as gguf_reader
-from conftest import DATA
+from helpers.gguf_export import export
+from helpers.hf_fixtures import (
+    ATTENTION_ATOL,
+    CONFIG_VARIANTS,
+    FAMILIES,
+    copy_checkpoint,
+    expected,
+)
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 FIXTURES = sorted(p.name for p in HF.iterdir() if (p / "config.json").is_file())
@@ -368,6 +368,7 @@ def test_parity_with_transformers(name):
     np.testing.assert_allclose(attn, exp["attention"], atol=ATTENTION_ATOL.get(name, 1e-5))
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("name", CONFIG_VARIANTS)
 def test_config_fields_are_read_as_transformers_reads_them(name):
     """Fixtures whose config.json holds a field as real checkpoints write it, where

@@ -6,9 +6,9 @@ import json
 import jax
 import numpy as np
 import pytest
-from hf_fixtures import HF, config_of, copy_checkpoint, expected, logits_and_attention
 
 from beyondpar import pretrained
+from helpers.hf_fixtures import HF, config_of, copy_checkpoint, expected, logits_and_attention
 
 
 def as_llama(weights: dict, config: dict) -> dict:

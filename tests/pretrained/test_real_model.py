@@ -14,7 +14,7 @@ import pytest
 
 from beyondpar import measure, pretrained
 from beyondpar.analysis import text as text_lib
-from conftest import DATA, SMOLLM2_GGUF, needs_smollm2
+from helpers.paths import DATA, SMOLLM2_GGUF, needs_smollm2
 
 TEXT = (DATA / "text" / "declaration.txt").read_text()
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from hf_fixtures import ATTENTION_ATOL, FAMILIES, HF, expected
 
 from beyondpar import pretrained
 from beyondpar.base import parallel
-from conftest import DATA
+from helpers.hf_fixtures import ATTENTION_ATOL, FAMILIES, HF, expected
+from helpers.paths import DATA
 
 LLAMA = DATA / "hf" / "llama-tiny"  # 2 layers, 4 query heads, 2 kv heads, head_dim 8
 

@@ -9,8 +9,6 @@ import gguf
 import jax
 import numpy as np
 import pytest
-from gguf_export import export
-from hf_fixtures import CONFIG_VARIANTS
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
@@ -18,7 +16,9 @@ from beyondpar import pretrained
 from beyondpar.base import parallel
 from beyondpar.pretrained import hf_folder, sharding
 from beyondpar.pretrained.gguf import quants as gguf_quants
-from conftest import DATA
+from helpers.gguf_export import export
+from helpers.hf_fixtures import CONFIG_VARIANTS
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 FIXTURES = sorted(

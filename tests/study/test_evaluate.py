@@ -13,9 +13,8 @@ import pytest
 
 from beyondpar import checkpoints, graphs, metrics, pruning, synergy, tasks
 from beyondpar import model as model_lib
-from beyondpar.study import evaluate, train
-from configs import smoke
-from conftest import DATA
+from beyondpar.study import evaluate
+from helpers.paths import DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,14 +56,12 @@ def test_reference_record_names_task_and_heads():
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    """Two finished smoke runs under one folder."""
+def tree(two_epoch_run, tmp_path_factory):
+    """Two finished smoke runs under one folder (no weight search or pruning: tested on
+    their own)."""
     root = tmp_path_factory.mktemp("tree")
-    config = smoke.get_config()
-    config.optim.num_epochs = 2
-    config.evaluation.update(optimal_weights=False, pruning=False)  # tested on their own
-    train.train_and_evaluate(config, str(root / "a"))
-    shutil.copytree(root / "a", root / "group" / "b")
+    shutil.copytree(two_epoch_run, root / "a")
+    shutil.copytree(two_epoch_run, root / "group" / "b")
     return root
 
 

@@ -6,19 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, graphs, metrics, pruning, tasks
+from beyondpar import graphs, metrics, pruning, tasks
 from beyondpar import model as model_lib
 from beyondpar.study import evaluate, pruning_curves
-from conftest import DATA
-
-
-@pytest.fixture(scope="module")
-def reference():
-    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
-    examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 256)
-    _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
-    weights = model_lib.head_importances(module, params)
-    return module, params, examples, np.asarray(attn, np.float64), np.asarray(weights)
 
 
 def test_curve_keeps_one_head_and_measures_it(reference):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from beyondpar.study import evaluate, report, synergy_report
-from conftest import DATA
+from helpers.paths import DATA
 
 GOLDEN = DATA / "golden_report.md"
 

@@ -111,13 +111,6 @@ def final_params(workdir):
     return step, state["params"]
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("smoke")
-    train.train_and_evaluate(smoke.get_config(), str(workdir))
-    return workdir
-
-
 def test_smoke_training_learns_copy(smoke_run):
     records = read_metrics(smoke_run)
     assert [r["step"] for r in records] == list(range(8, 65, 8))
@@ -186,7 +179,7 @@ def test_two_processes_match_one(tmp_path):
         subprocess.Popen(
             [
                 sys.executable,
-                str(ROOT / "tests" / "distributed_worker.py"),
+                str(ROOT / "tests" / "helpers" / "distributed_worker.py"),
                 str(port),
                 str(i),
                 str(workdir),

@@ -19,7 +19,7 @@ from beyondpar.base import files, locks, settings
 from beyondpar.study import ablation, evaluate, report, train, workdir
 from configs import ablation as ablation_config
 from configs import smoke
-from conftest import DATA
+from helpers.paths import DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,9 +39,10 @@ def short():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    path = tmp_path_factory.mktemp("run")
-    train.train_and_evaluate(short(), str(path))
+def run(one_epoch_run, tmp_path_factory):
+    """The shared run of `short()`, copied: a refused resume still takes its lock."""
+    path = tmp_path_factory.mktemp("run") / "run"
+    shutil.copytree(one_epoch_run, path)
     return path
 
 

@@ -14,6 +14,7 @@ from beyondpar.study import worked_example
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("horizon", [20, 100])
 def test_minimax_fidelity(horizon):
     ops = worked_example.operators()
@@ -68,6 +69,7 @@ HEAD1 = np.array([[1, 0, 0, 0], [1 / 2, 1 / 2, 0, 0], [0, 1 / 2, 1 / 2, 0], [0, 
 HEAD2 = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0], [0, 1 / 3, 1 / 3, 1 / 3]])
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("mix", [(1.0, 0.0), (0.0, 1.0), (0.25, 0.75)])
 def test_mixture_weights_apply_to_heads_in_order(mix):
     """The first mixture weight scales head 1 and the second head 2: an all-on-one-head

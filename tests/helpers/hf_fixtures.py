@@ -9,7 +9,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from beyondpar import pretrained
-from conftest import DATA
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 # Fixtures for the reading of one config field each (the families' own fixtures check
