@@ -109,8 +109,8 @@ def _amplification_table(cells: dict, heads: list[int]) -> list[str]:
             gain, won = 100 * c["gain"][0][layer], 100 * c["combined_wins"][0][layer]
             wins += c["gain"][0][layer] > 0
             total += 1
-            cells = [f"{best:.2f}", f"{comb:.2f}", f"{gain:+.2f}", f"{won:.0f}%"]
-            lines.append(tables.row([h, numbering.number(layer), *cells]))
+            values = [f"{best:.2f}", f"{comb:.2f}", f"{gain:+.2f}", f"{won:.0f}%"]
+            lines.append(tables.row([h, numbering.number(layer), *values]))
     if total:
         lines.append("")
         lines.append(

@@ -254,3 +254,17 @@ def test_records_of_a_newer_format_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"record format must be 1 or 2, got 3") as err:
         evaluate.read_records(path)
     assert "\n" not in str(err.value)
+
+
+def test_the_amplification_table_has_a_row_per_layer_of_every_multi_head_count():
+    """Heads 4 and 8 of one task: each count's layers in order, each row its own cell's
+    numbers (a second head count once reused the first's table)."""
+    runs = [record(f"r{h}", "copy", h, 0, 10, 0.0) for h in (1, 4, 8)]
+    text = report.markdown(runs)
+    section = text[text.index("### Amplification") :].split("\n\n")[1].splitlines()[2:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section]
+    assert [row[:2] for row in rows] == [["4", "1"], ["4", "2"], ["8", "1"], ["8", "2"]]
+    for row, r in zip(rows, [runs[1], runs[1], runs[2], runs[2]], strict=True):
+        layer = int(row[1]) - 1
+        best = 100 * r["metrics"]["best_individual"]["mean"][layer]
+        assert row[2] == f"{best:.2f}"
