@@ -265,3 +265,25 @@ def test_masked_scores_count_accuracy_on_predictable_positions_only(small):
 def test_area_integrates_over_the_share_of_heads_pruned():
     assert pruning.area([1.0, 1.0, 0.2], [0, 1, 2], 4) == pytest.approx(0.4)
     assert pruning.area([0.5, 0.5], [0, 6], 6) == pytest.approx(0.5)
+
+
+def test_attention_necessity_scores_each_layer_masked_alone(small):
+    """Accuracy with every head, with none, and with layer l's heads masked (the others
+    kept), each against the masked model run directly; the targets are the full model's
+    own predictions, so it scores 1 and each masking shows what it loses."""
+    module, params, tokens = small
+    targets = np.asarray(module.apply({"params": params}, tokens)).argmax(-1)
+    examples = tasks.Examples(tokens, jnp.asarray(targets), jnp.ones(tokens.shape, bool))
+
+    def accuracy(mask):
+        logits = np.asarray(module.apply({"params": params}, tokens, head_mask=mask))
+        return float(np.mean(logits.argmax(-1) == targets))
+
+    found = pruning.attention_necessity(module, params, examples)
+    assert found["accuracy"] == 1.0 and found["chance"] == 1 / 11
+    assert found["accuracy_without_heads"] == pytest.approx(accuracy(np.zeros((2, 4))))
+    without_layer = [
+        accuracy(np.ones((2, 4)) * (np.arange(2) != layer)[:, None]) for layer in (0, 1)
+    ]
+    assert found["accuracy_without_layer"] == pytest.approx(without_layer)
+    assert len(set(without_layer + [1.0])) == 3  # the three maskings tell apart

@@ -55,6 +55,7 @@ def window(head_fidelity, gain, network_fidelity=0.1, first_token_share=0.9):
         "mixes": {"uniform": {**mix, "gain": float(gain)}},
         "best_head_fidelity": float(max(head_fidelity)),
         "head_diversity": 0.5,
+        "cross_head_share_minimax": 0.25,
         "cross_head_share_mean": 0.5,
         "sink_mass": [0.5] * len(head_fidelity),
     }
@@ -122,6 +123,7 @@ def random_graph(rng, heads, constant_head_field):
     graph.update(
         best_head_fidelity=float(rng.random()),
         head_diversity=CONSTANT,
+        cross_head_share_minimax=float(rng.random()),
         cross_head_share_mean=float(rng.random()),
     )
     return graph
@@ -164,7 +166,12 @@ def reference_graph(rows, seed):
         "best_head": int(np.argmax(fidelity)),
         **{
             name: scalar([r[name] for r in rows])
-            for name in ("best_head_fidelity", "head_diversity", "cross_head_share_mean")
+            for name in (
+                "best_head_fidelity",
+                "head_diversity",
+                "cross_head_share_minimax",
+                "cross_head_share_mean",
+            )
         },
     }
 

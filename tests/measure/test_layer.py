@@ -42,13 +42,14 @@ def numpy_baseline(t: int, horizon: int, max_steps: int, eps: float) -> dict:
             survival = q @ survival
             if survival.max() <= eps and tv > max_steps:
                 tv = step + 1
+        # Q is triangular: its spectral radius is its largest diagonal entry. The reference
+        # walk never leaves token 0 (rho = 1): its spectral estimate is capped at max_steps.
+        rho = np.diag(q).max()
+        spectral = max_steps if rho >= 1 else np.log(1 / eps) / np.log(1 / rho)
         out[f"hitting_time_{name}"] = total / t
-        if name == "normalized":
-            rho = np.diag(q).max()
-            out["tv_mixing_time_normalized"] = tv
-            out["spectral_mixing_time_normalized"] = min(
-                np.log(1 / eps) / np.log(1 / rho), max_steps
-            )
+        out[f"tv_mixing_time_{name}"] = tv
+        out[f"spectral_mixing_time_{name}"] = min(spectral, max_steps)
+        out[f"spectral_radius_{name}"] = rho
     return out
 
 
@@ -166,6 +167,36 @@ def test_gain_is_over_the_best_head_and_cross_head_share_is_the_learned_mix():
         np.testing.assert_allclose(mix["gain"], mix["fidelity"] - heads.max(-1), atol=1e-7)
     share = synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), 30)
     np.testing.assert_allclose(out["cross_head_share_mean"], np.mean(share, -1), rtol=1e-5)
+
+
+def test_cross_head_share_minimax_is_at_the_first_mixs_worst_served_token():
+    """The minimax share is the cross-head share of the token the learned mix serves worst
+    (least node fidelity), the token that sets its minimax fidelity."""
+    attn = graphs.random_causal(7, (3, 4), 10)
+    learned = np.asarray([0.4, 0.3, 0.2, 0.1], np.float32)
+    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False)
+    out = measure.measure_layer(attn, learned, spec)
+    share = np.asarray(synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), 30))
+    node = np.asarray(metrics.node_fidelity(graphs.combine_heads(attn, learned), 30))
+    worst = np.argmin(node, -1)
+    want = share[np.arange(len(worst)), worst]
+    np.testing.assert_allclose(out["cross_head_share_minimax"], want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out["mixes"]["learned"]["fidelity"], node.min(-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("sink_tokens", [0, 2])
+def test_baselines_are_uniform_causal_attention_of_each_windows_length(sink_tokens):
+    """The baseline without the sink tokens is uniform causal attention over the T - k
+    tokens left: its minimax fidelity is the sink's own share, 1 / (T - k)."""
+    t = 9
+    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False, sink_tokens=sink_tokens)
+    got = measure.baselines(t, spec)
+    np.testing.assert_allclose(got["baseline"]["fidelity"], 1 / t, rtol=1e-5)
+    assert ("baseline_without_sink" in got) == (sink_tokens > 0)
+    if sink_tokens:
+        inner = got["baseline_without_sink"]
+        np.testing.assert_allclose(inner["fidelity"], 1 / (t - sink_tokens), rtol=1e-5)
+        assert inner == measure.baseline(t - sink_tokens, spec)
 
 
 def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch):

@@ -11,8 +11,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, graphs, metrics, pruning, synergy, tasks
+from beyondpar import checkpoints, graphs, measure, metrics, pruning, synergy, tasks
 from beyondpar import model as model_lib
+from beyondpar.measure import record
 from beyondpar.study import evaluate
 from helpers.paths import DATA
 
@@ -354,3 +355,47 @@ def test_reference_files_prefer_npz_and_keep_a_lone_pt(tmp_path):
         (tmp_path / name).write_bytes(b"")
     names = [p.name for p in evaluate.reference_files(tmp_path)]
     assert names == ["4_heads_copy.npz", "8_heads_cycle.pt"]
+
+
+@pytest.mark.parametrize("walk", ["reference", "normalized"])
+def test_optimal_columns_are_each_optimums_own_mix_on_the_walk_evaluated(walk):
+    """Each optimum's columns come from the mix of its own name, its hitting times on the
+    walk the evaluation runs: four optima with four different weightings of three heads,
+    whose numbers differ, so a column read from another mix or walk would not match."""
+    attn = graphs.random_causal(5, (4, 3), 10)
+    mixes = {
+        record.OPTIMAL: [1.0, 0.0, 0.0],
+        record.OPTIMAL_IN_SAMPLE: [0.0, 1.0, 0.0],
+        record.OPTIMAL_HITTING_TIME: [0.0, 0.0, 1.0],
+        record.OPTIMAL_HITTING_TIME_IN_SAMPLE: [0.5, 0.5, 0.0],
+    }
+    extra = {name: np.asarray(w, np.float32) for name, w in mixes.items()}
+    spec = measure.MeasureSpec(horizon=20, max_steps=25, eps=0.3)
+    layer = measure.measure_layer(attn, np.asarray([0.6, 0.3, 0.1]), spec, extra=extra)
+    got = evaluate.columns(layer, walk)
+    mixed = {name: graphs.combine_heads(attn, w[None]) for name, w in extra.items()}
+    fidelity = lambda name: metrics.minimax_fidelity(mixed[name], 20)
+    hitting = lambda name, on=walk: metrics.hitting_time(mixed[name], 25, on)
+    want = {
+        "fidelity_optimal": fidelity(record.OPTIMAL),
+        "fidelity_optimal_in_sample": fidelity(record.OPTIMAL_IN_SAMPLE),
+        "hitting_time_optimal": hitting(record.OPTIMAL_HITTING_TIME),
+        "hitting_time_optimal_in_sample": hitting(record.OPTIMAL_HITTING_TIME_IN_SAMPLE),
+    }
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
+    other = "normalized" if walk == "reference" else "reference"
+    off_walk = np.asarray(hitting(record.OPTIMAL_HITTING_TIME, other))
+    assert np.abs(np.asarray(got["hitting_time_optimal"]) - off_walk).max() > 1e-3
+
+
+def test_a_tie_with_the_best_head_is_no_win():
+    """`combined_wins` is 1 where the learned mix beats its best head (gain > 0): a mix
+    equal to its best head (gain 0, e.g. a one-head layer's) does not win."""
+    attn = graphs.random_causal(6, (4, 2), 8)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20)
+    layer = measure.measure_layer(attn, np.asarray([0.5, 0.5]), spec)
+    layer["mixes"][record.LEARNED][record.GAIN.name] = np.asarray([0.0, 0.1, -0.1, 0.0])
+    got = evaluate.columns(layer, "reference")
+    np.testing.assert_array_equal(got["combined_wins"], [0.0, 1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(got["gain"], [0.0, 0.1, -0.1, 0.0])
