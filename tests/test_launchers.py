@@ -158,7 +158,7 @@ def test_analyze_corpus_needs_only_tokens(analyze):
     assert analyze[0]["corpus_without_max_windows"]["what"] == "corpus"
 
 
-# Runs launch/analyze.py's corpus analysis with the window and series runners replaced by
+# Runs launch/analyze.py's corpus analysis with the corpus and series runners replaced by
 # stand-ins, for one model and for two, and prints what each runner was given.
 _CORPUS_PROBE = """
 import dataclasses, json, sys, runpy, types
@@ -167,12 +167,12 @@ mod = runpy.run_path(sys.argv[1], run_name="analyze_corpus")
 g = mod["analyse_corpus"].__globals__
 calls = []
 def run(model, corpus, cspec, spec, out, dtype, mesh=None):
-    calls.append({"run": "windows", "models": model, "cspec": dataclasses.asdict(cspec)})
+    calls.append({"run": "corpus", "models": model, "cspec": dataclasses.asdict(cspec)})
     return {"summary": 1}, None
 def run_corpus(models, corpus, cspec, spec, out, dtype, mesh=None):
     calls.append({"run": "series", "models": models, "cspec": dataclasses.asdict(cspec)})
     return None, out + "/series.jsonl"
-g["windows"] = types.SimpleNamespace(CorpusSpec=g["windows"].CorpusSpec, run=run)
+g["corpus"] = types.SimpleNamespace(CorpusSpec=g["corpus"].CorpusSpec, run=run)
 g["series"] = types.SimpleNamespace(expand=lambda m: m.split(","), run_corpus=run_corpus)
 g["corpus_report"] = types.SimpleNamespace(write=lambda summary, out: [out + "/report.md"])
 for model in ("m1", "m1,m2"):
@@ -207,7 +207,7 @@ def test_analyze_corpus_flags_reach_their_own_corpus_spec_fields(corpus_runs):
 
 def test_analyze_one_model_on_a_corpus_is_one_analysis_and_two_are_a_series(corpus_runs):
     one, two = corpus_runs
-    assert (one["run"], one["models"], one["written"]) == ("windows", "m1", ["o/report.md"])
+    assert (one["run"], one["models"], one["written"]) == ("corpus", "m1", ["o/report.md"])
     assert (two["run"], two["models"], two["written"]) == (
         "series",
         ["m1", "m2"],
