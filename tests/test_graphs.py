@@ -258,6 +258,7 @@ def test_sink_token_functions_name_attention_that_is_not_square_matrices(functio
         function(attn, 1)
 
 
+@pytest.mark.float64
 def test_drop_sink_tokens_takes_k_from_0_to_t_minus_2_and_nothing_else():
     """At most T - 2 tokens go (two must stay for a graph with a sink and one more
     token); a negative count, T - 1, or a boolean is an error naming the argument."""

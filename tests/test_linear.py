@@ -16,6 +16,7 @@ def plain_product(x, kernel):
     return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("x_shape", [(7, 5), (3, 4, 5), (2, 3, 4, 5)])
 def test_dense_product_and_its_gradients_are_the_plain_products(x_shape):
     kx, kw, ky = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -116,6 +117,7 @@ def test_projections_together_are_flax_denses_with_the_same_parameters(dtype):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize(
     "x_dtype, param_dtype",
     [(jnp.bfloat16, jnp.float32), (jnp.float16, jnp.bfloat16), (jnp.bfloat16, jnp.float16)],
@@ -139,6 +141,7 @@ def test_projections_together_promote_input_and_parameters_as_flax_dense(x_dtype
     )
 
 
+@pytest.mark.float64
 def test_projections_together_of_mixed_dtypes_keep_each_denses_dtype():
     """Side by side, weights of two dtypes would share one promoted dtype: each projection
     is then its own product, as separate Denses give; no weights at all is refused."""

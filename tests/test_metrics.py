@@ -685,6 +685,7 @@ def test_float32_attention_cast_to_float64_passes_row_check():
     assert metrics.hitting_time(c.astype(np.float64)).shape == (4,)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("half", [jnp.float16, jnp.bfloat16])
 def test_half_precision_attention_is_checked_to_its_rounding_and_run_in_float32(half):
     """Attention saved in half precision: rows off by its rounding pass, the metrics run
@@ -773,7 +774,9 @@ def test_head_importance_equals_head_weights(fixture):
     np.testing.assert_allclose(got, expected["head_weights"], rtol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(jnp.float64, marks=pytest.mark.float64), jnp.float32]
+)
 def test_fidelity_equals_reference(fixture, dtype):
     _, _, expected = fixture
     attn = jnp.asarray(expected["attention"], dtype)

@@ -415,6 +415,7 @@ def _row_sum_products(tokens, head_dim):
     return over_rows, [e for e in eqns if e.primitive.name == "optimization_barrier"]
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("tokens, head_dim", [(7, 5), (48, 6)])
 def test_gradient_products_keep_the_wide_operand_on_the_right(tokens, head_dim):
     """The value and key gradients sum a Q x K tensor over its rows. As the left operand of
@@ -428,6 +429,7 @@ def test_gradient_products_keep_the_wide_operand_on_the_right(tokens, head_dim):
     assert {b.invars[0] for b in barriers} == set(over_rows)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("tokens", [7, 40])
 def test_narrow_heads_sum_their_gradients_without_products(tokens):
     """Heads of at most CONTRACT_BY_SUM_HEAD_DIM dims (16 heads of the paper's d = 64)
@@ -617,6 +619,7 @@ def test_check_head_mask_takes_layer_by_head_masks_with_or_without_a_batch_axis(
             model.check_head_mask(np.ones(shape), cfg)
 
 
+@pytest.mark.float64
 def test_training_attention_handles_scores_whose_exponential_overflows():
     """Scores over 900 (exp overflows float64 past 709) still give the softmax's outputs
     and gradients: the row maximum comes off before the exponential."""

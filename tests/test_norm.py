@@ -82,6 +82,7 @@ def test_low_precision_input_is_normalised_in_float32_and_gradients_keep_dtypes(
     assert (d_x.dtype, d_scale.dtype) == (jnp.bfloat16, jnp.float32)
 
 
+@pytest.mark.float64
 def test_default_epsilon_is_flax_rmsnorms():
     """Without an epsilon the norm is Flax's default one (1e-6): rows whose mean square is
     of the order of epsilon show any other."""
