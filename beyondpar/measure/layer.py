@@ -114,7 +114,8 @@ def measure_layer(
     extra_without_sink=None,
 ) -> dict:
     """The record of one layer (`record` documents it), arrays with a leading sequence
-    axis B; `weights_H` the learned head weights (None: a model without them). `extra` {name:
+    axis B; `weights_H` the learned head weights, (H,) or per sequence (B, H) (None: a
+    model without them). `extra` {name:
     weights (H,) or per sequence (B, H)} adds fixed mixes (e.g. optimal weights searched
     on other windows). With `spec.sink_tokens` = k > 0, the same again under
     `without_sink` on the graph without the first k tokens (rows renormalised over the

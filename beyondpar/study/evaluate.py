@@ -97,9 +97,10 @@ def optimal_mixes(attn, weights, spec: EvalSpec) -> dict:
 def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:
     """Every metric per sequence: arrays (N, L), (N, L, H) or (N, L, H, H), accuracies (N,).
 
-    Each layer is measured by `measure.measure_layer` with the learned, the uniform and
-    (when switched on) the optimal mixes, held out and in sample per objective; the
-    columns are the study's names for fields of those records (`columns`).
+    Every layer of every sequence is measured by one `measure.measure_layer` call, with
+    the learned, the uniform and (when switched on) the optimal mixes, held out and in
+    sample per objective; the columns are the study's names for fields of its record
+    (`columns`).
     """
     return _per_sequence(module, params, examples, spec)[0]
 
@@ -113,13 +114,15 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
     logits, attn, weights = forward(module, params, inputs)
     optimal = optimal_mixes(attn, weights, spec)
     mspec = measure.MeasureSpec(horizon=spec.horizon, max_steps=spec.max_steps, eps=spec.eps)
-    per_layer = []
-    for layer in range(attn.shape[1]):
-        extra = {name: np.asarray(w)[:, layer] for name, w in optimal.items()}
-        found = measure.measure_layer(attn[:, layer], weights[layer], mspec, extra=extra)
-        per_layer.append(columns(found, spec.walk))
-    out = {name: np.stack([c[name] for c in per_layer], axis=1) for name in per_layer[0]}
-    out.update(_weights_columns(weights, optimal, examples.inputs.shape[0]))
+    # Every (sequence, layer) is one set of heads: all layers measured in one call, each
+    # with its own layer's weights.
+    n, num_layers = attn.shape[:2]
+    flat = lambda w: np.broadcast_to(np.asarray(w), (n, *weights.shape)).reshape(n * num_layers, -1)
+    extra = {name: flat(w) for name, w in optimal.items()}
+    sets = jnp.reshape(attn, (n * num_layers, *attn.shape[2:]))
+    found = measure.measure_layer(sets, flat(weights), mspec, extra=extra)
+    out = {k: v.reshape(n, num_layers, *v.shape[1:]) for k, v in columns(found, spec.walk).items()}
+    out.update(_weights_columns(weights, optimal, n))
     out.update(_accuracies(logits, examples))
     return out, attn, weights
 
