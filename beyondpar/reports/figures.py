@@ -11,6 +11,13 @@ import numpy as np
 from beyondpar.reports import numbering
 
 COLUMNS = 4  # heatmaps per row
+MAX_HEAD_LABELS = 10  # per axis of a 3-inch heatmap: more run into each other
+
+
+def head_ticks(num_heads: int) -> range:
+    """Every head up to `MAX_HEAD_LABELS` heads, else every k-th from head 0, so that the
+    labels of 16 or 32 heads do not run into each other."""
+    return range(0, num_heads, max(1, -(-num_heads // MAX_HEAD_LABELS)))
 
 
 def pairwise(mats_pp: Mapping, plt, title: str | None = None):
@@ -24,8 +31,8 @@ def pairwise(mats_pp: Mapping, plt, title: str | None = None):
     bound = max(max(float(np.abs(m).max()) for m in mats), 1e-9)
     for i, (ax, layer, mat) in enumerate(zip(axes.flat, layers, mats, strict=False)):
         image = ax.imshow(mat, cmap="RdBu", vmin=-bound, vmax=bound)
-        ax.set_xticks(range(len(mat)))
-        ax.set_yticks(range(len(mat)))
+        ax.set_xticks(head_ticks(len(mat)))
+        ax.set_yticks(head_ticks(len(mat)))
         ylabel = "head" if i % cols == 0 else ""
         ax.set(title=f"layer {numbering.number(layer)}", xlabel="head", ylabel=ylabel)
     for ax in list(axes.flat)[len(layers) :]:
