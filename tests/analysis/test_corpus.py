@@ -669,3 +669,44 @@ def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corp
             f"{c['loss'][-1]:.3f}",
             f"{c['perplexity'][-1]:.1f}",
         ]
+
+
+def _batch_record():
+    """A batch of two windows' measurements: per-window fields, a pairwise matrix that is
+    not per window, and the same again for the graph without the sink."""
+    layer = {
+        "fidelity": {"uniform": np.array([0.1, 0.2])},
+        "pairwise_synergy": np.zeros((3, 3)),
+        measure_record.WITHOUT_SINK: {
+            "fidelity": {"uniform": np.array([0.3, 0.4])},
+            "pairwise_synergy": np.ones((3, 3)),
+        },
+    }
+    shares = np.array([[0.5, 0.2, 0.3], [0.1, 0.6, 0.3]])
+    rollout = {"sink_share": shares, "network_fidelity": shares.min(-1)}
+    return {"layers": {0: layer}, "rollout": rollout}
+
+
+def test_window_record_takes_one_window_and_its_network_fidelity():
+    """Window b's record: its network fidelity (the rollout's, the smallest share) and the
+    first token's share, per layer its own entries."""
+    measured = _batch_record()
+    for b in range(2):
+        got = corpus_lib.window_record(measured, b)
+        assert got["rollout"] == pytest.approx(
+            {
+                "network_fidelity": float(measured["rollout"]["network_fidelity"][b]),
+                "first_token_share": float(measured["rollout"]["sink_share"][b][0]),
+            }
+        )
+        assert got["layers"]["0"]["fidelity"]["uniform"] == pytest.approx([0.1, 0.2][b])
+
+
+def test_window_record_leaves_out_entries_not_per_window_also_without_sink():
+    """Entries that are not one number per window (pairwise synergy) are left out of a
+    window's record, in the graph without the sink as in the full one."""
+    got = corpus_lib.window_record(_batch_record(), 1)["layers"]["0"]
+    assert got == {
+        "fidelity": {"uniform": pytest.approx(0.2)},
+        measure_record.WITHOUT_SINK: {"fidelity": {"uniform": pytest.approx(0.4)}},
+    }

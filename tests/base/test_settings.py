@@ -72,3 +72,14 @@ def test_guard_fills_old_files_and_leaves_files_it_does_not_own(tmp_path):
     assert not (tmp_path / "none.json").exists()
     with pytest.raises(ValueError, match=r"^w \(model: 'n' -> 'm'\); x$"):
         settings.guard(path, wanted, "w", "x", saved={"model": "n", "model_sha256": "ab"})
+
+
+def test_guard_defaults_fill_only_fields_the_file_lacks(tmp_path):
+    """`defaults` stand in for fields an older file lacks; a field the file does record is
+    compared as recorded, never replaced by its default."""
+    path = tmp_path / "settings.json"
+    files.write_json(path, {"model": "m", "model_sha256": "abc"})
+    wanted = {"model": "m", "model_sha256": "abc"}
+    assert settings.guard(path, wanted, "h", "a", defaults={"model_sha256": "new"}) == wanted
+    with pytest.raises(ValueError, match=r"model_sha256: 'abc' -> 'new'"):
+        settings.guard(path, {"model": "m", "model_sha256": "new"}, "h", "a", defaults=wanted)

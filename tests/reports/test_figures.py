@@ -1,4 +1,5 @@
-"""The shared report figures: readable head labels at any head count."""
+"""The shared report figures: every layer given gets its own titled heatmap, with readable
+head labels at any head count."""
 
 import matplotlib
 
@@ -29,5 +30,16 @@ def test_pairwise_heatmaps_label_at_most_ten_heads_an_axis(heads, labels):
         for ax in fig.axes[:2]:
             assert list(ax.get_xticks()) == labels and list(ax.get_yticks()) == labels
         assert [ax.get_title() for ax in fig.axes[:2]] == ["layer 1", "layer 4"]
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("num_layers", [1, 4, 5, 9])
+def test_pairwise_draws_a_panel_for_every_layer(num_layers):
+    mats = {k: np.full((3, 3), float(k)) for k in range(num_layers)}
+    fig = figures.pairwise(mats, plt)
+    try:
+        titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        assert titles == [f"layer {k + 1}" for k in range(num_layers)]
     finally:
         plt.close(fig)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,3 +76,31 @@ def test_accuracies_are_per_sequence():
     summary = evaluate.summarize({"accuracy": acc["accuracy"]})["accuracy"]
     assert summary["mean"] == pytest.approx(np.mean([1.0, 0.5, 0.25]))
     assert summary["std"] == pytest.approx(np.std([1.0, 0.5, 0.25]))
+
+
+def test_upgrade_reads_a_first_format_optimum_as_in_sample():
+    """A record without a "format" key is format 1: its optimum was scored in sample, so it
+    is read under the `_in_sample` names, never under the held-out ones."""
+    old = {"run": "r", "metrics": {"fidelity_optimal": 0.9, "fidelity_uniform": 0.5}}
+    got = evaluate.upgrade(old)
+    assert got["format"] == evaluate.RECORD_FORMAT
+    assert got["metrics"] == {"fidelity_optimal_in_sample": 0.9, "fidelity_uniform": 0.5}
+    current = {"run": "r", "format": evaluate.RECORD_FORMAT, "metrics": {"fidelity_optimal": 1}}
+    assert evaluate.upgrade(current) == current
+    with pytest.raises(ValueError, match="record format"):
+        evaluate.upgrade({**current, "format": evaluate.RECORD_FORMAT + 1})
+
+
+def test_read_records_names_lines_that_are_not_records(tmp_path):
+    """A line that is not a record is skipped and named in `problems`; the others are read
+    (first-format ones upgraded)."""
+    keys = {"run": "r", "step": 1, "task": "t", "heads": 2, "layers": 1}
+    good = {**keys, "metrics": {"fidelity_optimal": 0.7}}
+    path = tmp_path / "records.jsonl"
+    path.write_text(
+        json.dumps(good) + "\n" + json.dumps({"run": "r"}) + "\n" + json.dumps(good) + "\n"
+    )
+    problems = []
+    got = evaluate.read_records(path, problems)
+    assert [r["metrics"] for r in got] == [{"fidelity_optimal_in_sample": 0.7}] * 2
+    assert len(problems) == 1
