@@ -223,3 +223,13 @@ def _read_shard(out: Path, name: str) -> Tokenized:
         np.asarray(meta["num_bytes"], np.int64),
         np.asarray(meta["keys"], np.uint64),
     )
+
+
+def summary(out) -> str:
+    """One line on a finished shard folder."""
+    index = files.read_json(Path(out) / INDEX)
+    return (
+        f"{out}: {index['tokens']} tokens of {index['documents']} documents in "
+        f"{index['num_shards']} shard(s), tokenizer {index['tokenizer']} "
+        f"(vocabulary {index['vocab_size']})"
+    )
