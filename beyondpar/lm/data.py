@@ -9,9 +9,9 @@ tokenizer.json / .gguf path, see `beyondpar.lm.tokenizer`) into token shards cac
 `<path>.tokens-<tag>` (the default corpus without a cache_dir: in memory). Documents are
 split by a hash of their text (`beyondpar.lm.packing`), packed with an end-of-document
 token, and cut into windows of seq_len + 1 tokens. The batch at `step` is
-`grain.MapDataset.range(windows).shuffle(seed).repeat().batch(batch_size)[step]`: every
-epoch reshuffled, resumable at any step with nothing to save, and process p of P reads
-rows [p * B/P, (p + 1) * B/P) of the same global batch.
+`order(batch_size, seq_len)[step]`, a grain MapDataset read by random access
+(`beyondpar.lm.order`): every epoch reshuffled, resumable at any step with nothing to
+save, and process p of P reads rows [p * B/P, (p + 1) * B/P) of the same global batch.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import hashlib
 import math
 from pathlib import Path
 
-import grain
 import ml_collections
 import numpy as np
 
 from beyondpar.base import checks
 from beyondpar.lm import corpus, packing, shards, tokenizer
+from beyondpar.lm import order as order_lib
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -61,22 +61,40 @@ class TextData:
         # Each document's separator counts as one byte, as a newline would: with bytes,
         # bytes_per_token is exactly 1 and bits per byte are bits per token.
         self.bytes_per_token = heldout_bytes / max(1, self.heldout_tokens)
-        self._orders: dict[int, grain.MapDataset] = {}
+        self._orders: dict[tuple[int, int], order_lib.BatchOrder] = {}
 
     def num_windows(self, seq_len: int) -> int:
         return packing.num_windows(self.train_tokens, seq_len)
 
-    def _order(self, seq_len: int) -> grain.MapDataset:
-        """Window indices in training order, over endless epochs (one shuffle each)."""
-        if seq_len not in self._orders:
+    def order(self, batch_size: int, seq_len: int) -> order_lib.BatchOrder:
+        """The training order as a grain MapDataset: `[step]` -> the global batch's
+        window indices (window k = train_stream[k * seq_len : k * seq_len + seq_len + 1])."""
+        checks.positive_int("batch_size", batch_size)
+        checks.positive_int("seq_len", seq_len)
+        key = (batch_size, seq_len)
+        if key not in self._orders:
             count = self.num_windows(seq_len)
             if count < 1:
                 raise ValueError(
                     f"seq_len must leave at least one window of seq_len + 1 tokens in the "
                     f"training split of {self.train_tokens} tokens, got seq_len={seq_len}"
                 )
-            self._orders[seq_len] = grain.MapDataset.range(count).shuffle(seed=self.seed).repeat()
-        return self._orders[seq_len]
+            self._orders[key] = order_lib.BatchOrder(count, batch_size, self.seed)
+        return self._orders[key]
+
+    def train_windows(
+        self,
+        step: int,
+        batch_size: int,
+        seq_len: int,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> np.ndarray:
+        """int64 (batch_size // process_count,): this process's windows at `step`."""
+        checks.non_negative_int("step", step)
+        local = _local_rows(batch_size, process_index, process_count)
+        first = step * batch_size + process_index * local
+        return self.order(batch_size, seq_len).positions(first, local)
 
     def train_batch(
         self,
@@ -88,12 +106,7 @@ class TextData:
     ) -> np.ndarray:
         """int32 (batch_size // process_count, seq_len + 1): this process's rows of the
         global batch at `step` (inputs [:, :-1], targets [:, 1:])."""
-        checks.non_negative_int("step", step)
-        local = _local_rows(batch_size, process_index, process_count)
-        checks.positive_int("seq_len", seq_len)
-        order = self._order(seq_len)
-        first = step * batch_size + process_index * local
-        picked = np.asarray([order[i] for i in range(first, first + local)], np.int64)
+        picked = self.train_windows(step, batch_size, seq_len, process_index, process_count)
         return packing.windows(self.train_stream, picked * seq_len, seq_len)
 
     def heldout_windows(self, count: int, seq_len: int) -> np.ndarray:
