@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -133,12 +134,17 @@ def write(
         raise ValueError(
             f"data.path {path!r} must hold at least one document, got none (empty corpus)"
         )
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     _remove_partial(out)
     if not (out / INDEX).is_file():
         files.write_json(out / INDEX, {**wanted, "complete": False})
-    docs = itertools.chain([first], docs)
-    totals = _write_shards(docs, tok, out, shard_documents, progress)
+    try:
+        totals = _write_shards(itertools.chain([first], docs), tok, out, shard_documents, progress)
+    except ValueError:
+        if created:  # bad input found part way: leave no folder that looks resumable
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     files.write_json(out / INDEX, {**wanted, **totals, "complete": True})
     return out
 
