@@ -48,27 +48,29 @@ class Resampling:
 
     def text(self) -> str:
         """One sentence for a report: the method, over how many units, and its scope."""
+        windows = _count(self.windows, "window")
+        if self.method == WINDOW:
+            return (
+                f"bootstrap over {windows} treated as independent (their documents are not "
+                "recorded), so the intervals may be too narrow."
+            )
         if self.method == CLUSTER:
             line = (
-                f"cluster bootstrap over {self.documents} documents ({self.windows} windows): "
-                "each resample draws documents with replacement, all windows of a drawn "
+                f"cluster bootstrap over {self.documents} documents ({windows}): each "
+                "resample draws documents with replacement, all windows of a drawn "
                 "document together."
             )
-        elif self.method == BLOCK:
-            line = (
-                f"circular block bootstrap over the {self.windows} windows of "
-                f"{self.documents} document: each resample draws {self.units} blocks of "
-                f"{self.block_length} consecutive windows."
-            )
         else:
-            return (
-                f"bootstrap over {self.windows} windows treated as independent (their "
-                "documents are not recorded), so the intervals may be too narrow."
+            line = (
+                f"circular block bootstrap over the {windows} of 1 document: each resample "
+                f"draws {_count(self.units, 'block')} of "
+                f"{_count(self.block_length, 'consecutive window')}."
             )
         if self.documents < FEW_DOCUMENTS:
+            these = "this document" if self.documents == 1 else "these documents"
             line += (
-                f" With fewer than {FEW_DOCUMENTS} documents the intervals describe these "
-                "documents only, not other texts of their kind."
+                f" With fewer than {FEW_DOCUMENTS} documents the intervals describe {these} "
+                "only, not other texts of their kind."
             )
         return line
 
@@ -80,6 +82,10 @@ class Resampling:
             "resamples": N_RESAMPLES,
             "text": self.text(),
         }
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def block_length(windows: int) -> int:

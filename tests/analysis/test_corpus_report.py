@@ -219,14 +219,22 @@ def test_a_report_without_sink_tokens_says_nothing_of_a_search_without_them(summ
 
 
 @pytest.mark.parametrize(
-    ("documents", "said"),
+    ("documents", "said", "scope"),
     [
-        ([0] * 16 + [1] * 16, "95% intervals: cluster bootstrap over 2 documents (32 windows)"),
-        ([5] * 32, "95% intervals: circular block bootstrap over the 32 windows of 1 document"),
+        (
+            [0] * 16 + [1] * 16,
+            "95% intervals: cluster bootstrap over 2 documents (32 windows)",
+            "describe these documents only",
+        ),
+        (
+            [5] * 32,
+            "95% intervals: circular block bootstrap over the 32 windows of 1 document",
+            "describe this document only",
+        ),
     ],
 )
 def test_the_report_says_how_its_intervals_resampled_and_what_they_describe(
-    summary, documents, said
+    summary, documents, said, scope
 ):
     """The paragraph after the values line names the method and its units, and with
     fewer than 10 documents that the intervals describe these documents only."""
@@ -234,7 +242,7 @@ def test_the_report_says_how_its_intervals_resampled_and_what_they_describe(
     report = corpus_report.markdown(summary)
     paragraph = next(p for p in report.split("\n\n") if p.startswith("95% intervals:"))
     assert paragraph.startswith(said)
-    assert "describe these documents only" in paragraph
+    assert scope in paragraph
     assert report.index("Values: mean over windows") < report.index(said)
 
 

@@ -375,8 +375,8 @@ def test_one_document_is_resampled_in_blocks_of_consecutive_windows():
     assert stat["method"] == statistics.BLOCK and stat["units"] == 64
     assert (stat["high"] - stat["low"]) > 2 * (windows["high"] - windows["low"])
     assert stat["low"] < stat["mean"] < stat["high"] and stat["mean"] == x.mean()
-    assert "blocks of 8 consecutive windows" in stat["text"]
-    assert "describe these documents only" in stat["text"]
+    assert "draws 64 blocks of 8 consecutive windows" in stat["text"]
+    assert "describe this document only" in stat["text"]
     # The blocks follow the positions, not the order the windows are given in.
     shuffled = np.random.default_rng(2).permutation(512)
     again = statistics.cluster_interval(x[shuffled], [0] * 512, 0, positions_W=shuffled)
