@@ -462,3 +462,15 @@ def test_a_cluster_bootstrap_of_three_documents_matches_all_27_resamples():
     assert stat["low"] == pytest.approx(low, abs=1e-12)
     assert stat["high"] == pytest.approx(high, abs=1e-12)
     assert stat["mean"] == values.mean()
+
+
+def test_two_documents_give_an_interval_from_one_documents_mean_to_the_others():
+    """A resample of two documents holds one twice (chance 1/4 each) or both (1/2): its
+    mean is one document's, the other's or the overall mean, so the 95% interval runs
+    from one document's mean to the other's, whatever the spread of their windows."""
+    values = np.array([1.0, 9.0, 2.0, 4.0, 6.0, 8.0, 100.0])
+    documents = np.array([0, 0, 1, 1, 1, 1, 1])
+    stat = statistics.cluster_interval(values, documents, seed=0)
+    assert stat["low"] == pytest.approx(5.0, abs=1e-12)
+    assert stat["high"] == pytest.approx(24.0, abs=1e-12)
+    assert stat["mean"] == values.mean()
