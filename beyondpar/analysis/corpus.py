@@ -3,10 +3,12 @@
 Every window of T tokens goes through the model in batches, layer by layer (memory: one
 layer of one batch), and its per-layer numbers are appended as one line to
 `windows.jsonl`. A rerun with the same settings skips the windows already there; other
-settings are refused, naming every differing field. The summary gives, per layer, the
-mean and a 95% bootstrap confidence interval over windows of every metric of every head
-and mix, the share of windows where each mix beats its best head and the gain's mean and
-interval, beside uniform causal attention of the same length. With `pruning`, the
+settings are refused, naming every differing field. Each line names the window's
+document and its position there. The summary gives, per layer, the mean over windows and
+a 95% bootstrap confidence interval that resamples documents (blocks of consecutive
+windows when there is one; `statistics`) of every metric of every head and mix, the share
+of windows where each mix beats its best head and the gain's mean and interval, beside
+uniform causal attention of the same length. With `pruning`, the
 model's loss and next-token accuracy as heads are removed in each order, with areas.
 """
 
@@ -111,7 +113,16 @@ def _windows_done(module, params, windows, cspec, spec, found, out_dir, progress
         extra_without_sink=extra_without_sink,
         progress=progress,
     )
-    return [done[i] for i in range(len(windows.tokens))]
+    return [_placed(done[i], i, windows) for i in range(len(windows.tokens))]
+
+
+def _placed(line: dict, index: int, windows) -> dict:
+    """A window's line with its document and position: lines written before they were
+    recorded take them from the windows, which the settings guard keeps the same."""
+    if "document" in line and "position" in line:
+        return line
+    place = {"document": int(windows.document[index]), "position": int(windows.position[index])}
+    return {**line, **place}
 
 
 def analyze_windows(
@@ -133,6 +144,7 @@ def analyze_windows(
     loses at most one batch). `extra` and `extra_without_sink` {name: weights per window
     (W, L, H)} add mixes (e.g. the cross-fitted optimum)."""
     total = len(windows.tokens)
+    position = windowing.positions(windows.document)
     bar = tqdm.tqdm(
         total=total, initial=total - len(todo), desc="windows", unit="window", disable=not progress
     )
@@ -153,7 +165,11 @@ def analyze_windows(
                 with_baselines=False,
             )
             for b, index in enumerate(batch):
-                line = {"window": index, "document": int(windows.document[index])}
+                line = {
+                    "window": index,
+                    "document": int(windows.document[index]),
+                    "position": int(position[index]),
+                }
                 line.update(window_record(measured, b))
                 keep(index, line)
             bar.update(len(batch))

@@ -1,8 +1,9 @@
-"""A corpus summary -> report.md (means with 95% bootstrap intervals over windows, a
-uniform causal baseline row, wins of each mix over its best head, pruning curves) and
-plots. The report and its plots number layers from 1, as the paper does; corpus.json and
-windows.jsonl keep the checkpoint's 0-based layer keys. Field names and units are the
-record's own (`beyondpar.measure.record`)."""
+"""A corpus summary -> report.md (means over windows with 95% bootstrap intervals that
+resample their documents, saying how and over how many, a uniform causal baseline row,
+wins of each mix over its best head, pruning curves) and plots. The report and its plots
+number layers from 1, as the paper does; corpus.json and windows.jsonl keep the
+checkpoint's 0-based layer keys. Field names and units are the record's own
+(`beyondpar.measure.record`)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def markdown(summary: dict) -> str:
     k = spec.get("sink_tokens", 0)
     lines = [f"# Corpus analysis: {summary['source']}", "", LAYER_NOTE, ""]
     lines += [_corpus_line(summary), ""]
-    lines += [_values_line(spec, k), ""]
+    lines += [_values_line(spec, k), "", intervals_line(summary), ""]
     if schema.OPTIMAL in summary:
         lines += [_optimal_line(summary[schema.OPTIMAL], k), ""]
     lines += [
@@ -103,6 +104,19 @@ def _values_line(spec: dict, k: int) -> str:
             "renormalised over the remaining keys."
         )
     return line
+
+
+# What a summary written before its intervals resampled documents had.
+_WINDOWS_ALONE = (
+    "bootstrap over windows treated as independent (this summary was written before "
+    "intervals resampled documents), so they may be too narrow."
+)
+
+
+def intervals_line(summary: dict) -> str:
+    """How the intervals were found: the resampling, over how many units, and its scope."""
+    text = summary.get("intervals", {}).get("text", _WINDOWS_ALONE)
+    return f"95% intervals: {text}"
 
 
 def _optimal_line(optimal: dict, sink_tokens: int) -> str:

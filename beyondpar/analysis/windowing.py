@@ -41,6 +41,20 @@ class Windows:
     total_windows: int  # before --max_windows
     sources: list[str]
 
+    @property
+    def position(self) -> np.ndarray:
+        """(W,) each window's place among its document's windows: 0, 1, ..."""
+        return positions(self.document)
+
+
+def positions(document_W) -> np.ndarray:
+    """Each window's place in its document (0 for its first window), for windows cut
+    document by document, so that a document's windows follow each other."""
+    document_W = np.asarray(document_W)
+    first = np.r_[True, document_W[1:] != document_W[:-1]] if len(document_W) else []
+    starts = np.flatnonzero(first)
+    return np.arange(len(document_W)) - np.repeat(starts, np.diff(np.r_[starts, len(document_W)]))
+
 
 def _corpus_path(path: str | os.PathLike) -> Path:
     """`path` expanded, refused unless it is a file or a folder (named as the flag)."""

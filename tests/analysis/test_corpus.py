@@ -1,6 +1,7 @@
 """Corpus analysis: documents and windows in a stated order, per-window records that
 resume, bootstrap intervals, the loss-pruning curves, and one line for every bad input."""
 
+import dataclasses
 import json
 import shutil
 import types
@@ -11,7 +12,14 @@ import pytest
 
 from beyondpar import measure, pretrained, pruning
 from beyondpar.analysis import corpus as corpus_lib
-from beyondpar.analysis import corpus_report, loss_pruning, optimum, series, windowing
+from beyondpar.analysis import (
+    corpus_report,
+    loss_pruning,
+    optimum,
+    series,
+    statistics,
+    windowing,
+)
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, parallel
 from beyondpar.measure import record as measure_record
@@ -216,6 +224,37 @@ def test_summary_means_wins_and_description(corpus_run):
     assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 24, rel=1e-5)
     report = (out / "corpus.json").read_text()
     assert json.loads(report)["num_windows"] == 7
+
+
+def test_records_place_each_window_and_the_intervals_resample_their_documents(corpus_run):
+    """Every line names its window's document and position there; corpus.json and
+    report.md say which bootstrap the intervals used, over how many units."""
+    out, summary, windows, _, _ = corpus_run
+    records = sorted(lines(out / corpus_lib.WINDOWS_FILE), key=lambda r: r["window"])
+    assert [r["document"] for r in records] == windows.document.tolist()
+    assert [r["position"] for r in records] == windows.position.tolist()
+    saved = json.loads((out / corpus_lib.SUMMARY_FILE).read_text())["intervals"]
+    documents = len(set(windows.document.tolist()))
+    assert saved == statistics.resampling(7, windows.document, windows.position).as_dict()
+    assert saved["windows"] == 7 and saved["documents"] == documents
+    assert saved["method"] == (statistics.CLUSTER if documents > 1 else statistics.BLOCK)
+    assert f"95% intervals: {saved['text']}" in (out / "report.md").read_text()
+
+
+def test_windows_recorded_without_positions_take_them_from_the_corpus(corpus_run, tmp_path):
+    """Lines written before positions were recorded are summarised as if they had them:
+    the same summary, nothing measured again or rewritten."""
+    out, summary, _, cspec, spec = corpus_run
+    for name in (corpus_lib.SETTINGS_FILE, optimum.OPTIMAL_FILE):
+        shutil.copy(out / name, tmp_path / name)
+    old = [{k: v for k, v in r.items() if k != "position"} for r in lines(out / "windows.jsonl")]
+    (tmp_path / corpus_lib.WINDOWS_FILE).write_text("".join(json.dumps(r) + "\n" for r in old))
+    before = (tmp_path / corpus_lib.WINDOWS_FILE).read_text()
+    quick = dataclasses.replace(cspec, pruning=False)
+    again, _ = corpus_lib.run(HF / "llama-tiny", TEXT, quick, spec, tmp_path, progress=False)
+    assert (tmp_path / corpus_lib.WINDOWS_FILE).read_text() == before
+    assert again["intervals"] == summary["intervals"]
+    assert again["layers"] == summary["layers"] and again["rollout"] == summary["rollout"]
 
 
 def test_a_damaged_settings_file_is_named(tmp_path):
@@ -639,9 +678,9 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
         plt.close(fig)
 
 
-def test_each_record_names_its_windows_document():
+def test_each_record_names_its_windows_document_and_position():
     """Three windows of two documents, two per batch: the second batch's window is the
-    second document's."""
+    second document's first."""
     module, params, _ = pretrained.load(HF / "llama-tiny")
     tokens = np.arange(3 * 6).reshape(3, 6) % 50 + 1
     picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 1]))
@@ -650,6 +689,7 @@ def test_each_record_names_its_windows_document():
         module, params, picked, [0, 1, 2], SPEC, 2, got.__setitem__, progress=False
     )
     assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1}
+    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 1, 2: 0}
 
 
 def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from beyondpar.analysis import corpus_report
+from beyondpar.analysis import corpus_report, statistics
 from beyondpar.base import locks
 
 
@@ -216,3 +216,46 @@ def test_a_report_without_sink_tokens_says_nothing_of_a_search_without_them(summ
     report = corpus_report.markdown(summary)
     assert "fold 1 (windows 2-3) searched on windows 0, 1" in report
     assert "without the sink tokens has its own search" not in report
+
+
+@pytest.mark.parametrize(
+    ("documents", "said", "scope"),
+    [
+        (
+            [0] * 16 + [1] * 16,
+            "95% intervals: cluster bootstrap over 2 documents (32 windows)",
+            "describe these documents only",
+        ),
+        (
+            [5] * 32,
+            "95% intervals: circular block bootstrap over the 32 windows of 1 document",
+            "describe this document only",
+        ),
+    ],
+)
+def test_the_report_says_how_its_intervals_resampled_and_what_they_describe(
+    summary, documents, said, scope
+):
+    """The paragraph after the values line names the method and its units, and with
+    fewer than 10 documents that the intervals describe these documents only."""
+    summary["intervals"] = statistics.resampling(32, documents).as_dict()
+    report = corpus_report.markdown(summary)
+    paragraph = next(p for p in report.split("\n\n") if p.startswith("95% intervals:"))
+    assert paragraph.startswith(said)
+    assert scope in paragraph
+    assert report.index("Values: mean over windows") < report.index(said)
+
+
+def test_many_documents_are_reported_without_the_caveat(summary):
+    summary["intervals"] = statistics.resampling(40, list(range(20)) * 2).as_dict()
+    line = corpus_report.intervals_line(summary)
+    assert line.startswith("95% intervals: cluster bootstrap over 20 documents (40 windows)")
+    assert "only" not in line
+
+
+def test_a_summary_from_before_document_intervals_says_windows_were_independent(summary):
+    """corpus.json written by an earlier version has no 'intervals': its report says
+    its intervals treated windows as independent."""
+    summary.pop("intervals", None)
+    assert "treated as independent" in corpus_report.intervals_line(summary)
+    assert "95% intervals: bootstrap over windows" in corpus_report.markdown(summary)

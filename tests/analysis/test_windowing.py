@@ -51,9 +51,18 @@ def test_documents_used_are_those_of_the_kept_windows(max_windows, used):
     w = windowing.make_windows(docs, NumberTokenizer(), 4, max_windows, 16)
     kept = min(max_windows, 4)
     assert w.document.tolist() == [0, 0, 1, 2][:kept]
+    assert w.position.tolist() == [0, 1, 0, 0][:kept]
     assert len(w.tokens) == kept and w.total_windows == 4
     assert w.documents_used == used
     assert (w.dropped_tail_tokens, w.short_documents) == (0, 0)
+
+
+def test_a_windows_position_counts_its_documents_earlier_windows():
+    """Windows come document by document, so a window's position is how many windows of
+    its document come before it, whatever the documents' ids (a short one is skipped)."""
+    assert windowing.positions([0, 0, 0, 2, 2, 5]).tolist() == [0, 1, 2, 0, 1, 0]
+    assert windowing.positions([3]).tolist() == [0]
+    assert windowing.positions([]).tolist() == []
 
 
 def test_a_window_as_long_as_the_models_context_is_allowed():
