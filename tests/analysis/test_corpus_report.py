@@ -92,6 +92,16 @@ def cells(report: str, heading: str, block: int = 1) -> dict[str, list[str]]:
     return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in lines[2:]}
 
 
+def test_the_corpus_line_counts_windows_and_the_documents_they_come_from(summary):
+    """The documents used are those the kept windows come from, not all the corpus's."""
+    report = corpus_report.markdown(summary)
+    assert (
+        "Corpus docs: 3 documents; 4 windows of 16 tokens (of 9 in the corpus, taken in "
+        "document order, consecutive within a document) from 2 documents. Dropped: 5 tail "
+        "tokens shorter than a window, 1 documents shorter than one window."
+    ) in report
+
+
 def test_layer_rows_give_mean_low_high_in_percent_with_mixes_in_report_order(summary):
     """Mixes read back from JSON come sorted by name; the report shows learned, uniform,
     then the held-out optimum, each as fidelity, gain over the best head and share of

@@ -42,6 +42,15 @@ def test_a_document_exactly_one_window_long_gives_a_window_and_is_not_short():
     assert (w.total_windows, w.documents_used, w.num_documents) == (2, 2, 3)
 
 
+def test_a_documents_windows_are_consecutive_and_do_not_overlap():
+    """T = 4 over 13 tokens: windows 0-3, 4-7 and 8-11, each token in one window, in
+    order, and the 13th token dropped."""
+    w = windowing.make_windows([_doc("a", 0, 13)], NumberTokenizer(), 4, None, 16)
+    assert w.tokens.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert w.document.tolist() == [0, 0, 0] and w.position.tolist() == [0, 1, 2]
+    assert (w.dropped_tail_tokens, w.short_documents, w.total_windows) == (1, 0, 3)
+
+
 @pytest.mark.parametrize("max_windows,used", [(1, 1), (2, 1), (3, 2), (4, 3), (9, 3)])
 def test_documents_used_are_those_of_the_kept_windows(max_windows, used):
     """Documents of 8, 4 and 4 tokens at T = 4 give windows of documents 0, 0, 1, 2: the
