@@ -41,6 +41,14 @@ def test_folder_skips_hidden_folders_and_reads_by_relative_path(tmp_path):
     assert corpus.count_hint(str(folder), "auto") == 3
 
 
+def test_count_hint_counts_documents_not_empty_files(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a")
+    (folder / "b.txt").write_text("")
+    assert corpus.count_hint(str(folder), "auto") == len(texts_of(folder)) == 1
+
+
 def test_default_corpus_files_are_a_prefix_within_the_cap():
     """Files are taken in path order until the next one would pass the cap: a prefix of
     the library's files, never a later small file after a large one is left out."""
