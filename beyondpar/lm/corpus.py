@@ -110,7 +110,9 @@ def count_hint(path: str, fmt: str) -> int | None:
     if not p.is_dir() or resolve_format(path, fmt) != "text":
         return None
     found = folder_files(p)
-    return None if any(f.suffix == ".jsonl" for f in found) else len(found)
+    if any(f.suffix == ".jsonl" for f in found):
+        return None
+    return sum(1 for f in found if f.stat().st_size)  # an empty file is no document
 
 
 def folder_files(folder: Path) -> list[Path]:
