@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondpar import graphs, metrics, pretrained
+from beyondpar.analysis import views
 from beyondpar.base import files
 from beyondpar.base.timing import Timer
-from beyondpar.analysis import views
 from beyondpar.measure import MeasureSpec, baselines, measure_layer
 
 
