@@ -45,11 +45,15 @@ def fields(layer_rows: list[list[dict]]) -> list[dict]:
     return out
 
 
+def interval(s: dict) -> dict:
+    return html.stat(s["mean"], s["low"], s["high"])
+
+
 def corpus_rows(d: dict) -> list[dict]:
     """A corpus summary layer's rows: its stats are {mean, low, high} (per head, lists)."""
     rows = []
     for name, mix in d["mixes"].items():
-        values = {f: html.stat(s["mean"], s["low"], s["high"]) for f, s in mix.items() if f in _K}
+        values = {f: interval(s) for f, s in mix.items() if f in _K and isinstance(s, dict)}
         if "wins_share" in mix:
             values["wins_share"] = html.stat(mix["wins_share"])
         rows.append({"name": f"mix: {name}", "kind": "mix", "values": values})
@@ -98,7 +102,8 @@ def coalitions(d: dict) -> dict | None:
 
 def layers(by_layer: dict, rows_of) -> list[dict]:
     out = []
-    for key, d in by_layer.items():
+    # A summary read back from JSON has its layer keys sorted as text ("10" before "2").
+    for key, d in sorted(by_layer.items(), key=lambda item: int(item[0])):
         entry = {"key": str(key), "number": numbering.number(key), "rows": rows_of(d)}
         found = coalitions(d)
         if found is not None:

@@ -1,18 +1,18 @@
 """What the report page draws for a few texts or windows: each head's attention, and every
 token's flow to the sink (its node fidelity, max_t s_t[j]) for each head and each mix.
 
-The page is one file that must stay small: attention is stored as one byte per cell (the
-square root of the probability, so that small weights keep some resolution), a window
-longer than fits the byte budget is shown in blocks of `pool` tokens (a block of keys
-sums its attention, a block of queries averages it; a block's flow is its worst token's),
-and every flow value keeps 3 significant digits. The worst-served token of each operator
+The page is one file that must stay small: attention is causal, so only the cells on and
+below the diagonal are stored, one byte each (the square root of the probability, so that
+small weights keep some resolution); a window longer than fits the byte budget is shown
+in blocks of `pool` tokens (a block of keys sums its attention, a block of queries
+averages it; a block's flow is its worst token's); every flow value keeps 3 significant
+digits. The worst-served token of each operator
 is kept exactly, at full resolution.
 """
 
 from __future__ import annotations
 
 import base64
-import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -33,10 +33,18 @@ def sig3(values) -> list:
     return np.vectorize(lambda x: float(f"{x:.3g}"), otypes=[float])(values).tolist()
 
 
-def pool_size(num_cells: int, tokens: int, budget: int) -> int:
-    """The smallest block of tokens for which `num_cells` T' x T' maps fit `budget` bytes."""
-    side = max(1, math.isqrt(max(1, budget // max(1, num_cells))))
-    return max(1, -(-tokens // side))
+def pool_size(num_maps: int, tokens: int, budget: int) -> int:
+    """The smallest block of tokens for which `num_maps` causal maps (their lower
+    triangles) fit `budget` bytes."""
+    pool = 1
+    while num_maps * triangle(-(-tokens // pool)) > budget and pool < tokens:
+        pool += 1
+    return pool
+
+
+def triangle(n: int) -> int:
+    """Cells on and below the diagonal of an n x n map: all causal attention has."""
+    return n * (n + 1) // 2
 
 
 def pooled_attention(attn_HxTxT, pool: int) -> np.ndarray:
@@ -51,16 +59,23 @@ def pooled_attention(attn_HxTxT, pool: int) -> np.ndarray:
     return np.add.reduceat(keys, edges, axis=-2) / counts[:, None]
 
 
-def encode(attn) -> str:
-    """Probabilities in [0, 1] -> base64 of one byte each (see `LEVELS`)."""
-    q = np.rint(LEVELS * np.sqrt(np.clip(np.asarray(attn, np.float64), 0.0, 1.0)))
+def encode(attn_HxTxT) -> str:
+    """Causal attention -> base64 of one byte per cell on and below the diagonal (row by
+    row, head after head; see `LEVELS`)."""
+    a = np.asarray(attn_HxTxT, np.float64)
+    rows, cols = np.tril_indices(a.shape[-1])
+    q = np.rint(LEVELS * np.sqrt(np.clip(a[..., rows, cols], 0.0, 1.0)))
     return base64.b64encode(q.astype(np.uint8).tobytes()).decode("ascii")
 
 
 def decode(text: str, shape) -> np.ndarray:
-    """The inverse of `encode`, up to its rounding."""
-    q = np.frombuffer(base64.b64decode(text), np.uint8).reshape(shape)
-    return (q.astype(np.float64) / LEVELS) ** 2
+    """The inverse of `encode` (zeros above the diagonal), up to its rounding."""
+    *heads, n, _ = shape
+    q = np.frombuffer(base64.b64decode(text), np.uint8).reshape(*heads, triangle(n))
+    out = np.zeros(shape)
+    rows, cols = np.tril_indices(n)
+    out[..., rows, cols] = (q.astype(np.float64) / LEVELS) ** 2
+    return out
 
 
 def block_min(values_xT, pool: int) -> np.ndarray:
@@ -111,7 +126,7 @@ def block_labels(labels: list[str], pool: int) -> list[str]:
 def count(num_windows: int, num_layers: int, num_heads: int, tokens: int) -> int:
     """How many windows' attention fit the budget unpooled (at least one, at most
     `MAX_VIEWS`)."""
-    per_window = num_layers * num_heads * tokens * tokens
+    per_window = num_layers * num_heads * triangle(tokens)
     return max(1, min(MAX_VIEWS, num_windows, BUDGET_BYTES // max(1, per_window)))
 
 

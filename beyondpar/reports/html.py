@@ -45,7 +45,8 @@ th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
 td:first-child, th:first-child { text-align: left; }
 tr.chosen { background: #fde2e2; } tr[data-kind="mix"] { background: #eef4fb; }
 #flow-tokens { line-height: 1.9; font-family: ui-monospace, monospace; }
-#flow-tokens span { padding: 1px 2px; margin: 1px; white-space: pre; border-radius: 2px; }
+#flow-tokens span { display: inline-block; padding: 0 2px; margin: 1px; white-space: pre;
+  border-radius: 2px; }
 #flow-tokens span.worst { outline: 3px solid #d62728; }
 .note { color: #555; }
 """

@@ -179,17 +179,16 @@
     Plotly.react($("heads"), traces, layout, CONFIG);
   }
 
+  // One byte per cell on and below the diagonal, row by row, head after head (see
+  // beyondpar/analysis/views.py); probability = (byte / levels)^2.
   function decode(text, shape) {
     const bytes = Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
     const n = shape[1];
+    let at = state.head * (n * (n + 1)) / 2;
     const z = [];
-    const offset = state.head * n * n;
     for (let i = 0; i < n; i++) {
-      const row = [];
-      for (let j = 0; j < n; j++) {
-        const p = Math.pow(bytes[offset + i * n + j] / page.levels, 2);
-        row.push(j > i ? null : p);
-      }
+      const row = new Array(n).fill(null);
+      for (let j = 0; j <= i; j++) row[j] = Math.pow(bytes[at++] / page.levels, 2);
       z.push(row);
     }
     return z;

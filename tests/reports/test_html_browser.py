@@ -1,0 +1,171 @@
+"""The report pages in a real browser (Chromium, driven by Playwright), opened from disk:
+no console error and no failed request, the layer and head controls redraw the table with
+the record's own numbers, the attention heatmap is drawn within 2 s, and the page is not
+blank. Skips, saying why, where Chromium or Playwright is missing (CI installs both)."""
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PIL_Image
+
+from beyondpar import measure
+from beyondpar.analysis import corpus as corpus_lib
+from beyondpar.analysis import corpus_report, text_report
+from beyondpar.analysis import text as text_lib
+from beyondpar.reports import html
+from helpers.paths import DATA
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HF = DATA / "hf"
+TEXT = DATA / "text" / "declaration.txt"
+SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
+FIRST_HEATMAP_MS = 2000
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
+if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def corpus_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus-page")
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=4, search_windows=1)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
+    summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
+    corpus_report.write(summary, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("text-page")
+    text = TEXT.read_text()[:40]
+    text_report.write(text_lib.text_record(HF / "llama-tiny", text, SPEC), out)
+    return out
+
+
+class Opened:
+    """A page opened from disk, with every console error and failed request it met."""
+
+    def __init__(self, browser, path: Path):
+        self.problems = []
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda err: self.problems.append(f"page error: {err}"))
+        self.page.on("requestfailed", lambda r: self.problems.append(f"failed: {r.url}"))
+        self.page.on("request", self._request)
+        self.page.goto(path.as_uri())
+        self.page.wait_for_selector("body[data-ready=true]", timeout=20000)
+
+    def _console(self, message):
+        if message.type == "error":
+            self.problems.append(f"console: {message.text}")
+
+    def _request(self, request):
+        if not request.url.startswith(("file://", "data:", "about:")):
+            self.problems.append(f"network: {request.url}")
+
+    def cells(self, row: str) -> dict:
+        """{field: mean} of the table row named `row`, at the precision the page holds."""
+        found = self.page.eval_on_selector_all(
+            f'#layer-table tr[data-row="{row}"] td[data-value]',
+            "tds => tds.map(td => [td.dataset.field, td.dataset.value])",
+        )
+        return {field: float(value) for field, value in found}
+
+
+def opened(browser, path):
+    page = Opened(browser, path)
+    yield page
+    page.page.close()
+    assert not page.problems, page.problems
+
+
+@pytest.fixture
+def corpus_page(browser, corpus_folder):
+    yield from opened(browser, corpus_folder / html.FILE)
+
+
+@pytest.fixture
+def text_page(browser, text_folder):
+    yield from opened(browser, text_folder / html.FILE)
+
+
+def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
+    summary = json.loads((corpus_folder / "corpus.json").read_text())
+    page = corpus_page.page
+    page.select_option("#layer", "1")  # the second layer: key "1"
+    page.select_option("#head", "2")
+    layer = summary["layers"]["1"]
+    got = corpus_page.cells("head 2")
+    assert got["fidelity"] == layer["heads"]["fidelity"]["mean"][2]
+    assert got["sink_mass"] == layer["sink_mass"]["mean"][2]
+    assert got["hitting_time_normalized"] == layer["heads"]["hitting_time_normalized"]["mean"][2]
+    low = page.get_attribute(
+        '#layer-table tr[data-row="head 2"] td[data-field="fidelity"]', "data-low"
+    )
+    assert float(low) == layer["heads"]["fidelity"]["low"][2]
+    for mix in ("learned", "uniform", "optimal"):
+        cells = corpus_page.cells(f"mix: {mix}")
+        assert cells["fidelity"] == layer["mixes"][mix]["fidelity"]["mean"]
+        assert cells["gain"] == layer["mixes"][mix]["gain"]["mean"]
+    assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 2"
+    assert "Head 2, layer 2" in page.text_content("#attention .gtitle")
+
+
+def test_keyboard_moves_the_head_and_the_flow_marks_the_worst_token(corpus_page, corpus_folder):
+    views = json.loads((corpus_folder / "views.json").read_text())["views"]
+    page = corpus_page.page
+    page.focus("#head")
+    page.keyboard.press("ArrowDown")
+    assert page.input_value("#head") == "1"
+    assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 1"
+    heads = views[0]["layers"]["0"]["heads"]
+    worst = page.eval_on_selector_all(
+        "#flow-tokens span", "spans => spans.findIndex(s => s.className === 'worst')"
+    )
+    assert worst == heads["worst_token"][1] // views[0]["pool"]
+    shown = page.eval_on_selector_all("#flow-tokens span", "s => s.map(x => +x.dataset.value)")
+    assert shown == heads["values"][1]
+
+
+def test_text_page_shows_the_records_means(text_page, text_folder):
+    record = json.loads((text_folder / "analysis.json").read_text())
+    page = text_page.page
+    page.select_option("#layer", "1")
+    page.select_option("#head", "3")
+    layer = record["layers"]["1"]
+    got = text_page.cells("head 3")
+    assert got["fidelity"] == pytest.approx(np.mean(np.asarray(layer["heads"]["fidelity"])[:, 3]))
+    learned = text_page.cells("mix: learned")
+    assert learned["fidelity"] == pytest.approx(np.mean(layer["mixes"]["learned"]["fidelity"]))
+    assert page.locator("#attention .heatmaplayer").count() == 1
+
+
+def test_first_heatmap_is_drawn_quickly_and_the_page_is_not_blank(text_page):
+    page = text_page.page
+    drawn = page.evaluate("window.beyondparFirstHeatmapMs")
+    assert drawn is not None and drawn < FIRST_HEATMAP_MS, f"first heatmap after {drawn} ms"
+    image = np.asarray(PIL_Image.open(io.BytesIO(page.screenshot(full_page=True))))
+    assert image.std() > 10, "the screenshot is (nearly) one colour"
