@@ -131,6 +131,7 @@ def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
         assert cells["fidelity"] == layer["mixes"][mix]["fidelity"]["mean"]
         assert cells["gain"] == layer["mixes"][mix]["gain"]["mean"]
     assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 2"
+    page.wait_for_selector('#attention[data-drawn="1/2/0"]')
     assert "Head 2, layer 2" in page.text_content("#attention .gtitle")
 
 

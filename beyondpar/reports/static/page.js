@@ -179,11 +179,20 @@
     Plotly.react($("heads"), traces, layout, CONFIG);
   }
 
-  // One byte per cell on and below the diagonal, row by row, head after head (see
-  // beyondpar/analysis/views.py); probability = (byte / levels)^2.
-  function decode(text, shape) {
-    const bytes = Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
-    const n = shape[1];
+  // One byte per cell on and below the diagonal, row by row, head after head, gzipped
+  // and in base64 (see beyondpar/analysis/views.py); probability = (byte / levels)^2.
+  const inflated = new Map();
+
+  function inflate(text) {
+    if (!inflated.has(text)) {
+      const packed = Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+      const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream("gzip"));
+      inflated.set(text, new Response(stream).arrayBuffer().then((b) => new Uint8Array(b)));
+    }
+    return inflated.get(text);
+  }
+
+  function square(bytes, n) {
     let at = state.head * (n * (n + 1)) / 2;
     const z = [];
     for (let i = 0; i < n; i++) {
@@ -217,31 +226,36 @@
     return view ? view.layers[layers[state.layer].key] : undefined;
   }
 
-  function drawAttention() {
+  let drawn = 0; // the latest attention draw: an earlier one that ends later is dropped
+
+  async function drawAttention() {
     const data = viewLayer();
     $("view-section").hidden = !data;
     if (!data) return;
+    const ticket = ++drawn;
+    const bytes = await inflate(data.attention);
+    if (ticket !== drawn) return;
     const view = views[state.view];
-    const raw = decode(data.attention, data.shape);
-    const probs = raw.map((r) => r.map((p) => (p === null ? null : Math.max(LOG_FLOOR, Math.log10(Math.max(p, 1e-12))))));
+    const raw = square(bytes, data.shape[1]);
+    const logs = raw.map((r) => r.map((p) => (p === null ? null : Math.max(LOG_FLOOR, Math.log10(Math.max(p, 1e-12))))));
     const axis = ticks(view.labels);
     const idx = [...Array(view.labels.length).keys()];
     const trace = {
-      type: "heatmap", z: probs, x: idx, y: idx, customdata: raw, colorscale: "Viridis",
+      type: "heatmap", z: logs, x: idx, y: idx, customdata: raw, colorscale: "Viridis",
       zmin: LOG_FLOOR, zmax: 0,
       colorbar: Object.assign({ title: { text: "attention probability (log scale)" } }, logTicks()),
       text: idx.map((i) => idx.map((j) => view.labels[i] + " → " + view.labels[j])),
       hovertemplate: "query %{y} reads key %{x}<br>%{text}<br>probability %{customdata:.4f}<extra></extra>",
     };
     const size = Math.min(720, Math.max(360, 9 * idx.length + 200));
-    Plotly.react($("attention"), [trace], {
+    await Plotly.react($("attention"), [trace], {
       title: { text: "Head " + state.head + ", layer " + layers[state.layer].number + ": attention of " + view.name },
       xaxis: { title: { text: "key (token read)" }, tickvals: axis.tickvals, ticktext: axis.ticktext, tickangle: -60 },
       yaxis: { title: { text: "query (token reading)" }, tickvals: axis.tickvals, ticktext: axis.ticktext, autorange: "reversed" },
       width: size + 160, height: size, margin: { l: 110, b: 110, t: 50 },
-    }, CONFIG).then(() => {
-      if (window.beyondparFirstHeatmapMs === undefined) window.beyondparFirstHeatmapMs = performance.now();
-    });
+    }, CONFIG);
+    if (window.beyondparFirstHeatmapMs === undefined) window.beyondparFirstHeatmapMs = performance.now();
+    $("attention").dataset.drawn = layers[state.layer].key + "/" + state.head + "/" + state.view;
     $("attention-note").textContent = view.pool > 1
       ? "Blocks of " + view.pool + " tokens: a block of keys sums its attention, a block of queries averages it; every " + axis.step + "-th label shown."
       : "Every " + axis.step + "-th token labelled. Rows: queries; columns: the keys they read; above the diagonal: masked.";
@@ -381,16 +395,15 @@
     $("controls").hidden = !layers.length;
     $("layers-section").hidden = !layers.length;
     drawTable();
-    drawAttention();
     // The rest after the first heatmap is on screen.
-    setTimeout(() => {
+    drawAttention().finally(() => {
       drawOverview();
       drawHeads();
       drawFlow();
       drawCoalitions();
       drawStudy();
       document.body.dataset.ready = "true";
-    }, 0);
+    });
   }
 
   init();
