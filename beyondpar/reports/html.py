@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 from importlib import resources
 from pathlib import Path
@@ -90,9 +91,21 @@ def asset(name: str) -> str:
 
 
 def inline_json(obj) -> str:
-    """JSON safe inside a <script> element: no `</` can close it early."""
-    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    """JSON safe inside a <script> element: every `<` escaped, so no `</script>` or `<!--`
+    in a label can end it early."""
+    text = json.dumps(finite(obj), separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c")
+
+
+def finite(value):
+    """NaN and infinities as null: the browser's JSON has no words for them."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def page_html(page: dict) -> str:
