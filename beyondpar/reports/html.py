@@ -8,7 +8,7 @@ record; this module knows nothing of records. Its keys, all optional but `title`
     title, notes         the heading and paragraphs under it
     fields               [{name, label, unit, scale, display_unit}]: the layer table's
                          columns (`scale` 100 shows a fraction in percent)
-    layers               [{key, number, rows, coalitions?}]: rows are
+    layers               [{key, number, label?, rows, coalitions?}]: rows are
                          {name, kind: "mix" | "head", head?, values: {field: stat}},
                          a stat {mean, low?, high?} in the record's own units;
                          coalitions {shapley_fidelity (H,), interaction_fidelity (H, H)}
@@ -32,6 +32,7 @@ from beyondpar.base import files
 FILE = "index.html"
 PLOTLY = "plotly-cartesian.min.js"
 SCRIPT = "page.js"
+FIDELITY = "fidelity"  # the field the overview and the heads' charts draw
 LEVELS = 255  # attention bytes: probability = (byte / LEVELS)^2 (see `analysis.views`)
 
 STYLE = """

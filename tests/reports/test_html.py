@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from beyondpar.analysis import pages, views
-from beyondpar.reports import html
+from beyondpar.reports import html, packing
 
 
 def page_data(text: str) -> dict:
@@ -45,16 +45,16 @@ def causal(heads: int, tokens: int, seed: int = 0) -> np.ndarray:
 
 def test_attention_bytes_keep_the_causal_triangle_to_their_rounding():
     a = causal(3, 9)
-    back = views.decode(views.encode(a), a.shape)
+    back = packing.decode(packing.encode(a), a.shape)
     rows, cols = np.triu_indices(9, 1)
     assert np.all(back[:, rows, cols] == 0)
     # One byte of the square root: an error below 1/255 of sqrt(p) + its square.
-    assert np.all(np.abs(np.sqrt(back) - np.sqrt(a)) <= 0.5 / views.LEVELS + 1e-12)
+    assert np.all(np.abs(np.sqrt(back) - np.sqrt(a)) <= 0.5 / packing.LEVELS + 1e-12)
 
 
 def test_pooled_attention_sums_keys_averages_queries_and_stays_causal():
     a = causal(2, 7)
-    pooled = views.pooled_attention(a, 3)
+    pooled = packing.pooled_attention(a, 3)
     assert pooled.shape == (2, 3, 3)
     np.testing.assert_allclose(pooled.sum(-1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(pooled[:, 0, 0], a[:, :3, :3].sum(-1).mean(-1), rtol=1e-6)
@@ -63,20 +63,20 @@ def test_pooled_attention_sums_keys_averages_queries_and_stays_causal():
 
 
 def test_windows_are_pooled_only_beyond_the_byte_budget():
-    assert views.pool_size(270, 128, views.BUDGET_BYTES) == 1  # SmolLM2, one window
-    pool = views.pool_size(270, 1024, views.BUDGET_BYTES)
-    assert 270 * views.triangle(-(-1024 // pool)) <= views.BUDGET_BYTES
-    assert 270 * views.triangle(-(-1024 // (pool - 1))) > views.BUDGET_BYTES
+    assert packing.pool_size(270, 128, views.BUDGET_BYTES) == 1  # SmolLM2, one window
+    pool = packing.pool_size(270, 1024, views.BUDGET_BYTES)
+    assert 270 * packing.triangle(-(-1024 // pool)) <= views.BUDGET_BYTES
+    assert 270 * packing.triangle(-(-1024 // (pool - 1))) > views.BUDGET_BYTES
     assert views.count(32, 30, 9, 128) == 1 and views.count(32, 2, 4, 24) == views.MAX_VIEWS
-    assert views.block_labels(["a", "b", "c"], 2) == ["0-1 'a'", "2-2 'c'"]
+    assert packing.block_labels(["a", "b", "c"], 2) == ["0-1 'a'", "2-2 'c'"]
 
 
 def test_a_flow_keeps_its_worst_token_exactly_and_each_blocks_worst():
     phi = np.array([[0.5, 0.123456, 0.9, 0.3333333], [0.2, 0.7, 0.01, 0.6]])
-    got = views.flow(phi, 1)
+    got = packing.flow(phi, 1)
     assert got["worst_token"] == [1, 2] and got["worst_value"] == [0.123456, 0.01]
     assert got["values"][0] == [0.5, 0.123, 0.9, 0.333]
-    assert views.flow(phi, 2)["values"] == [[0.123, 0.333], [0.2, 0.01]]
+    assert packing.flow(phi, 2)["values"] == [[0.123, 0.333], [0.2, 0.01]]
 
 
 def stat(mean):

@@ -17,6 +17,7 @@ from beyondpar.analysis import corpus as corpus_lib
 from beyondpar.analysis import corpus_report, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.reports import html
+from beyondpar.study import worked_example
 from helpers.paths import DATA
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -62,6 +63,13 @@ def text_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("text-page")
     text = TEXT.read_text()[:40]
     text_report.write(text_lib.text_record(HF / "llama-tiny", text, SPEC), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def example2_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("example2-page")
+    worked_example.write(out)
     return out
 
 
@@ -112,6 +120,11 @@ def text_page(browser, text_folder):
     yield from opened(browser, text_folder / html.FILE)
 
 
+@pytest.fixture
+def example2_page(browser, example2_folder):
+    yield from opened(browser, example2_folder / html.FILE)
+
+
 def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
     summary = json.loads((corpus_folder / "corpus.json").read_text())
     page = corpus_page.page
@@ -132,7 +145,7 @@ def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
         assert cells["gain"] == layer["mixes"][mix]["gain"]["mean"]
     assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 2"
     page.wait_for_selector('#attention[data-drawn="1/2/0"]')
-    assert "Head 2, layer 2" in page.text_content("#attention .gtitle")
+    assert "head 2, layer 2" in page.text_content("#attention .gtitle")
 
 
 def test_keyboard_moves_the_head_and_the_flow_marks_the_worst_token(corpus_page, corpus_folder):
@@ -170,3 +183,14 @@ def test_first_heatmap_is_drawn_quickly_and_the_page_is_not_blank(text_page):
     assert drawn is not None and drawn < FIRST_HEATMAP_MS, f"first heatmap after {drawn} ms"
     image = np.asarray(PIL_Image.open(io.BytesIO(page.screenshot(full_page=True))))
     assert image.std() > 10, "the screenshot is (nearly) one colour"
+
+
+def test_example2_page_shows_each_operators_fidelity_and_worst_node(example2_page, example2_folder):
+    result = json.loads((example2_folder / "example2.json").read_text())
+    page = example2_page.page
+    page.select_option("#head", "1")
+    assert example2_page.cells("head 2")["fidelity"] == result["head2"]["minimax_fidelity"]
+    assert example2_page.cells("mix: 0.5 / 0.5")["fidelity"] == result["mixed"]["minimax_fidelity"]
+    page.wait_for_selector('#attention[data-drawn="0/1/0"]')
+    # Head 2 loses most of u: 25% of it reaches tau.
+    assert page.text_content("#flow-tokens span.worst") == "u"

@@ -29,6 +29,16 @@
     return text;
   }
 
+  function layerName() {
+    const l = layers[state.layer];
+    return l.label || "layer " + l.number;
+  }
+
+  function headName() {
+    const row = headRows(layers[state.layer])[state.head];
+    return row ? row.name : "head " + state.head;
+  }
+
   function headRows(layer) {
     return layer.rows.filter((r) => r.kind === "head");
   }
@@ -45,7 +55,7 @@
   }
 
   function fillSelects() {
-    layers.forEach((l, i) => option($("layer"), i, "layer " + l.number));
+    layers.forEach((l, i) => option($("layer"), i, l.label || "layer " + l.number));
     views.forEach((v, i) => option($("view"), i, v.name));
     $("view-control").hidden = views.length < 2;
     fillHeads();
@@ -55,7 +65,8 @@
     const select = $("head");
     const count = layers.length ? headRows(layers[state.layer]).length : 0;
     select.innerHTML = "";
-    for (let h = 0; h < count; h++) option(select, h, "head " + h);
+    const rows = count ? headRows(layers[state.layer]) : [];
+    for (let h = 0; h < count; h++) option(select, h, rows[h].name);
     state.head = Math.min(state.head, Math.max(0, count - 1));
     select.value = String(state.head);
   }
@@ -93,7 +104,7 @@
         }
       });
     });
-    $("layer-title").textContent = "Layer " + layer.number + ", head " + state.head;
+    $("layer-title").textContent = layerName() + ", " + headName();
   }
 
   function statOf(row, name) {
@@ -136,6 +147,8 @@
   }
 
   function drawMixesByLayer(numbers) {
+    $("mixes").hidden = layers.length < 2;
+    if (layers.length < 2) return;
     const names = mixRows(layers[0]).map((r) => r.name);
     const traces = names.map((name) => {
       const stats = layers.map((l) => statOf(l.rows.find((r) => r.name === name), "fidelity"));
@@ -171,7 +184,7 @@
     });
     const layout = { grid: { rows: 1, columns: shown.length, pattern: "independent" },
       showlegend: false, height: 320, margin: { t: 60 },
-      title: { text: "Heads of layer " + layers[state.layer].number + " (chosen head in red)" } };
+      title: { text: "Heads of " + layerName() + " (chosen head in red)" } };
     shown.forEach((p, i) => {
       layout["xaxis" + (i ? i + 1 : "")] = { title: { text: "head" }, dtick: 1 };
       layout["yaxis" + (i ? i + 1 : "")] = { title: { text: p[1] } };
@@ -249,7 +262,7 @@
     };
     const size = Math.min(720, Math.max(360, 9 * idx.length + 200));
     await Plotly.react($("attention"), [trace], {
-      title: { text: "Head " + state.head + ", layer " + layers[state.layer].number + ": attention of " + view.name },
+      title: { text: headName() + ", " + layerName() + ": attention of " + view.name },
       xaxis: { title: { text: "key (token read)" }, tickvals: axis.tickvals, ticktext: axis.ticktext, tickangle: -60 },
       yaxis: { title: { text: "query (token reading)" }, tickvals: axis.tickvals, ticktext: axis.ticktext, autorange: "reversed" },
       width: size + 160, height: size, margin: { l: 110, b: 110, t: 50 },
@@ -258,12 +271,12 @@
     $("attention").dataset.drawn = layers[state.layer].key + "/" + state.head + "/" + state.view;
     $("attention-note").textContent = view.pool > 1
       ? "Blocks of " + view.pool + " tokens: a block of keys sums its attention, a block of queries averages it; every " + axis.step + "-th label shown."
-      : "Every " + axis.step + "-th token labelled. Rows: queries; columns: the keys they read; above the diagonal: masked.";
+      : (axis.step > 1 ? "Every " + axis.step + "-th token labelled. " : "") + "Rows: queries; columns: the keys they read; above the diagonal: masked.";
   }
 
   function flowTraces(data, view) {
     const idx = [...Array(view.labels.length).keys()];
-    const series = [["head " + state.head, data.heads.values[state.head], data.heads.worst_token[state.head], data.heads.worst_value[state.head]]];
+    const series = [[headName(), data.heads.values[state.head], data.heads.worst_token[state.head], data.heads.worst_value[state.head]]];
     Object.entries(data.mixes).forEach(([name, f]) => series.push(["mix: " + name, f.values, f.worst_token, f.worst_value]));
     const traces = [];
     series.forEach(([name, values, worst, value]) => {
@@ -315,7 +328,7 @@
       if (i === worst) span.className = "worst";
       box.appendChild(span);
     });
-    $("flow-scale").textContent = "Head " + state.head + ": colour = share of the token reaching the last position, log scale from 0.01% (dark) to 100% (yellow); the worst-served token is outlined in red (" + (100 * data.heads.worst_value[state.head]).toPrecision(3) + "%).";
+    $("flow-scale").textContent = headName() + ": colour = share of the token reaching the last position, log scale from 0.01% (dark) to 100% (yellow); the worst-served token is outlined in red (" + (100 * data.heads.worst_value[state.head]).toPrecision(3) + "%).";
   }
 
   // Coalition data (Shapley values and pair interactions of the heads) is drawn when a
