@@ -17,7 +17,7 @@ from beyondpar.analysis import corpus as corpus_lib
 from beyondpar.analysis import corpus_report, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.reports import html
-from beyondpar.study import worked_example
+from beyondpar.study import evaluate, report, worked_example
 from helpers.paths import DATA
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -73,6 +73,17 @@ def example2_folder(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def study_folder(one_epoch_run, tmp_path_factory):
+    """The one-epoch smoke run evaluated (a copy: the run is shared) and reported."""
+    root = tmp_path_factory.mktemp("study-page") / "runs"
+    shutil.copytree(one_epoch_run, root / "copy-h4")
+    evaluate.evaluate_tree(root, progress=False)
+    records = evaluate.read_records(root / evaluate.RECORDS_FILE)
+    report.write_report(records, root / "report", runs_root=root)
+    return root / "report"
+
+
 class Opened:
     """A page opened from disk, with every console error and failed request it met."""
 
@@ -123,6 +134,11 @@ def text_page(browser, text_folder):
 @pytest.fixture
 def example2_page(browser, example2_folder):
     yield from opened(browser, example2_folder / html.FILE)
+
+
+@pytest.fixture
+def study_page(browser, study_folder):
+    yield from opened(browser, study_folder / html.FILE)
 
 
 def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
@@ -194,3 +210,19 @@ def test_example2_page_shows_each_operators_fidelity_and_worst_node(example2_pag
     page.wait_for_selector('#attention[data-drawn="0/1/0"]')
     # Head 2 loses most of u: 25% of it reaches tau.
     assert page.text_content("#flow-tokens span.worst") == "u"
+
+
+def test_study_page_shows_each_runs_layers_and_its_loss(study_page, study_folder):
+    results = json.loads((study_folder / "results.json").read_text())
+    page = study_page.page
+    layers = page.eval_on_selector_all("#layer option", "os => os.map(o => o.textContent)")
+    assert layers[:2] == ["copy-h4, layer 1", "copy-h4, layer 2"]
+    page.select_option("#layer", "1")
+    page.select_option("#head", "3")
+    row = next(r for r in results if r["layer"] == 2)
+    learned = study_page.cells("mix: learned")
+    assert learned["fidelity"] == row["fidelity_fraction_mean"]
+    assert learned["hitting_time"] == row["hitting_time_steps_mean"]
+    assert study_page.cells("head 3")["fidelity"] > 0
+    assert page.locator("#study-heads .scatterlayer .trace").count() > 0
+    assert page.locator("#study-loss .scatterlayer .trace").count() == 1

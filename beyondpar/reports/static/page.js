@@ -124,31 +124,36 @@
   function drawOverview() {
     if (!layers.length) return;
     const numbers = layers.map((l) => l.number);
+    const names = layers.map((l) => l.label || String(l.number));
+    const rowsAt = [...layers.keys()];
     const width = Math.max(...layers.map((l) => headRows(l).length));
     const z = layers.map((l) => {
-      const row = headRows(l).map((r) => 100 * statOf(r, "fidelity").mean);
+      const row = headRows(l).map((r) => (statOf(r, "fidelity") ? 100 * statOf(r, "fidelity").mean : null));
       while (row.length < width) row.push(null);
       return row;
     });
+    const step = layers.length > 30 ? 2 : 1;
+    const shownAt = rowsAt.filter((i) => i % step === 0);
     const heat = {
-      type: "heatmap", z: z, x: [...Array(width).keys()], y: numbers, colorscale: "Viridis",
+      type: "heatmap", z: z, x: [...Array(width).keys()], y: rowsAt, colorscale: "Viridis",
+      text: layers.map((l) => Array(width).fill(l.label || "layer " + l.number)),
       colorbar: { title: { text: "minimax fidelity (%)" } },
-      hovertemplate: "layer %{y}, head %{x}: %{z:.3f}%<extra></extra>",
+      hovertemplate: "%{text}, head %{x}: %{z:.3f}%<extra></extra>",
     };
     Plotly.newPlot($("overview"), [heat], {
       title: { text: "Each head's minimax fidelity (click a cell to choose it)" },
       xaxis: { title: { text: "head" }, dtick: 1 },
-      yaxis: { title: { text: "layer" }, autorange: "reversed", dtick: layers.length > 30 ? 2 : 1 },
+      yaxis: { title: { text: page.study ? "" : "layer" }, autorange: "reversed", tickvals: shownAt,
+        ticktext: shownAt.map((i) => names[i]), automargin: true },
       height: Math.max(320, 16 * layers.length + 140), margin: { t: 50 },
-    }, CONFIG).then((div) => div.on("plotly_click", (ev) => {
-      choose(layers.findIndex((l) => l.number === ev.points[0].y), ev.points[0].x);
-    }));
+    }, CONFIG).then((div) => div.on("plotly_click", (ev) => choose(ev.points[0].y, ev.points[0].x)));
     drawMixesByLayer(numbers);
   }
 
   function drawMixesByLayer(numbers) {
-    $("mixes").hidden = layers.length < 2;
-    if (layers.length < 2) return;
+    // A study's entries are (run, layer) pairs: its own charts below compare them.
+    $("mixes").hidden = layers.length < 2 || Boolean(page.study);
+    if ($("mixes").hidden) return;
     const names = mixRows(layers[0]).map((r) => r.name);
     const traces = names.map((name) => {
       const stats = layers.map((l) => statOf(l.rows.find((r) => r.name === name), "fidelity"));
@@ -362,10 +367,14 @@
       yaxis: { title: { text: "minimax fidelity, layer mean (%)" } },
       xaxis2: { title: { text: "heads" }, type: "log", tickvals: study.head_counts },
       yaxis2: { title: { text: "hitting time, layer mean (steps)" } } };
+    const names = [...new Set(study.series.map((s) => s.name))];
+    const palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
     study.series.forEach((s) => {
       const axis = s.unit === "steps" ? "2" : "";
       const scale = s.unit === "fraction" ? 100 : 1;
+      const color = palette[names.indexOf(s.name) % palette.length];
       traces.push({ type: "scatter", mode: "lines+markers", name: s.name, x: s.heads, xaxis: "x" + axis, yaxis: "y" + axis,
+        legendgroup: s.name, showlegend: !axis, line: { color: color }, marker: { color: color },
         y: s.mean.map((v) => scale * v), error_y: { type: "data", array: s.std.map((v) => scale * v) } });
     });
     Plotly.newPlot($("study-heads"), traces, layout, CONFIG);
