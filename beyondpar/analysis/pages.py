@@ -23,6 +23,8 @@ COLUMNS = (
 )
 SHOWN_UNITS = {"fraction": (100, "%"), "steps": (1, "steps"), "tv": (1, "TV")}
 SHAPLEY, INTERACTION = "shapley_fidelity", "interaction_fidelity"
+MIX_ORDER = (schema.LEARNED, schema.UNIFORM, schema.OPTIMAL)  # JSON sorts them by name
+HELD_OUT = {schema.OPTIMAL: "optimal, held out"}  # a corpus optimum is always cross-fitted
 _K = {name for name, _ in COLUMNS}
 
 
@@ -45,6 +47,12 @@ def fields(layer_rows: list[list[dict]]) -> list[dict]:
     return out
 
 
+def ordered(mixes) -> list[str]:
+    """Learned, uniform, optimal, then any other mix by name."""
+    rank = lambda m: (MIX_ORDER.index(m) if m in MIX_ORDER else len(MIX_ORDER), m)
+    return sorted(mixes, key=rank)
+
+
 def interval(s: dict) -> dict:
     return html.stat(s["mean"], s["low"], s["high"])
 
@@ -52,11 +60,13 @@ def interval(s: dict) -> dict:
 def corpus_rows(d: dict) -> list[dict]:
     """A corpus summary layer's rows: its stats are {mean, low, high} (per head, lists)."""
     rows = []
-    for name, mix in d["mixes"].items():
+    for name in ordered(d["mixes"]):
+        mix = d["mixes"][name]
         values = {f: interval(s) for f, s in mix.items() if f in _K and isinstance(s, dict)}
         if "wins_share" in mix:
             values["wins_share"] = html.stat(mix["wins_share"])
-        rows.append({"name": f"mix: {name}", "kind": "mix", "values": values})
+        label = HELD_OUT.get(name, name)
+        rows.append({"name": f"mix: {label}", "kind": "mix", "values": values})
     per_head = {f: s for f, s in d["heads"].items() if f in _K}
     if schema.SINK_MASS.name in d:
         per_head[schema.SINK_MASS.name] = d[schema.SINK_MASS.name]
@@ -72,7 +82,8 @@ def text_rows(d: dict) -> list[dict]:
     """A text record layer's rows: means over its sequences ((B,) per mix, (B, H) per
     head), as report.md shows them."""
     rows = []
-    for name, mix in d["mixes"].items():
+    for name in ordered(d["mixes"]):
+        mix = d["mixes"][name]
         values = {f: html.stat(np.mean(v)) for f, v in mix.items() if f in _K}
         rows.append({"name": f"mix: {name}", "kind": "mix", "values": values})
     per_head = {f: np.asarray(v) for f, v in d["heads"].items() if f in _K}

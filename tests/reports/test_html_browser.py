@@ -156,8 +156,8 @@ def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
         '#layer-table tr[data-row="head 2"] td[data-field="fidelity"]', "data-low"
     )
     assert float(low) == layer["heads"]["fidelity"]["low"][2]
-    for mix in ("learned", "uniform", "optimal"):
-        cells = corpus_page.cells(f"mix: {mix}")
+    for mix, row in (("learned",) * 2, ("uniform",) * 2, ("optimal", "optimal, held out")):
+        cells = corpus_page.cells(f"mix: {row}")
         assert cells["fidelity"] == layer["mixes"][mix]["fidelity"]["mean"]
         assert cells["gain"] == layer["mixes"][mix]["gain"]["mean"]
     assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 2"
