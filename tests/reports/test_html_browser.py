@@ -78,7 +78,7 @@ def example2_folder(tmp_path_factory):
 def study_folder(one_epoch_run, tmp_path_factory):
     """The one-epoch smoke run evaluated (a copy: the run is shared) and reported."""
     root = tmp_path_factory.mktemp("study-page") / "runs"
-    shutil.copytree(one_epoch_run, root / "copy-h4")
+    shutil.copytree(one_epoch_run, root / "copy-h2")
     evaluate.evaluate_tree(root, progress=False)
     records = evaluate.read_records(root / evaluate.RECORDS_FILE)
     report.write_report(records, root / "report", runs_root=root)
@@ -217,13 +217,13 @@ def test_study_page_shows_each_runs_layers_and_its_loss(study_page, study_folder
     results = json.loads((study_folder / "results.json").read_text())
     page = study_page.page
     layers = page.eval_on_selector_all("#layer option", "os => os.map(o => o.textContent)")
-    assert layers[:2] == ["copy-h4, layer 1", "copy-h4, layer 2"]
+    assert layers[:2] == ["copy-h2, layer 1", "copy-h2, layer 2"]
     page.select_option("#layer", "1")
-    page.select_option("#head", "3")
+    page.select_option("#head", "1")  # the smoke config has 2 heads
     row = next(r for r in results if r["layer"] == 2)
     learned = study_page.cells("mix: learned")
     assert learned["fidelity"] == row["fidelity_fraction_mean"]
     assert learned["hitting_time"] == row["hitting_time_steps_mean"]
-    assert study_page.cells("head 3")["fidelity"] > 0
+    assert study_page.cells("head 1")["fidelity"] > 0
     assert page.locator("#study-heads .scatterlayer .trace").count() > 0
     assert page.locator("#study-loss .scatterlayer .trace").count() == 1
