@@ -15,7 +15,7 @@ from PIL import Image as PIL_Image
 
 from beyondpar import measure
 from beyondpar.analysis import corpus as corpus_lib
-from beyondpar.analysis import corpus_report, text_report
+from beyondpar.analysis import corpus_report, pages, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.reports import html
 from beyondpar.study import evaluate, report, worked_example
@@ -227,3 +227,29 @@ def test_study_page_shows_each_runs_layers_and_its_loss(study_page, study_folder
     assert study_page.cells("head 1")["fidelity"] > 0
     assert page.locator("#study-heads .scatterlayer .trace").count() > 0
     assert page.locator("#study-loss .scatterlayer .trace").count() == 1
+
+
+def coalition_page(folder: Path) -> Path:
+    """A page of one 3-head layer whose record carries coalition values, and no views."""
+    layer = {
+        "heads": {"fidelity": [[0.1, 0.2, 0.3]]},
+        "mixes": {"uniform": {"fidelity": [0.4]}},
+        "coalitions": {
+            "shapley_fidelity": [[0.05, 0.1, 0.25]],
+            "interaction_fidelity": [[[0.0, 0.02, -0.01], [0.02, 0.0, 0.03], [-0.01, 0.03, 0.0]]],
+        },
+    }
+    record = {"source": "s", "num_sequences": 1, "seq_len": 4, "num_layers": 1, "num_heads": 3}
+    return html.write(folder, pages.text_page({**record, "layers": {"0": layer}}))
+
+
+def test_coalition_values_are_drawn_when_the_record_has_them(browser, tmp_path):
+    opened_page = Opened(browser, coalition_page(tmp_path))
+    page = opened_page.page
+    assert page.is_visible("#coalitions-section") and page.is_hidden("#view-section")
+    bars = page.locator("#coalitions-shapley .bars .point")
+    assert bars.count() == 3
+    assert page.locator("#coalitions-interaction .heatmaplayer").count() == 1
+    assert opened_page.cells("head 2")["fidelity"] == 0.3
+    page.close()
+    assert not opened_page.problems, opened_page.problems
