@@ -2,7 +2,6 @@
 // shape) and draws every part with Plotly. No network: everything is inline.
 (function () {
   "use strict";
-  window.beyondparStart = performance.now();
   const page = JSON.parse(document.getElementById("page-data").textContent);
   const $ = (id) => document.getElementById(id);
   const state = { layer: 0, head: 0, view: 0 };
@@ -63,11 +62,10 @@
 
   function fillHeads() {
     const select = $("head");
-    const count = layers.length ? headRows(layers[state.layer]).length : 0;
+    const rows = layers.length ? headRows(layers[state.layer]) : [];
     select.innerHTML = "";
-    const rows = count ? headRows(layers[state.layer]) : [];
-    for (let h = 0; h < count; h++) option(select, h, rows[h].name);
-    state.head = Math.min(state.head, Math.max(0, count - 1));
+    rows.forEach((row, h) => option(select, h, row.name));
+    state.head = Math.min(state.head, Math.max(0, rows.length - 1));
     select.value = String(state.head);
   }
 
@@ -116,8 +114,8 @@
     return {
       type: "data",
       symmetric: false,
-      array: stats.map((s) => scale * (s.high - s.mean)),
-      arrayminus: stats.map((s) => scale * (s.mean - s.low)),
+      array: stats.map((s) => (s ? scale * (s.high - s.mean) : 0)),
+      arrayminus: stats.map((s) => (s ? scale * (s.mean - s.low) : 0)),
     };
   }
 
@@ -162,7 +160,7 @@
         y: stats.map((s) => (s ? 100 * s.mean : null)), error_y: errorBars(stats, 100),
       };
     });
-    const best = layers.map((l) => Math.max(...headRows(l).map((r) => statOf(r, "fidelity").mean)));
+    const best = layers.map((l) => Math.max(...headRows(l).map((r) => (statOf(r, "fidelity") || { mean: NaN }).mean)));
     traces.push({ type: "scatter", mode: "lines", name: "best head", x: numbers,
       y: best.map((v) => 100 * v), line: { dash: "dot", color: "gray" } });
     Plotly.newPlot($("mixes"), traces, {
@@ -176,7 +174,9 @@
   function drawHeads() {
     if (!layers.length) return;
     const rows = headRows(layers[state.layer]);
-    const panels = [["fidelity", "minimax fidelity (%)", 100], ["hitting_time_normalized", "hitting time, normalised walk (steps)", 1], ["sink_mass", "sink mass (fraction)", 1]];
+    const charted = ["fidelity", "hitting_time_normalized", "hitting_time", "sink_mass"];
+    const panels = fields.filter((f) => charted.includes(f.name))
+      .map((f) => [f.name, f.label + (f.display_unit ? " (" + f.display_unit + ")" : ""), f.scale]);
     const shown = panels.filter((p) => rows.some((r) => statOf(r, p[0])));
     const traces = shown.map((p, i) => {
       const stats = rows.map((r) => statOf(r, p[0]));
@@ -198,7 +198,7 @@
   }
 
   // One byte per cell on and below the diagonal, row by row, head after head, gzipped
-  // and in base64 (see beyondpar/analysis/views.py); probability = (byte / levels)^2.
+  // and in base64 (see beyondpar/reports/packing.py); probability = (byte / levels)^2.
   const inflated = new Map();
 
   function inflate(text) {
