@@ -50,6 +50,7 @@ tr.chosen { background: #fde2e2; } tr[data-kind="mix"] { background: #eef4fb; }
 #flow-tokens span { display: inline-block; padding: 0 2px; margin: 1px; white-space: pre;
   border-radius: 2px; }
 #flow-tokens span.worst { outline: 3px solid #d62728; }
+#flow-tokens .strip { margin: .4em 0; } #flow-tokens b { margin-right: .6em; }
 .note { color: #555; }
 """
 

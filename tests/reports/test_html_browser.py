@@ -173,12 +173,15 @@ def test_keyboard_moves_the_head_and_the_flow_marks_the_worst_token(corpus_page,
     assert page.input_value("#head") == "1"
     assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 1"
     heads = views[0]["layers"]["0"]["heads"]
-    worst = page.eval_on_selector_all(
-        "#flow-tokens span", "spans => spans.findIndex(s => s.className === 'worst')"
-    )
+    strip = '#flow-tokens [data-operator="head"] span'
+    worst = page.eval_on_selector_all(strip, "s => s.findIndex(x => x.className === 'worst')")
     assert worst == heads["worst_token"][1] // views[0]["pool"]
-    shown = page.eval_on_selector_all("#flow-tokens span", "s => s.map(x => +x.dataset.value)")
+    shown = page.eval_on_selector_all(strip, "s => s.map(x => +x.dataset.value)")
     assert shown == heads["values"][1]
+    mixes = views[0]["layers"]["0"]["mixes"]
+    uniform = '#flow-tokens [data-operator="uniform"] span'
+    shown = page.eval_on_selector_all(uniform, "s => s.map(x => +x.dataset.value)")
+    assert shown == mixes["uniform"]["values"]
 
 
 def test_text_page_shows_the_records_means(text_page, text_folder):
@@ -210,7 +213,7 @@ def test_example2_page_shows_each_operators_fidelity_and_worst_node(example2_pag
     assert example2_page.cells("mix: 0.5 / 0.5")["fidelity"] == result["mixed"]["minimax_fidelity"]
     page.wait_for_selector('#attention[data-drawn="0/1/0"]')
     # Head 2 loses most of u: 25% of it reaches tau.
-    assert page.text_content("#flow-tokens span.worst") == "u"
+    assert page.text_content('#flow-tokens [data-operator="head"] span.worst') == "u"
 
 
 def test_study_page_shows_each_runs_layers_and_its_loss(study_page, study_folder):

@@ -318,22 +318,37 @@
     return "rgb(" + c.join(",") + ")";
   }
 
+  // A strip of tokens per operator (the head, then each mix), each token coloured by its
+  // node fidelity; the operator's worst-served token outlined.
   function drawTokens(data, view) {
     const box = $("flow-tokens");
     box.innerHTML = "";
-    const values = data.heads.values[state.head];
-    const worst = Math.floor(data.heads.worst_token[state.head] / view.pool);
-    view.labels.forEach((label, i) => {
-      const span = document.createElement("span");
-      span.textContent = label;
-      span.style.background = colour(values[i]);
-      span.style.color = Math.log10(Math.max(values[i], 1e-12)) > -1.5 ? "black" : "white";
-      span.dataset.value = String(values[i]);
-      span.title = "token " + i + ": " + (100 * values[i]).toPrecision(3) + "% reaches the last position";
-      if (i === worst) span.className = "worst";
-      box.appendChild(span);
+    const strips = [["head", headName(), data.heads.values[state.head], data.heads.worst_token[state.head]]];
+    Object.entries(data.mixes).forEach(([name, f]) => strips.push([name, "mix: " + name, f.values, f.worst_token]));
+    strips.forEach(([key, title, values, worstToken]) => {
+      const strip = document.createElement("div");
+      strip.className = "strip";
+      strip.dataset.operator = key;
+      const name = document.createElement("b");
+      name.textContent = title;
+      strip.appendChild(name);
+      const worst = Math.floor(worstToken / view.pool);
+      view.labels.forEach((label, i) => strip.appendChild(token(label, i, values[i], i === worst)));
+      box.appendChild(strip);
     });
-    $("flow-scale").textContent = headName() + ": colour = share of the token reaching the last position, log scale from 0.01% (dark) to 100% (yellow); the worst-served token is outlined in red (" + (100 * data.heads.worst_value[state.head]).toPrecision(3) + "%).";
+    const value = data.heads.worst_value[state.head];
+    $("flow-scale").textContent = "Colour: share of each token reaching the last position (node fidelity), log scale from 0.01% (dark) to 100% (yellow); each operator's worst-served token is outlined in red (" + headName() + ": " + (100 * value).toPrecision(3) + "%).";
+  }
+
+  function token(label, i, value, worst) {
+    const span = document.createElement("span");
+    span.textContent = label;
+    span.style.background = colour(value);
+    span.style.color = Math.log10(Math.max(value, 1e-12)) > -1.5 ? "black" : "white";
+    span.dataset.value = String(value);
+    span.title = "token " + i + ": " + (100 * value).toPrecision(3) + "% reaches the last position";
+    if (worst) span.className = "worst";
+    return span;
   }
 
   // Coalition data (Shapley values and pair interactions of the heads) is drawn when a
