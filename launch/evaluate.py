@@ -31,7 +31,9 @@ def evaluate_runs(root: Path) -> int:
         f"{root / evaluate.RECORDS_FILE}"
     )
     if records:
-        for path in report.write_report(records, Path(OUT.value or root / "report"), failures):
+        for path in report.write_report(
+            records, Path(OUT.value or root / "report"), failures, runs_root=root
+        ):
             print(f"wrote {path}")
     for name, message in failures:
         print(f"FAILED {name}: {message}")

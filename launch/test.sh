@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Lint, format check and the test suite (CPU only), in .venv. Extra arguments go to pytest.
+# As root, installs Chromium (apt) for the browser tests when it is missing.
 # The suite runs in TEST_WORKERS processes (default 2), one test file per process at a time.
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh" test
+# The browser tests (tests/reports/test_html_browser.py) drive Debian's Chromium: where it is
+# missing and this runs as root (CI), install it; elsewhere those tests skip, saying why.
+chromium="${BEYONDPAR_CHROMIUM:-/usr/bin/chromium}"
+if [ ! -x "$chromium" ] && [ "$(id -u)" = 0 ]; then
+  echo "installing chromium for the browser tests" >&2
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+fi
 ruff check .
 ruff format --check .
 python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

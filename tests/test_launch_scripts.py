@@ -27,7 +27,7 @@ def fake_root(tmp_path: Path) -> Path:
     (root / "setup.cfg").write_text("[metadata]\nname = beyondpar\n")
     bin_dir = root / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    for tool in ("python", "ruff"):
+    for tool in ("python", "ruff", "apt-get"):
         (bin_dir / tool).write_text(STAND_IN)
         (bin_dir / tool).chmod(0o755)
     (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
@@ -96,14 +96,27 @@ def test_setup_env_installs_an_extra_once_under_its_own_stamp(tmp_path):
 def test_test_sh_lints_then_runs_pytest_one_file_per_worker(tmp_path):
     root = fake_root(tmp_path)
     installed(root, "test")
+    browser = {"BEYONDPAR_CHROMIUM": sys.executable}  # a browser is there: nothing to install
     pytest_call = ["python", "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-k", "x"]
-    assert run_script(root, "test.sh", "-k", "x")[1:] == [
+    assert run_script(root, "test.sh", "-k", "x", **browser)[1:] == [
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
         pytest_call,
     ]
     pytest_call[5] = "3"
-    assert run_script(root, "test.sh", "-k", "x", TEST_WORKERS="3")[-1] == pytest_call
+    assert run_script(root, "test.sh", "-k", "x", TEST_WORKERS="3", **browser)[-1] == pytest_call
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="test.sh installs Chromium only as root")
+def test_test_sh_installs_chromium_for_the_browser_tests_where_it_is_missing(tmp_path):
+    root = fake_root(tmp_path)
+    installed(root, "test")
+    commands = run_script(root, "test.sh", BEYONDPAR_CHROMIUM=str(tmp_path / "no-chromium"))
+    assert [c for c in commands if c[0] == "apt-get"] == [
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "chromium"],
+    ]
+    assert commands[-1][:3] == ["python", "-m", "pytest"]
 
 
 def test_demo_runs_each_launcher_with_flags_it_accepts(tmp_path):

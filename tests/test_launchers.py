@@ -273,7 +273,7 @@ fake_evaluate = types.SimpleNamespace(
     evaluate_reference_folder=lambda folder: ([{"r": 1}], []),
     reference_files=lambda folder: [],
 )
-def write_report(records, out, failures):
+def write_report(records, out, failures, runs_root=None):
     calls.append(str(out))
     return [out / "report.md"]
 g = mod["evaluate_runs"].__globals__

@@ -17,3 +17,14 @@ def test_accelerator_extras_pin_the_default_jax():
     for name in ("safetensors", "tokenizers", "scipy"):
         assert any(r.startswith(f"{name}>=") for r in requires), name
     assert not any(r.startswith(("torch", "transformers")) for r in requires)
+
+
+def test_the_report_pages_static_files_are_package_data():
+    """index.html inlines reports/static/ from the installed package: every file there must
+    be installed with it."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    patterns = [p.strip() for p in cfg["options.package_data"]["beyondpar.reports"].split(",")]
+    static = ROOT / "beyondpar" / "reports"
+    shipped = {p for pattern in patterns for p in static.glob(pattern)}
+    assert set((static / "static").iterdir()) <= shipped

@@ -21,7 +21,7 @@ import numpy as np
 import tqdm
 
 from beyondpar import measure, pretrained
-from beyondpar.analysis import loss_pruning, optimum, statistics, text, windowing
+from beyondpar.analysis import loss_pruning, optimum, statistics, text, views, windowing
 from beyondpar.base import checks, files, locks, settings
 from beyondpar.measure import record
 
@@ -78,6 +78,8 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
                 module, params, windows, cspec, spec, progress
             )
         files.write_json(out_dir / SUMMARY_FILE, summary)
+        shown = views.corpus_views(module, params, tokenizer, windows, spec, found)
+        files.write_json(out_dir / views.FILE, {views.KEY: shown})
     return summary, windows
 
 

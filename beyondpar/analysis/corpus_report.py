@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from beyondpar.analysis import pages, views
 from beyondpar.base import files, locks
 from beyondpar.measure import record as schema
-from beyondpar.reports import figures, numbering, tables
+from beyondpar.reports import figures, html, numbering, tables
 
 FIDELITY, MEDIAN, P10 = schema.FIDELITY, schema.MEDIAN, schema.P10
 HITTING = schema.HITTING_NORMALIZED
@@ -286,8 +287,9 @@ def pruning_panels(summary: dict) -> list:
 
 
 def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
-    """report.md and the PNG plots; returns their paths. The folder is locked while they
-    are written: another process writing there is FolderBusy."""
+    """report.md, index.html and the PNG plots; returns their paths. The page shows the
+    windows' attention that the analysis left in views.json, when it did. The folder is
+    locked while they are written: another process writing there is FolderBusy."""
     out_dir = Path(out_dir)
     plots = {"fidelity_layers.png": plot_layers}
     if "pruning" in summary:
@@ -296,5 +298,12 @@ def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
     plt = files.pyplot()
     drawn = {name: lambda plot=plot: plot(summary, plt) for name, plot in plots.items()}
     with locks.lock(out_dir):
-        written = [files.write_text(out_dir / "report.md", markdown(summary))]
+        shown = out_dir / views.FILE
+        page = pages.corpus_page(
+            summary, files.read_json(shown)[views.KEY] if shown.exists() else None
+        )
+        written = [
+            files.write_text(out_dir / "report.md", markdown(summary)),
+            html.write(out_dir, page),
+        ]
         return written + files.write_figures(out_dir, drawn)

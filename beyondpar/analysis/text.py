@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondpar import graphs, metrics, pretrained
+from beyondpar.analysis import views
 from beyondpar.base import files
 from beyondpar.base.timing import Timer
 from beyondpar.measure import MeasureSpec, baselines, measure_layer
@@ -168,6 +169,11 @@ def text_record(path_or_name, text: str, spec: MeasureSpec, dtype=None, mesh=Non
     record = analyze_tokens(module, params, np.asarray([ids]), spec, timer)
     labels = [tokenizer.decode([i]) for i in ids]
     record["rollout"]["largest_shares"] = largest_shares(record["rollout"]["sink_share"], labels)
+    with timer.part("views"):
+        shown = views.token_views(
+            module, params, np.asarray([ids]), [labels], spec.horizon, layers=spec.layers
+        )
+    shown[0]["name"] = "text"
     return {
         "source": str(path_or_name),
         "model_type": type(module.config).__name__,
@@ -179,6 +185,7 @@ def text_record(path_or_name, text: str, spec: MeasureSpec, dtype=None, mesh=Non
         "token_labels": labels,
         "spec": dataclasses.asdict(spec),
         **record,
+        views.KEY: shown,
         "timings_s": timer.seconds,
     }
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from beyondpar.analysis import pages, views
 from beyondpar.base import files, locks
 from beyondpar.measure import record as schema
-from beyondpar.reports import figures, numbering, tables
+from beyondpar.reports import figures, html, numbering, tables
 
 FIDELITY, MEDIAN, P10 = schema.FIDELITY, schema.MEDIAN, schema.P10
 BEST_HEAD_FIDELITY, DIVERSITY = schema.BEST_HEAD_FIDELITY, schema.DIVERSITY
@@ -266,7 +267,8 @@ def pairwise_by_layer(record: dict) -> dict:
 
 
 def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
-    """report.md, analysis.json and the PNG plots; returns their paths. The folder is
+    """report.md, analysis.json, index.html and the PNG plots; returns their paths. The
+    record's views (attention of the text) go to index.html only. The folder is
     locked while they are written: another process writing there is FolderBusy. A plot
     this record has no data for (pairwise synergy, when not asked for) is removed if an
     earlier analysis left one, so the folder holds one analysis only."""
@@ -277,10 +279,12 @@ def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
         plots["pairwise_synergy.png"] = lambda r, plt: figures.pairwise(pairwise_by_layer(r), plt)
     plt = files.pyplot()
     drawn = {name: lambda plot=plot: plot(record, plt) for name, plot in plots.items()}
+    kept = {k: v for k, v in record.items() if k != views.KEY}
     with locks.lock(out_dir):
         written = [
             files.write_text(out_dir / "report.md", markdown(record)),
-            files.write_json(out_dir / "analysis.json", to_json(record)),
+            files.write_json(out_dir / "analysis.json", to_json(kept)),
+            html.write(out_dir, pages.text_page(to_json(kept), record.get(views.KEY))),
         ]
         if not pairwise:
             (out_dir / "pairwise_synergy.png").unlink(missing_ok=True)

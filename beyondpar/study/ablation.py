@@ -131,7 +131,9 @@ def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progres
             r for r in evaluate.read_records(workdir / evaluate.RECORDS_FILE) if r["run"] in configs
         ]
         failures = failed + _not_trained_again(failures, failed)
-        written = report.write_report(records, workdir / REPORT_DIR, failures) if records else []
+        written = []
+        if records:
+            written = report.write_report(records, workdir / REPORT_DIR, failures, workdir)
     return written, failures
 
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from beyondpar.base import files
 from beyondpar.reports import figures as report_figures
-from beyondpar.reports import numbering, tables
-from beyondpar.study import synergy_report
+from beyondpar.reports import html, numbering, tables
+from beyondpar.study import report_page, synergy_report
 
 # Per-layer metrics of a record and their units; records written before a metric existed
 # (or with an analysis switched off) simply lack it.
@@ -416,16 +416,22 @@ def plot_vs_step(records: list[dict]):
 
 
 def write_report(
-    records: list[dict], out_dir: str | os.PathLike, failures: list[tuple[str, str]] = ()
+    records: list[dict],
+    out_dir: str | os.PathLike,
+    failures: list[tuple[str, str]] = (),
+    runs_root: str | os.PathLike | None = None,
 ) -> list[Path]:
-    """report.md, results.csv, results.json and the PNG plots; returns their paths.
-    `failures` (name, message) are listed at the end of report.md."""
+    """report.md, results.csv, results.json, index.html and the PNG plots; returns their
+    paths. `failures` (name, message) are listed at the end of report.md; the page draws
+    the training loss of each run found under `runs_root` (its metrics.jsonl)."""
     out_dir = Path(out_dir)
     table = rows(records)
+    page = report_page.page(latest(records), aggregate(records), records, runs_root)
     written = [
         files.write_text(out_dir / "report.md", markdown(records) + _failed(failures)),
         files.write_text(out_dir / "results.csv", csv_text(table)),
         files.write_json(out_dir / "results.json", table),
+        html.write(out_dir, page),
     ]
     return written + files.write_figures(out_dir, figures(records))
 

@@ -86,6 +86,7 @@ def test_attention_from_elsewhere_and_the_report(tmp_path):
     assert sorted(p.name for p in written) == [
         "analysis.json",
         "fidelity_heads.png",
+        "index.html",
         "pairwise_synergy.png",
         "report.md",
         "sink_share.png",

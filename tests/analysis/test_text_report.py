@@ -173,7 +173,13 @@ def test_a_folder_another_process_writes_is_refused_with_nothing_written(parked,
     finally:
         os.close(other)
     names = sorted(p.name for p in text_report.write(parked, out))
-    assert names == ["analysis.json", "fidelity_heads.png", "report.md", "sink_share.png"]
+    assert names == [
+        "analysis.json",
+        "fidelity_heads.png",
+        "index.html",
+        "report.md",
+        "sink_share.png",
+    ]
 
 
 def test_a_rerun_without_pairwise_synergy_removes_the_old_plot(parked, tmp_path):

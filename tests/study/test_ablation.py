@@ -74,7 +74,12 @@ def test_interrupted_ablation_resumes_without_retraining(tmp_path, monkeypatch):
     assert sorted(r["heads"] for r in records) == [1, 2]
     text = (tmp_path / "report" / "report.md").read_text()
     assert "| layer | H=1 | H=2 |" in text
-    assert {p.name for p in written} >= {"report.md", "results.csv", "metrics_vs_heads.png"}
+    assert {p.name for p in written} >= {
+        "report.md",
+        "results.csv",
+        "metrics_vs_heads.png",
+        "index.html",
+    }
     # A third run trains and evaluates nothing.
     ablation.run(smoke_ablation(), tmp_path, progress=False)
     assert len(trained) == 3 and len(evaluate.read_records(tmp_path / evaluate.RECORDS_FILE)) == 2

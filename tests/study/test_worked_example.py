@@ -48,6 +48,8 @@ def test_launcher_writes_figures_and_summary(tmp_path):
     summary = json.loads((tmp_path / "example2.json").read_text())
     assert summary["mixed"]["minimax_fidelity"] == pytest.approx(5 / 12, rel=1e-12)
     assert summary["head1"]["node_fidelity"]["v"] == pytest.approx(0.375, rel=1e-12)
+    page = (tmp_path / "index.html").read_text()
+    assert '<select id="head"' in page and "Example 2" in page
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
 
 

@@ -1,0 +1,258 @@
+"""The report pages in a real browser (Chromium, driven by Playwright), opened from disk:
+no console error and no failed request, the layer and head controls redraw the table with
+the record's own numbers, the attention heatmap is drawn within 2 s, and the page is not
+blank. Skips, saying why, where Chromium or Playwright is missing (CI installs both)."""
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PIL_Image
+
+from beyondpar import measure
+from beyondpar.analysis import corpus as corpus_lib
+from beyondpar.analysis import corpus_report, pages, text_report
+from beyondpar.analysis import text as text_lib
+from beyondpar.reports import html
+from beyondpar.study import evaluate, report, worked_example
+from helpers.paths import DATA
+
+CHROMIUM = Path(os.environ.get("BEYONDPAR_CHROMIUM", "/usr/bin/chromium"))  # as launch/test.sh
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HF = DATA / "hf"
+TEXT = DATA / "text" / "declaration.txt"
+SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
+FIRST_HEATMAP_MS = 2000
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
+if shutil.which(str(CHROMIUM)) is None:
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def corpus_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus-page")
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=4, search_windows=1)
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
+    summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
+    corpus_report.write(summary, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("text-page")
+    text = TEXT.read_text()[:40]
+    text_report.write(text_lib.text_record(HF / "llama-tiny", text, SPEC), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def example2_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("example2-page")
+    worked_example.write(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def study_folder(one_epoch_run, tmp_path_factory):
+    """The one-epoch smoke run evaluated (a copy: the run is shared) and reported."""
+    root = tmp_path_factory.mktemp("study-page") / "runs"
+    shutil.copytree(one_epoch_run, root / "copy-h2")
+    evaluate.evaluate_tree(root, progress=False)
+    records = evaluate.read_records(root / evaluate.RECORDS_FILE)
+    report.write_report(records, root / "report", runs_root=root)
+    return root / "report"
+
+
+class Opened:
+    """A page opened from disk, with every console error and failed request it met."""
+
+    def __init__(self, browser, path: Path):
+        self.problems = []
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda err: self.problems.append(f"page error: {err}"))
+        self.page.on("requestfailed", lambda r: self.problems.append(f"failed: {r.url}"))
+        self.page.on("request", self._request)
+        self.page.goto(path.as_uri())
+        self.page.wait_for_selector("body[data-ready=true]", timeout=20000)
+
+    def _console(self, message):
+        if message.type == "error":
+            self.problems.append(f"console: {message.text}")
+
+    def _request(self, request):
+        if not request.url.startswith(("file://", "data:", "about:")):
+            self.problems.append(f"network: {request.url}")
+
+    def cells(self, row: str) -> dict:
+        """{field: mean} of the table row named `row`, at the precision the page holds."""
+        found = self.page.eval_on_selector_all(
+            f'#layer-table tr[data-row="{row}"] td[data-value]',
+            "tds => tds.map(td => [td.dataset.field, td.dataset.value])",
+        )
+        return {field: float(value) for field, value in found}
+
+
+def opened(browser, path):
+    page = Opened(browser, path)
+    yield page
+    page.page.close()
+    assert not page.problems, page.problems
+
+
+@pytest.fixture
+def corpus_page(browser, corpus_folder):
+    yield from opened(browser, corpus_folder / html.FILE)
+
+
+@pytest.fixture
+def text_page(browser, text_folder):
+    yield from opened(browser, text_folder / html.FILE)
+
+
+@pytest.fixture
+def example2_page(browser, example2_folder):
+    yield from opened(browser, example2_folder / html.FILE)
+
+
+@pytest.fixture
+def study_page(browser, study_folder):
+    yield from opened(browser, study_folder / html.FILE)
+
+
+def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
+    summary = json.loads((corpus_folder / "corpus.json").read_text())
+    page = corpus_page.page
+    page.select_option("#layer", "1")  # the second layer: key "1"
+    page.select_option("#head", "2")
+    layer = summary["layers"]["1"]
+    got = corpus_page.cells("head 2")
+    assert got["fidelity"] == layer["heads"]["fidelity"]["mean"][2]
+    assert got["sink_mass"] == layer["sink_mass"]["mean"][2]
+    assert got["hitting_time_normalized"] == layer["heads"]["hitting_time_normalized"]["mean"][2]
+    low = page.get_attribute(
+        '#layer-table tr[data-row="head 2"] td[data-field="fidelity"]', "data-low"
+    )
+    assert float(low) == layer["heads"]["fidelity"]["low"][2]
+    for mix, row in (("learned",) * 2, ("uniform",) * 2, ("optimal", "optimal, held out")):
+        cells = corpus_page.cells(f"mix: {row}")
+        assert cells["fidelity"] == layer["mixes"][mix]["fidelity"]["mean"]
+        assert cells["gain"] == layer["mixes"][mix]["gain"]["mean"]
+    assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 2"
+    page.wait_for_selector('#attention[data-drawn="1/2/0"]')
+    assert "head 2, layer 2" in page.text_content("#attention .gtitle")
+
+
+def test_keyboard_moves_the_head_and_the_flow_marks_the_worst_token(corpus_page, corpus_folder):
+    views = json.loads((corpus_folder / "views.json").read_text())["views"]
+    page = corpus_page.page
+    page.focus("#head")
+    page.keyboard.press("ArrowDown")
+    assert page.input_value("#head") == "1"
+    assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 1"
+    heads = views[0]["layers"]["0"]["heads"]
+    strip = '#flow-tokens [data-operator="head"] span'
+    worst = page.eval_on_selector_all(strip, "s => s.findIndex(x => x.className === 'worst')")
+    assert worst == heads["worst_token"][1] // views[0]["pool"]
+    shown = page.eval_on_selector_all(strip, "s => s.map(x => +x.dataset.value)")
+    assert shown == heads["values"][1]
+    mixes = views[0]["layers"]["0"]["mixes"]
+    uniform = '#flow-tokens [data-operator="uniform"] span'
+    shown = page.eval_on_selector_all(uniform, "s => s.map(x => +x.dataset.value)")
+    assert shown == mixes["uniform"]["values"]
+
+
+def test_text_page_shows_the_records_means(text_page, text_folder):
+    record = json.loads((text_folder / "analysis.json").read_text())
+    page = text_page.page
+    page.select_option("#layer", "1")
+    page.select_option("#head", "3")
+    layer = record["layers"]["1"]
+    got = text_page.cells("head 3")
+    assert got["fidelity"] == pytest.approx(np.mean(np.asarray(layer["heads"]["fidelity"])[:, 3]))
+    learned = text_page.cells("mix: learned")
+    assert learned["fidelity"] == pytest.approx(np.mean(layer["mixes"]["learned"]["fidelity"]))
+    assert page.locator("#attention .heatmaplayer").count() == 1
+
+
+def test_first_heatmap_is_drawn_quickly_and_the_page_is_not_blank(text_page):
+    page = text_page.page
+    drawn = page.evaluate("window.beyondparFirstHeatmapMs")
+    assert drawn is not None and drawn < FIRST_HEATMAP_MS, f"first heatmap after {drawn} ms"
+    image = np.asarray(PIL_Image.open(io.BytesIO(page.screenshot(full_page=True))))
+    assert image.std() > 10, "the screenshot is (nearly) one colour"
+
+
+def test_example2_page_shows_each_operators_fidelity_and_worst_node(example2_page, example2_folder):
+    result = json.loads((example2_folder / "example2.json").read_text())
+    page = example2_page.page
+    page.select_option("#head", "1")
+    assert example2_page.cells("head 2")["fidelity"] == result["head2"]["minimax_fidelity"]
+    assert example2_page.cells("mix: 0.5 / 0.5")["fidelity"] == result["mixed"]["minimax_fidelity"]
+    page.wait_for_selector('#attention[data-drawn="0/1/0"]')
+    # Head 2 loses most of u: 25% of it reaches tau.
+    assert page.text_content('#flow-tokens [data-operator="head"] span.worst') == "u"
+
+
+def test_study_page_shows_each_runs_layers_and_its_loss(study_page, study_folder):
+    results = json.loads((study_folder / "results.json").read_text())
+    page = study_page.page
+    layers = page.eval_on_selector_all("#layer option", "os => os.map(o => o.textContent)")
+    assert layers[:2] == ["copy-h2, layer 1", "copy-h2, layer 2"]
+    page.select_option("#layer", "1")
+    page.select_option("#head", "1")  # the smoke config has 2 heads
+    row = next(r for r in results if r["layer"] == 2)
+    learned = study_page.cells("mix: learned")
+    assert learned["fidelity"] == row["fidelity_fraction_mean"]
+    assert learned["hitting_time"] == row["hitting_time_steps_mean"]
+    assert study_page.cells("head 1")["fidelity"] > 0
+    assert page.locator("#study-heads .scatterlayer .trace").count() > 0
+    assert page.locator("#study-loss .scatterlayer .trace").count() == 1
+
+
+def coalition_page(folder: Path) -> Path:
+    """A page of one 3-head layer whose record carries coalition values, and no views."""
+    layer = {
+        "heads": {"fidelity": [[0.1, 0.2, 0.3]]},
+        "mixes": {"uniform": {"fidelity": [0.4]}},
+        "coalitions": {
+            "shapley_fidelity": [[0.05, 0.1, 0.25]],
+            "interaction_fidelity": [[[0.0, 0.02, -0.01], [0.02, 0.0, 0.03], [-0.01, 0.03, 0.0]]],
+        },
+    }
+    record = {"source": "s", "num_sequences": 1, "seq_len": 4, "num_layers": 1, "num_heads": 3}
+    return html.write(folder, pages.text_page({**record, "layers": {"0": layer}}))
+
+
+def test_coalition_values_are_drawn_when_the_record_has_them(browser, tmp_path):
+    opened_page = Opened(browser, coalition_page(tmp_path))
+    page = opened_page.page
+    assert page.is_visible("#coalitions-section") and page.is_hidden("#view-section")
+    bars = page.locator("#coalitions-shapley .bars .point")
+    assert bars.count() == 3
+    assert page.locator("#coalitions-interaction .heatmaplayer").count() == 1
+    assert opened_page.cells("head 2")["fidelity"] == 0.3
+    page.close()
+    assert not opened_page.problems, opened_page.problems
