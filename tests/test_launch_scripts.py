@@ -173,3 +173,11 @@ def test_setup_env_needs_python_3_11_or_newer(tmp_path, minor, accepted):
         assert done.returncode == 1, done.stderr
         assert done.stderr == f"beyondpar needs Python 3.11 or newer; {fake} is Python 3.10.0\n"
         assert not (tmp_path / ".venv").exists()
+
+
+def test_no_launcher_shadows_a_standard_library_module():
+    """A script run as `python launch/x.py` puts launch/ first on the import path, so a
+    launcher named like a standard module (tokenize, logging, ...) breaks every other
+    launcher's imports (absl's logging imports tokenize through linecache)."""
+    names = {path.stem for path in (ROOT / "launch").glob("*.py")}
+    assert not names & set(sys.stdlib_module_names), names & set(sys.stdlib_module_names)

@@ -6,7 +6,7 @@ Formats (`data.format`; "auto" picks by the path):
   documents separated by blank lines.
 - "jsonl": one JSON object per line, the document in its `text_field` (a folder: every
   file under it read so).
-- "shards": a folder written by `launch/tokenize.py` (it holds `index.json`), read by
+- "shards": a folder written by `launch/tokenize_corpus.py` (it holds `index.json`), read by
   `beyondpar.lm.shards`, not here.
 
 The default corpus (`data.path` ""), real text on every Python 3.11 install, nothing to

@@ -233,7 +233,7 @@ def read_index(out, tok=None) -> dict:
     if not index.get("complete"):
         raise ValueError(
             f"data.path {out} must hold finished token shards, got unfinished ones "
-            "(rerun launch/tokenize.py to finish them)"
+            "(rerun launch/tokenize_corpus.py to finish them)"
         )
     if tok is not None and index.get("tokenizer_fingerprint") != tok.fingerprint:
         raise ValueError(
@@ -287,7 +287,7 @@ def tokenize_corpus(
     shard_documents: int = SHARD_DOCUMENTS,
     progress: bool = True,
 ) -> str:
-    """`launch/tokenize.py`: the corpus at `path` into shards in `out` by the tokenizer
+    """`launch/tokenize_corpus.py`: the corpus at `path` into shards in `out` by the tokenizer
     `tokenizer_spec` ("bytes", a tokenizer.json or a .gguf file); one line on the result."""
     tok = tokenizer.load(tokenizer_spec)
     return summary(write(path, fmt, text_field, tok, out, shard_documents, progress))

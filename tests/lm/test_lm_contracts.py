@@ -144,7 +144,7 @@ def test_launcher_reads_the_text_field(tmp_path):
     jsonl = lm_corpus.write_jsonl(tmp_path / "c.jsonl", texts, field="body")
     out = tmp_path / "s"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "tokenize.py")]
+        [sys.executable, str(ROOT / "launch" / "tokenize_corpus.py")]
         + [f"--data_path={jsonl}", "--text_field=body", f"--out={out}"],
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """Token shards: written once, read back as the in-memory tokenization, resumed after a
 kill without redoing finished shards, refused when made from another tokenizer or
-corpus; and launch/tokenize.py, which writes them."""
+corpus; and launch/tokenize_corpus.py, which writes them."""
 
 import subprocess
 import sys
@@ -125,7 +125,7 @@ def test_empty_corpus_writes_nothing(tmp_path):
 def run_launcher(*args):
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     return subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "tokenize.py"), *args],
+        [sys.executable, str(ROOT / "launch" / "tokenize_corpus.py"), *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -134,7 +134,7 @@ def run_launcher(*args):
 
 
 def test_launcher_writes_shards(text_folder, tmp_path, texts):
-    """launch/tokenize.py parses its flags and writes the folder (its one-line errors are
+    """launch/tokenize_corpus.py parses its flags and writes the folder (its one-line errors are
     cli.run's, tested with it)."""
     out = tmp_path / "s"
     done = run_launcher(f"--data_path={text_folder}", f"--out={out}", "--shard_documents=16")

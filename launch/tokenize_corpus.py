@@ -1,23 +1,15 @@
 """Tokenize a corpus once into token shards that training reads (`data.path` = --out):
 
-  python launch/tokenize.py --data_path=corpus.jsonl --tokenizer=tokenizer.json --out=shards
+  python launch/tokenize_corpus.py --data_path=corpus.jsonl --tokenizer=tokenizer.json --out=shards
 
 A killed run (even kill -9) resumes when rerun: finished shards are kept and skipped.
 An --out made from another tokenizer or corpus is refused.
 """
 
-import os
-import sys
+from absl import flags
 
-# This file shares its name with the standard library's `tokenize`, which absl's imports
-# need: run as a script, its folder must not shadow it on the import path.
-if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
-    del sys.path[0]
-
-from absl import flags  # noqa: E402
-
-from beyondpar.base import cli  # noqa: E402
-from beyondpar.lm import shards  # noqa: E402
+from beyondpar.base import cli
+from beyondpar.lm import shards
 
 DATA_PATH = flags.DEFINE_string(
     "data_path", "", "Corpus: folder of text files, .jsonl or .txt ('' = the default corpus)."
