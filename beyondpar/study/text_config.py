@@ -1,0 +1,155 @@
+"""The config of a language-model run (`configs/lm.py`), its checks, and its arithmetic:
+FLOPs per token, devices' peak rates and the throughput a size should reach.
+
+Every head count of a size has the same parameters: `model.embed_dim` is fixed and each
+of H heads gets embed_dim / H features (`model.ModelConfig.head_dim`), so the sweep over
+heads compares models of one size whose heads only partition the same features.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from beyondpar import model as model_lib
+from beyondpar.base import checks
+from beyondpar.lm import data as data_lib
+from beyondpar.study import config_lib
+
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+SWEEP_HEADS = (1, 2, 4, 8, 16)  # every head count of the study divides each size's d_model
+
+# Dense bfloat16 peak FLOP/s per chip, from the vendors' data sheets, by a word of
+# `jax.Device.device_kind`; CPUs have none (no model FLOPs utilisation is logged there).
+PEAK_FLOPS = {
+    "H100": 989e12,
+    "H200": 989e12,
+    "A100": 312e12,
+    "TPU v5 lite": 197e12,  # v5e
+    "TPU v5e": 197e12,
+    "TPU v4": 275e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,  # v6e
+}
+
+
+def base_text_config() -> ml_collections.ConfigDict:
+    """Fields of every language-model run; `configs/lm.py` sets a named size over them."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.size = "cpu"
+    c.model = config_lib.base_config().model
+    c.model.dropout_rate = 0.0
+    c.data = data_lib.default_data_config()
+    c.seq_len = 128
+    c.compute_dtype = "auto"  # bfloat16 on accelerators, float32 on CPU
+    c.optim = ml_collections.ConfigDict(
+        dict(
+            learning_rate=3e-3,
+            min_learning_rate_ratio=0.1,  # the cosine ends at this share of the peak
+            warmup_steps=50,
+            steps=600,
+            batch_size=32,
+            microbatches=1,  # gradient accumulation: the batch in this many slices
+            weight_decay=0.1,
+            beta1=0.9,
+            beta2=0.95,
+            clip_norm=1.0,
+        )
+    )
+    c.eval_every_steps = 100
+    c.log_every_steps = 20
+    c.checkpoint_every_steps = 100
+    c.keep_checkpoints = 3
+    c.progress_bar = True
+    c.distributed = config_lib.base_config().distributed
+    # Held-out loss on `heldout_windows` fixed windows; the graph measures on the first
+    # `graph_windows` of them, cut to `graph_tokens` tokens (the cost is O(T^2) per head).
+    c.evaluation = ml_collections.ConfigDict(
+        dict(
+            heldout_windows=64,
+            graph_windows=8,
+            graph_tokens=128,
+            horizon=100,
+            max_steps=100,
+            eps=0.25,
+            folds=2,
+        )
+    )
+    return c
+
+
+def is_text(config: ml_collections.ConfigDict) -> bool:
+    """Whether `config` is a language-model run (it has a corpus) rather than a task's."""
+    return "data" in config
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raise ValueError for a language-model config that cannot run, before any work."""
+    cfg = config_lib.model_config(config)
+    o = config.optim
+    checks.one_of("compute_dtype", config.compute_dtype, COMPUTE_DTYPES)
+    if config.seq_len > cfg.max_len:
+        raise ValueError(f"seq_len must be <= model.max_len={cfg.max_len}, got {config.seq_len}")
+    for name in ("learning_rate", "clip_norm"):
+        checks.positive_number(f"optim.{name}", o[name])
+    checks.unit_interval("optim.min_learning_rate_ratio", o.min_learning_rate_ratio)
+    counts = {
+        "seq_len": config.seq_len,
+        "optim.steps": o.steps,
+        "optim.batch_size": o.batch_size,
+        "optim.microbatches": o.microbatches,
+        "eval_every_steps": config.eval_every_steps,
+        "log_every_steps": config.log_every_steps,
+        "checkpoint_every_steps": config.checkpoint_every_steps,
+        "keep_checkpoints": config.keep_checkpoints,
+        "evaluation.heldout_windows": config.evaluation.heldout_windows,
+        "evaluation.graph_windows": config.evaluation.graph_windows,
+        "evaluation.graph_tokens": config.evaluation.graph_tokens,
+    }
+    for name, value in counts.items():
+        checks.positive_int(name, value)
+    checks.non_negative_int("optim.warmup_steps", o.warmup_steps)
+    if o.batch_size % o.microbatches:
+        raise ValueError(
+            f"optim.microbatches must divide optim.batch_size={o.batch_size}, got {o.microbatches}"
+        )
+
+
+def check_devices(config: ml_collections.ConfigDict, devices: int) -> None:
+    """Each device's share of the batch must split into `optim.microbatches` slices."""
+    o = config.optim
+    if o.batch_size % (devices * o.microbatches):
+        raise ValueError(
+            f"optim.batch_size must be divisible by the device count {devices} times "
+            f"optim.microbatches={o.microbatches}, got {o.batch_size}"
+        )
+
+
+def non_embedding_params(cfg: model_lib.ModelConfig) -> int:
+    """Parameters the per-token matrix products use: the layers and the output head (not
+    the token and position embeddings, which are lookups)."""
+    d, f = cfg.embed_dim, cfg.mlp_dim
+    per_layer = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 2 * d
+    return cfg.num_layers * per_layer + d * cfg.vocab_size + cfg.vocab_size
+
+
+def flops_per_token(cfg: model_lib.ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward and backward): 6 N for the products with the N
+    non-embedding parameters plus 12 L d T for the attention scores and mixes, the count
+    of the PaLM paper's appendix B (attention counted over the full T x T)."""
+    return 6 * non_embedding_params(cfg) + 12 * cfg.num_layers * cfg.embed_dim * seq_len
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """Dense bfloat16 peak FLOP/s of one chip of `device_kind`; None where unknown (CPUs)."""
+    for word, peak in PEAK_FLOPS.items():
+        if word.lower() in device_kind.lower():
+            return peak
+    return None
+
+
+def expected_tokens_per_second(
+    cfg: model_lib.ModelConfig, seq_len: int, peak: float, devices: int, mfu: float = 0.4
+) -> float:
+    """Tokens per second at model FLOPs utilisation `mfu` of `devices` chips of `peak`."""
+    return mfu * peak * devices / flops_per_token(cfg, seq_len)
