@@ -25,8 +25,15 @@ from beyondpar import checkpoints
 from beyondpar import model as model_lib
 from beyondpar.base import locks, parallel
 from beyondpar.lm import data as data_lib
-from beyondpar.study import config_lib, tensorboard, text_config, text_graphs, text_optim
-from beyondpar.study import text_step, train
+from beyondpar.study import (
+    config_lib,
+    tensorboard,
+    text_config,
+    text_graphs,
+    text_optim,
+    text_step,
+    train,
+)
 from beyondpar.study import workdir as workdir_lib
 from beyondpar.study.workdir import CHECKPOINT_DIR, METRICS_FILE
 
