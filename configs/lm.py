@@ -33,6 +33,7 @@ SIZES = {
     "cpu": dict(
         hardware="2 CPU cores",
         devices=1,
+        memory_gb=None,
         model=dict(embed_dim=128, num_layers=4, mlp_dim=512, max_len=128),
         seq_len=128,
         optim=dict(batch_size=32, microbatches=1, learning_rate=3e-3, warmup_steps=50, steps=600),
@@ -41,6 +42,7 @@ SIZES = {
     "gpu": dict(
         hardware="one H100",
         devices=1,
+        memory_gb=80,
         model=GPT2_SMALL,
         seq_len=1024,
         optim=dict(
@@ -51,6 +53,7 @@ SIZES = {
     "gpu8": dict(
         hardware="eight H100s",
         devices=8,
+        memory_gb=80,
         model=GPT2_SMALL,
         seq_len=1024,
         optim=dict(
@@ -61,6 +64,7 @@ SIZES = {
     "tpu": dict(
         hardware="a TPU v5e-16 pod slice",
         devices=16,
+        memory_gb=16,
         model=GPT2_SMALL,
         seq_len=1024,
         optim=dict(

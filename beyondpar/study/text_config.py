@@ -153,3 +153,18 @@ def expected_tokens_per_second(
 ) -> float:
     """Tokens per second at model FLOPs utilisation `mfu` of `devices` chips of `peak`."""
     return mfu * peak * devices / flops_per_token(cfg, seq_len)
+
+
+def memory_per_device_bytes(config: ml_collections.ConfigDict, devices: int, act_bytes: int) -> int:
+    """An estimate of one device's training memory: float32 parameters, gradients and
+    two AdamW moments (16 bytes a parameter, replicated), plus the activations one
+    microbatch keeps for its backward pass at `act_bytes` per element: per layer the
+    attention probabilities (b H T^2) and about 12 b T d and 2 b T F stream values,
+    then the float32 logits (b T V)."""
+    cfg = config_lib.model_config(config)
+    b = config.optim.batch_size // (devices * config.optim.microbatches)
+    t, d = config.seq_len, cfg.embed_dim
+    params = non_embedding_params(cfg) + (cfg.vocab_size + cfg.max_len) * d
+    per_layer = b * cfg.num_heads * t * t + 12 * b * t * d + 2 * b * t * cfg.mlp_dim
+    activations = act_bytes * cfg.num_layers * per_layer + 4 * b * t * cfg.vocab_size
+    return 16 * params + activations
