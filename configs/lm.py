@@ -26,7 +26,7 @@ peak over the training FLOPs per token (6 N + 12 L d T, `text_config.flops_per_t
         (16 chips of 197 TFLOP/s, 16 GB each): about 2.0e6 tokens/s.
 """
 
-from beyondpar.study import config_lib, text_config
+from beyondpar.study import config_lib
 
 GPT2_SMALL = dict(embed_dim=768, num_layers=12, mlp_dim=3072, max_len=1024)
 SIZES = {
@@ -80,7 +80,7 @@ def get_config(arg=None):
     if args.size not in SIZES:
         raise ValueError(f"config argument size must be one of {sorted(SIZES)}, got {args.size!r}")
     size = SIZES[args.size]
-    config = text_config.base_text_config()
+    config = config_lib.base_text_config()
     config.size = args.size
     config.seed = args.seed
     config.model.update(size["model"], num_heads=args.heads)
