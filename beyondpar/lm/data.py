@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import sys
 from pathlib import Path
 
 import ml_collections
@@ -64,6 +65,10 @@ class TextData:
 
     def num_windows(self, seq_len: int) -> int:
         return packing.num_windows(self.train_tokens, seq_len)
+
+    def epoch(self, step: int, batch_size: int, seq_len: int) -> float:
+        """Passes over the training windows completed before `step` (for logging)."""
+        return step * batch_size / self.order(batch_size, seq_len).count
 
     def order(self, batch_size: int, seq_len: int) -> order_lib.BatchOrder:
         """The training order as a grain MapDataset: `[step]` -> the global batch's
@@ -150,6 +155,11 @@ def check_vocab(text_data: TextData, model_vocab_size: int) -> None:
 def load(data_config, seed: int, cache_dir: str | None = None) -> TextData:
     """The corpus of `data_config` tokenized (cached), split and packed for `seed`."""
     checks.non_negative_int("seed", seed)
+    for field in ("path", "format", "text_field", "tokenizer", "shard_dir"):
+        if not isinstance(data_config[field], str):
+            raise ValueError(f"data.{field} must be a string, got {data_config[field]!r}")
+    if not data_config.text_field:
+        raise ValueError("data.text_field must name the documents' field, got ''")
     fraction = checks.open_unit_interval("data.heldout_fraction", data_config.heldout_fraction)
     path = str(data_config.path)
     fmt = corpus.resolve_format(path, data_config.format)
@@ -182,7 +192,9 @@ def shard_folder(data_config, path: str, fmt: str, tok, cache_dir) -> Path | Non
     """Where the corpus's token shards are cached (None: kept in memory)."""
     if data_config.shard_dir:
         return Path(data_config.shard_dir).expanduser()
-    where = f"{Path(path).expanduser().resolve() if path else ''}\0{fmt}\0{data_config.text_field}"
+    # The default corpus is the running Python's library: another Python, another cache.
+    source = Path(path).expanduser().resolve() if path else f"default {sys.version}"
+    where = f"{source}\0{fmt}\0{data_config.text_field}"
     tag = hashlib.sha256(f"{where}\0{tok.fingerprint}".encode()).hexdigest()[:12]
     if cache_dir:
         return Path(cache_dir).expanduser() / f"tokens-{tag}"

@@ -161,7 +161,8 @@ def write(
             files.write_json(out / INDEX, {**wanted, "complete": False})
         try:
             docs = itertools.chain([first], docs)
-            totals = _write_shards(docs, tok, out, shard_documents, progress)
+            total = corpus.count_hint(path, fmt)
+            totals = _write_shards(docs, tok, out, shard_documents, progress, total)
         except ValueError:
             if created:  # bad input found part way: leave no folder that looks resumable
                 shutil.rmtree(out, ignore_errors=True)
@@ -179,9 +180,10 @@ def _remove_partial(out: Path) -> None:
             npy.unlink(missing_ok=True)
 
 
-def _write_shards(docs, tok, out: Path, shard_documents: int, progress: bool) -> dict:
+def _write_shards(docs, tok, out: Path, shard_documents: int, progress: bool, total=None) -> dict:
     counts = {"num_shards": 0, "documents": 0, "tokens": 0}
-    with tqdm.tqdm(desc="tokenizing", unit="doc", disable=not progress) as bar:
+    bar = tqdm.tqdm(desc="tokenizing", unit="doc", total=total, disable=not progress)
+    with bar:
         for index in itertools.count():
             batch = list(itertools.islice(docs, shard_documents))
             if not batch:

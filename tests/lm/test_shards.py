@@ -135,7 +135,7 @@ def test_launcher_writes_shards(text_folder, tmp_path, texts):
     assert done.stdout.splitlines() == [
         f"{out}: {total} tokens of 41 documents in 3 shard(s), tokenizer bytes (vocabulary 256)"
     ]
-    assert "tokenizing: 41doc" in done.stderr  # the progress bar
+    assert "tokenizing: 100%" in done.stderr and "41/41" in done.stderr  # the progress bar
 
 
 def test_split_streams_on_disk_equal_those_in_memory(text_folder, tmp_path):
