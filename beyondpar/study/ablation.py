@@ -1,4 +1,6 @@
 """Scripted ablations: a grid over config fields -> trained runs -> records -> report.
+A grid of language models (`configs/lm_ablation.py`) is reported from the evaluations
+its runs logged while training (`text_report`).
 
 Training is resumable run by run: a finished run (its final checkpoint saved) is never
 trained again, an unfinished one resumes from its latest checkpoint, and evaluation
@@ -18,7 +20,7 @@ import tqdm
 
 from beyondpar import checkpoints
 from beyondpar.base import locks
-from beyondpar.study import config_lib, evaluate, report, runs
+from beyondpar.study import config_lib, evaluate, report, runs, text_config, text_report
 from beyondpar.study import workdir as workdir_lib
 
 REPORT_DIR = "report"
@@ -127,6 +129,9 @@ def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progres
     configs = validated_configs(ablation)
     with locks.lock(workdir):
         failed = _train_all(configs, workdir, progress)
+        if all(text_config.is_text(c) for c in configs.values()):
+            # A language model's evaluations are in its metrics, made while it trained.
+            return text_report.write_report(workdir, configs, workdir / REPORT_DIR, failed), failed
         _, failures = evaluate.evaluate_tree(workdir, ablation.steps, progress)
         records = [
             r for r in evaluate.read_records(workdir / evaluate.RECORDS_FILE) if r["run"] in configs

@@ -14,8 +14,9 @@ from tensorboard.backend.event_processing import event_accumulator
 from beyondpar import checkpoints
 from beyondpar import model as model_lib
 from beyondpar.lm import data as data_lib
-from beyondpar.study import runs, tensorboard, text_config, text_optim, text_step, text_training
-from configs import lm
+from beyondpar.study import ablation, runs, tensorboard, text_config, text_optim, text_report
+from beyondpar.study import text_step, text_training
+from configs import lm, lm_ablation
 
 TINY = dict(embed_dim=32, num_layers=2, mlp_dim=64, max_len=32)
 
@@ -198,3 +199,23 @@ def test_lm_train_bfloat16_compute_keeps_float32_parameters():
     full = text_step.window_loss_sums(module, params, windows)[0]
     half = text_step.window_loss_sums(module, params, windows, jnp.bfloat16)[0]
     np.testing.assert_allclose(half, full, rtol=2e-2)
+
+
+def test_lm_train_ablation_grid_commands_and_report(tmp_path):
+    config = lm_ablation.get_config("seeds=2")
+    commands = ablation.dry_run(config, tmp_path)
+    assert len(commands) == 5 * 2
+    assert "configs/lm.py:size=cpu" in commands[0] and "--config.model.num_heads=1" in commands[0]
+    configs = ablation.validated_configs(config)
+    for i, (name, run) in enumerate(configs.items()):
+        values = {"eval/bits_per_byte": 2.0 + i, "eval/loss": 1.0}
+        for layer in (1, 2, 3, 4):
+            values.update({f"layer{layer}/{key}": 0.5 for key, _ in text_report.LAYER_MEASURES})
+        (tmp_path / name).mkdir()
+        line = json.dumps({"step": run.optim.steps, **values})
+        (tmp_path / name / "metrics.jsonl").write_text(line + "\n")
+    report, _ = text_report.write_report(tmp_path, configs, tmp_path / "report", [])
+    text = report.read_text()
+    steps = lm.get_config().optim.steps
+    assert f"| 1 | 2 | 2.500 ± 0.500 | {steps} |" in text
+    assert "| layer | H=1 | H=2 | H=4 | H=8 | H=16 |" in text
