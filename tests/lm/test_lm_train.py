@@ -14,8 +14,16 @@ from tensorboard.backend.event_processing import event_accumulator
 from beyondpar import checkpoints
 from beyondpar import model as model_lib
 from beyondpar.lm import data as data_lib
-from beyondpar.study import ablation, runs, tensorboard, text_config, text_optim, text_report
-from beyondpar.study import text_step, text_training
+from beyondpar.study import (
+    ablation,
+    runs,
+    tensorboard,
+    text_config,
+    text_optim,
+    text_report,
+    text_step,
+    text_training,
+)
 from configs import lm, lm_ablation
 
 TINY = dict(embed_dim=32, num_layers=2, mlp_dim=64, max_len=32)
