@@ -89,7 +89,10 @@ def test_other_tokenizer_or_corpus_is_refused(text_folder, tmp_path):
     ):
         write(text_folder, out, gguf)
     (text_folder / "doc_000.txt").write_text("changed")
-    with pytest.raises(ValueError, match="holds token shards of another corpus"):
+    with pytest.raises(
+        ValueError,
+        match=r"another corpus: expected corpus '.*corpus \(\w{12}\)', got '.*corpus \(\w{12}\)'",
+    ):
         write(text_folder, out, Counting())
     with pytest.raises(
         ValueError,
@@ -104,6 +107,12 @@ def test_training_from_shards_equals_training_from_text(text_folder, tmp_path):
     sharded = data.load(lm_corpus.config(out), seed=1)
     assert direct.num_heldout_documents == sharded.num_heldout_documents
     np.testing.assert_array_equal(direct.train_batch(2, 4, 16), sharded.train_batch(2, 4, 16))
+
+
+def test_shards_are_not_tokenized_again(text_folder, tmp_path):
+    out = write(text_folder, tmp_path / "shards", Counting())
+    with pytest.raises(ValueError, match="data.path must be a text or JSON-lines corpus to "):
+        write(out, tmp_path / "again", Counting())
 
 
 def test_empty_corpus_writes_nothing(tmp_path):
