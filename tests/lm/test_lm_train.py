@@ -18,7 +18,6 @@ from beyondpar.lm import data as data_lib
 from beyondpar.study import (
     ablation,
     runs,
-    tensorboard,
     text_config,
     text_optim,
     text_report,
@@ -148,7 +147,7 @@ def test_lm_train_short_run_learns_below_the_unigram_entropy(text_run):
 
 
 def test_lm_train_tensorboard_events_read_back(text_run):
-    acc = event_accumulator.EventAccumulator(str(text_run / tensorboard.EVENTS_DIR))
+    acc = event_accumulator.EventAccumulator(str(text_run))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     wanted = {
