@@ -104,8 +104,9 @@ def test_lm_train_microbatches_give_the_full_batchs_gradient():
         total, count = text_step.window_loss_sums(module, p, piece)
         return total / count
 
-    want = text_step.accumulated_gradients(mean_loss, params, windows, 1)
-    got = text_step.accumulated_gradients(mean_loss, params, windows, 4)
+    gradients = jax.jit(text_step.accumulated_gradients, static_argnums=(0, 3))
+    want = gradients(mean_loss, params, windows, 1)
+    got = gradients(mean_loss, params, windows, 4)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, want)
 
@@ -201,12 +202,11 @@ def test_lm_train_bfloat16_compute_keeps_float32_parameters():
     module = model_lib.Transformer(cfg)
     params = model_lib.init_params(module, jax.random.PRNGKey(0), 8)
     windows = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 17)
-    grads = jax.grad(lambda p: text_step.window_loss_sums(module, p, windows, jnp.bfloat16)[0])(
-        params
-    )
+    loss = jax.jit(lambda p, dtype: text_step.window_loss_sums(module, p, windows, dtype)[0],
+                   static_argnums=1)  # fmt: skip
+    grads = jax.jit(jax.grad(loss), static_argnums=1)(params, jnp.bfloat16)
     assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
-    full = text_step.window_loss_sums(module, params, windows)[0]
-    half = text_step.window_loss_sums(module, params, windows, jnp.bfloat16)[0]
+    full, half = loss(params, jnp.float32), loss(params, jnp.bfloat16)
     np.testing.assert_allclose(half, full, rtol=2e-2)
 
 
