@@ -3,6 +3,11 @@ short run that learns, its TensorBoard events, and resumption."""
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 import types
 from pathlib import Path
 
@@ -24,24 +29,9 @@ from beyondpar.study import (
     text_step,
 )
 from configs import lm, lm_ablation
+from helpers.lm_training import tiny_config
 
-TINY = dict(embed_dim=32, num_layers=2, mlp_dim=64, max_len=32)
-
-
-def tiny_config(steps=150, **optim):
-    config = lm.get_config("heads=2")
-    config.model.update(TINY)
-    config.seq_len = 32
-    config.optim.update(
-        dict(batch_size=16, learning_rate=1e-2, warmup_steps=10, steps=steps), **optim
-    )
-    config.log_every_steps = 25
-    config.eval_every_steps = 75
-    config.checkpoint_every_steps = 50
-    config.progress_bar = False
-    config.evaluation.update(heldout_windows=16, graph_windows=4, graph_tokens=16, horizon=20)
-    config.evaluation.max_steps = 20
-    return config
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -170,20 +160,27 @@ def test_lm_train_tensorboard_events_read_back(text_run):
     assert bpb[-1].value == pytest.approx(last["eval/bits_per_byte"], rel=1e-6)
 
 
-def test_lm_train_resume_after_interruption_gives_identical_parameters(
-    text_run, tmp_path, monkeypatch
-):
-    real_save = checkpoints.save
+KILLED_RUN = """
+import sys, jax
+jax.config.update("jax_num_cpu_devices", 4)
+from beyondpar.study import runs
+from helpers.lm_training import tiny_config
+runs.train_and_evaluate(tiny_config(), sys.argv[1])
+"""
 
-    def save_then_die(mgr, step, state, force=False):
-        real_save(mgr, step, state, force)
-        if step == 100:
-            raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoints, "save", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        runs.train_and_evaluate(tiny_config(), str(tmp_path))
-    monkeypatch.setattr(checkpoints, "save", real_save)
+def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_path):
+    """A run killed (SIGKILL) once its step-50 checkpoint is on disk, then started
+    again, ends with the uninterrupted run's parameters and metrics lines."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    process = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path)], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 240
+    while not checkpoints.list_steps(tmp_path / "checkpoints") and time.monotonic() < deadline:
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoints.list_steps(tmp_path / "checkpoints")[-1] < 150
     runs.train_and_evaluate(tiny_config(), str(tmp_path))
     step, resumed = checkpoints.load(Path(tmp_path) / "checkpoints")
     step_full, full = checkpoints.load(text_run / "checkpoints")
