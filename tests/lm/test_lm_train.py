@@ -225,3 +225,19 @@ def test_lm_train_ablation_grid_commands_and_report(tmp_path):
     steps = lm.get_config().optim.steps
     assert f"| 1 | 2 | 2.500 ± 0.500 | {steps} |" in text
     assert "| layer | H=1 | H=2 | H=4 | H=8 | H=16 |" in text
+
+
+def test_lm_train_documented_throughput_is_the_flops_estimate():
+    """configs/lm.py's expected tokens/s: 40% of the named chips' peak over the training
+    FLOPs per token of each size's model."""
+    chips = {"gpu": ("NVIDIA H100 80GB HBM3", 1), "gpu8": ("H100", 8), "tpu": ("TPU v5 lite", 16)}
+    for size, (kind, devices) in chips.items():
+        config = lm.get_config(f"size={size}")
+        assert lm.SIZES[size]["devices"] == devices
+        cfg = model_lib.ModelConfig(**config.model.to_dict())
+        rate = text_config.expected_tokens_per_second(
+            cfg, config.seq_len, text_config.peak_flops(kind), devices
+        )
+        written = f"{rate:.1e}".replace("e+0", "e")  # 6.3e5
+        assert f"about {written} tokens/s" in lm.__doc__.replace("\n        ", " "), (size, rate)
+    assert text_config.peak_flops("cpu") is None
