@@ -1,6 +1,7 @@
 """Train one model:
 
   python launch/train.py --config=configs/cpu.py:task=cycle,heads=8 --workdir=runs/x
+  python launch/train.py --config=configs/lm.py:heads=4 --workdir=runs/lm_4   # text
 
 Overrides: --config.optim.learning_rate=3e-4 (a misspelt field is an error).
 """
@@ -9,7 +10,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from beyondpar.base import cli, parallel
-from beyondpar.study import train
+from beyondpar.study import runs
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].", lock_config=True)
 WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if present).")
@@ -22,7 +23,7 @@ def main(argv):
     config = cli.config(CONFIG)
     parallel.use_all_cpu_cores(config.optim.batch_size)
     try:
-        train.train_and_evaluate(config, WORKDIR.value)
+        runs.train_and_evaluate(config, WORKDIR.value)
     except FloatingPointError as err:  # a diverged run: named, with its last good step
         cli.fail(str(err))
 

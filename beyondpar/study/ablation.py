@@ -1,4 +1,6 @@
 """Scripted ablations: a grid over config fields -> trained runs -> records -> report.
+A grid of language models (`configs/lm_ablation.py`) is reported from the evaluations
+its runs logged while training (`text_report`).
 
 Training is resumable run by run: a finished run (its final checkpoint saved) is never
 trained again, an unfinished one resumes from its latest checkpoint, and evaluation
@@ -18,7 +20,7 @@ import tqdm
 
 from beyondpar import checkpoints
 from beyondpar.base import locks
-from beyondpar.study import config_lib, evaluate, report, train
+from beyondpar.study import config_lib, evaluate, report, runs, text_config, text_report
 from beyondpar.study import workdir as workdir_lib
 
 REPORT_DIR = "report"
@@ -68,8 +70,9 @@ def run_config(
 
 
 def check_point(config: ml_collections.ConfigDict) -> None:
-    """Everything a run needs before it trains: config, model, task, evaluation settings."""
-    config_lib.validate(config)
+    """Everything a run needs before it trains: config, model, task or corpus, evaluation
+    settings."""
+    runs.validate(config)
 
 
 def _load_base(ablation: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -102,7 +105,7 @@ def validated_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_colle
 
 def is_finished(run_dir: Path, config: ml_collections.ConfigDict) -> bool:
     steps = checkpoints.list_steps(run_dir / workdir_lib.CHECKPOINT_DIR)
-    return bool(steps) and steps[-1] >= train.total_steps(config)
+    return bool(steps) and steps[-1] >= runs.total_steps(config)
 
 
 def dry_run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike) -> list[str]:
@@ -126,6 +129,9 @@ def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progres
     configs = validated_configs(ablation)
     with locks.lock(workdir):
         failed = _train_all(configs, workdir, progress)
+        if all(text_config.is_text(c) for c in configs.values()):
+            # A language model's evaluations are in its metrics, made while it trained.
+            return text_report.write_report(workdir, configs, workdir / REPORT_DIR, failed), failed
         _, failures = evaluate.evaluate_tree(workdir, ablation.steps, progress)
         records = [
             r for r in evaluate.read_records(workdir / evaluate.RECORDS_FILE) if r["run"] in configs
@@ -151,7 +157,7 @@ def _train_all(configs: dict, workdir: Path, progress: bool) -> list[tuple[str, 
             continue
         config.progress_bar = progress
         try:
-            train.train_and_evaluate(config, str(workdir / name))
+            runs.train_and_evaluate(config, str(workdir / name))
         except Exception as err:  # noqa: BLE001 - NaN losses included: recorded, the grid goes on
             message = f"{type(err).__name__}: {err}".splitlines()[0]
             failed.append((name, message))

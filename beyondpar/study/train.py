@@ -271,7 +271,7 @@ class MetricsWriter:
             files.append_json_line(self.path, {"step": step, **values})
 
 
-def _check_finite(pending: list[tuple[int, jax.Array]], last_saved: int | None) -> list[float]:
+def check_finite(pending: list[tuple[int, jax.Array]], last_saved: int | None) -> list[float]:
     losses = [float(loss) for _, loss in pending]
     for (step, _), loss in zip(pending, losses, strict=True):
         if not np.isfinite(loss):
@@ -287,7 +287,7 @@ def _last_good(last_saved: int | None) -> str:
     return f"the last good checkpoint is step {last_saved}"
 
 
-def _all_finite(state) -> bool:
+def all_finite(state) -> bool:
     """Whether every float of the (replicated) state is finite, checked on the host from
     this process's copy: the state is a few MB, and a jitted check of its hundreds of
     leaves took longer to compile (1-3 s per run) than the host takes to read them."""
@@ -330,7 +330,7 @@ def _train(config, workdir: Path, mesh, main: bool) -> dict:
     mgr = checkpoints.manager(
         workdir / CHECKPOINT_DIR, config.checkpoint_every_steps, config.keep_checkpoints
     )
-    start, state = _resume(mgr, state, workdir, main)
+    start, state = resume(mgr, state, workdir, main)
     writer = MetricsWriter(workdir / METRICS_FILE, main)
     writer.truncate_after(start)
     loop = _Loop(config, mesh, module, tx, k["dropout"], writer, mgr, last_step)
@@ -343,7 +343,7 @@ def _train(config, workdir: Path, mesh, main: bool) -> dict:
     return state
 
 
-def _resume(mgr, state, workdir: Path, main: bool):
+def resume(mgr, state, workdir: Path, main: bool):
     """(first step, state) from the newest readable checkpoint; damaged newer ones are
     named and set aside."""
     start, restored, skipped = checkpoints.restore_newest_readable(mgr, state)
@@ -397,7 +397,7 @@ class _Loop:
         save_now = done % config.checkpoint_every_steps == 0 or done == self.last_step
         if not (any(boundary) or save_now):
             return None
-        losses = _check_finite(self.pending, self.last_saved)
+        losses = check_finite(self.pending, self.last_saved)
         values = {
             "train/loss": float(np.mean(losses)),
             "steps_per_s": len(self.pending) / (time.perf_counter() - self.t0),
@@ -418,13 +418,19 @@ class _Loop:
         return values
 
     def _save(self, state, done: int) -> None:
-        if not _all_finite(state):
-            raise FloatingPointError(
-                f"parameters or optimiser state are not finite at step {done}; stopped "
-                f"before saving them, {_last_good(self.last_saved)}"
-            )
-        checkpoints.save(self.mgr, done, state, force=done == self.last_step)
+        save_if_finite(self.mgr, state, done, self.last_saved, self.last_step)
         self.last_saved = done
+
+
+def save_if_finite(mgr, state, done: int, last_saved: int | None, last_step: int) -> None:
+    """Save step `done` (always the run's last); a non-finite state stops the run instead,
+    naming the last good checkpoint."""
+    if not all_finite(state):
+        raise FloatingPointError(
+            f"parameters or optimiser state are not finite at step {done}; stopped "
+            f"before saving them, {_last_good(last_saved)}"
+        )
+    checkpoints.save(mgr, done, state, force=done == last_step)
 
 
 def _summary(config, workdir, start, last_step, values, seconds) -> str:
