@@ -88,10 +88,11 @@ def mix_value_fn(
         total = mix.sum(-1)
         nonempty = np.flatnonzero((total > 0).any(0))
         out = np.full((b, len(m)), empty, a.dtype)
-        for start in range(0, len(nonempty), block):
-            part = nonempty[start : start + block]
+        size = min(block, _power_of_two(len(nonempty)))  # few shapes, little padding
+        for start in range(0, len(nonempty), size):
+            part = nonempty[start : start + size]
             rows = np.where(total[:, part, None] > 0, mix[:, part], 1.0)  # 1: any valid mix
-            out[:, part] = measure(_padded(rows / rows.sum(-1, keepdims=True), block))[
+            out[:, part] = measure(_padded(rows / rows.sum(-1, keepdims=True), size))[
                 :, : len(part)
             ]
         return out
@@ -123,6 +124,11 @@ def check_masks(masks_KxH, num_heads: int) -> np.ndarray:
     if m.ndim != 2 or m.shape[1] != num_heads or not np.isin(m, (0.0, 1.0)).all():
         raise ValueError(f"masks_KxH must be a (K, {num_heads}) array of 0/1, got shape {m.shape}")
     return m
+
+
+def _power_of_two(n: int) -> int:
+    """The smallest power of two at least n (1 for n = 0)."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _padded(rows_BxKxH: np.ndarray, block: int) -> np.ndarray:
