@@ -6,10 +6,10 @@ builds the one of the attention metrics; any other (a model's loss with the head
 the coalition masked, say) plugs into `values` and `sampled_shapley` the same way.
 
 A coalition's mix renormalises the head weights over its members: C_S = sum_{h in S} w_h
-A_h / sum_{h in S} w_h (uniform over the members when no weights are given). All mixes of
-a block of coalitions are ONE product, (normalised mask rows) @ (heads), then measured by
-the metric kernels in one call; blocks are sized to a memory budget and padded to one
-shape, so each objective compiles once.
+A_h / sum_{h in S} w_h (uniform over the members when no weights are given). The mixes of
+a block of coalitions are ONE product, (normalised mask rows) @ (heads), formed and
+measured in cache (`kernel`); calls come in a few shapes (a power of two of blocks), so
+each objective compiles a few times per layer shape.
 
 The empty coalition mixes nothing, and neither does a coalition whose members all weigh 0:
 it counts as the identity operator, every token keeping its own state (the kernels pad
@@ -23,20 +23,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
 
 from beyondpar import metrics
 from beyondpar.base import checks
-from beyondpar.coalitions import game
+from beyondpar.coalitions import game, kernel
 
 OBJECTIVES = ("fidelity", "hitting_time")
 HORIZON = 100  # the metric kernels' and the per-layer measurement's horizon and max_steps
 WALK = "reference"  # the metric kernels' walk (the paper's estimator)
 MAX_EXACT_HEADS = 16  # 65,536 coalitions; beyond, sample (`sampled_shapley`)
-BLOCK_BYTES = 256 * 2**20  # mixed operators of one block of coalitions
 PROGRESS_CHUNK = 4096  # coalitions per step of the progress bar
 
 ValueFn = Callable[[np.ndarray], np.ndarray]
@@ -53,7 +51,7 @@ def mix_value_fn(
     objective: str = "fidelity",
     horizon: int | None = None,
     walk: str = WALK,
-    block_bytes: int = BLOCK_BYTES,
+    block_size: int | None = None,
 ) -> ValueFn:
     """value_fn(masks_KxH) -> (B, K) NumPy in the attention's dtype: the objective of each
     coalition's mix.
@@ -61,7 +59,8 @@ def mix_value_fn(
     `attn_BxHxTxT`: B sets of H heads' attention (checked once, here); `weights_H`: (H,) or
     (B, H) non-negative head weights, None for uniform; `objective`: "fidelity" (minimax
     fidelity) or "hitting_time" (on `walk`); `horizon`: the fidelity's horizon or the
-    hitting time's max_steps (None: 100, as the per-layer measurement)."""
+    hitting time's max_steps (None: 100, as the per-layer measurement); `block_size`:
+    coalitions per block (None: as many mixes as fit the cache, `kernel.block_size`)."""
     a = metrics.check_operator(checks.as_float_array("attn_BxHxTxT", attn_BxHxTxT), "attn_BxHxTxT")
     if a.ndim != 4:
         raise ValueError(f"attn_BxHxTxT must have shape (B, H, T, T), got shape {a.shape}")
@@ -70,15 +69,11 @@ def mix_value_fn(
     horizon = HORIZON if horizon is None else checks.positive_int("horizon", horizon)
     b, h, t = a.shape[0], a.shape[1], a.shape[-1]
     w = np.asarray(_weights(weights_H, b, h), np.float64)
-    per_coalition = b * t * t * a.dtype.itemsize
-    block = max(1, checks.positive_int("block_bytes", block_bytes) // per_coalition)
+    block = kernel.block_size(b, t, a.dtype.itemsize)
+    if block_size is not None:
+        block = checks.positive_int("block_size", block_size)
     measure = functools.partial(
-        _measure_block,
-        a,
-        objective=objective,
-        horizon=horizon,
-        walk=walk,
-        causal=metrics.is_causal(a),
+        kernel.measure_mixes, a, objective=objective, horizon=horizon, walk=walk, block=block
     )
     empty = empty_value(objective, t, horizon)
 
@@ -88,13 +83,15 @@ def mix_value_fn(
         total = mix.sum(-1)
         nonempty = np.flatnonzero((total > 0).any(0))
         out = np.full((b, len(m)), empty, a.dtype)
-        size = min(block, _power_of_two(len(nonempty)))  # few shapes, little padding
+        # Calls of a few shapes: a power of two of blocks, at most a chunk's worth.
+        most = block * _power_of_two(-(-PROGRESS_CHUNK // block))
+        size = min(most, block * _power_of_two(-(-len(nonempty) // block)))
         for start in range(0, len(nonempty), size):
             part = nonempty[start : start + size]
             rows = np.where(total[:, part, None] > 0, mix[:, part], 1.0)  # 1: any valid mix
-            out[:, part] = measure(_padded(rows / rows.sum(-1, keepdims=True), size))[
-                :, : len(part)
-            ]
+            rows = kernel.padded_rows(rows / rows.sum(-1, keepdims=True), size)
+            values = np.asarray(measure(jnp.asarray(rows, a.dtype)))
+            out[:, part] = np.where(total[:, part] > 0, values[:, : len(part)], empty)
         return out
 
     value_fn.num_heads = h
@@ -129,28 +126,6 @@ def check_masks(masks_KxH, num_heads: int) -> np.ndarray:
 def _power_of_two(n: int) -> int:
     """The smallest power of two at least n (1 for n = 0)."""
     return 1 << max(0, n - 1).bit_length()
-
-
-def _padded(rows_BxKxH: np.ndarray, block: int) -> np.ndarray:
-    """The block's mixing rows padded (with copies of its first) to `block` coalitions:
-    every block has one shape, so the kernels compile once."""
-    short = block - rows_BxKxH.shape[1]
-    if short <= 0:
-        return rows_BxKxH
-    return np.concatenate([rows_BxKxH, np.repeat(rows_BxKxH[:, :1], short, axis=1)], axis=1)
-
-
-def _measure_block(attn, rows_BxKxH, *, objective, horizon, walk, causal):
-    """(B, K) objective of the K mixes: one product, one kernel call."""
-    mixed = _mix(jnp.asarray(rows_BxKxH, attn.dtype), attn)
-    # Mixes of checked rows are row-stochastic (and causal when the heads are).
-    out = metrics.objective_unchecked(mixed, objective, horizon, horizon, walk, causal)
-    return np.asarray(out)
-
-
-@jax.jit
-def _mix(rows_BxKxH, attn_BxHxTxT):
-    return jnp.einsum("bkh,bhij->bkij", rows_BxKxH, attn_BxHxTxT)
 
 
 def all_values(value_fn: ValueFn, num_heads: int, progress: bool = False) -> np.ndarray:

@@ -61,7 +61,7 @@ def test_small_blocks_give_the_same_values():
     """Blocks of a memory budget, the last padded to the common shape."""
     attn = graphs.random_causal(2, (2, 5), 8)
     whole = coalitions.values(attn)
-    fn = coalitions.mix_value_fn(attn, block_bytes=3 * 2 * 8 * 8 * 4)  # 3 coalitions
+    fn = coalitions.mix_value_fn(attn, block_size=3)
     np.testing.assert_allclose(coalitions.values(value_fn=fn), whole, rtol=1e-6)
     masks = coalitions.coalition_masks(5)[[31, 0, 4, 7, 4]]
     np.testing.assert_allclose(fn(masks), whole[:, [31, 0, 4, 7, 4]], rtol=1e-6)
@@ -120,3 +120,22 @@ def test_bad_inputs_are_refused():
     fn = coalitions.mix_value_fn(graphs.random_causal(5, (1, 3), 5))
     with pytest.raises(ValueError, match="masks_KxH must be a \\(K, 3\\) array of 0/1"):
         fn(np.full((2, 3), 0.5))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_long_and_non_causal_attention(causal):
+    """Past the kernels' triangular threshold (64 tokens), and on attention that reads
+    later tokens too (no early stop of the fidelity)."""
+    t = 70 if causal else 12
+    attn = graphs.random_causal(6, (2, 3), t)
+    if not causal:
+        attn = np.random.default_rng(6).dirichlet(np.ones(t), (2, 3, t)).astype(np.float32)
+    for objective, measure in [
+        ("fidelity", lambda c: metrics.minimax_fidelity(c, 100)),
+        ("hitting_time", lambda c: metrics.hitting_time(c, 100, "reference")),
+    ]:
+        v = coalitions.values(attn, objective=objective)
+        for c in (1, 5, 7):
+            members = [h for h in range(3) if c >> h & 1]
+            want = measure(graphs.combine_heads(attn[:, members]))
+            np.testing.assert_allclose(v[:, c], want, rtol=2e-5, atol=1e-6, err_msg=objective)

@@ -1,0 +1,148 @@
+"""The objective of many mixes of the same heads, each mix formed where it is measured.
+
+Forming every coalition's mix in memory first writes B K T^2 floats and reads them back
+(a gigabyte per layer of a 9-head model on 32 windows of 128 tokens), which costs more
+than measuring them: minimax fidelity settles within a few steps. Here a block of
+coalitions is ONE product, (its normalised mask rows) @ (the sequence's heads), formed
+in cache (a block fits the kernels' cache budget on CPU; on an accelerator a memory
+budget) and measured at once by the same recursions as the metric kernels
+(`metrics.minimax_fidelity`, `metrics.hitting_time`), with the same early stops: each
+loop ends once no later step can change its value.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from beyondpar import metrics
+from beyondpar.base import parallel
+from beyondpar.metrics import operators
+
+_HIGHEST = lax.Precision.HIGHEST
+SETTLE_MARGIN = 1e-3  # relative margin of an early stop over float32 rounding
+DEVICE_BYTES = 2**30  # mixes in flight at once on an accelerator
+
+
+def block_size(num_sequences: int, num_tokens: int, itemsize: int) -> int:
+    """Coalitions per block: as many mixes as stay in cache on CPU (the metric kernels'
+    budget), as fit `DEVICE_BYTES` over all sequences on an accelerator."""
+    one = num_tokens * num_tokens * itemsize
+    if jax.default_backend() == "cpu":
+        return max(1, metrics.CPU_BLOCK_BYTES // one)
+    return max(1, DEVICE_BYTES // (one * num_sequences))
+
+
+def measure_mixes(attn_BxHxTxT, rows_BxKxH, objective: str, horizon: int, walk: str, block: int):
+    """(B, K): the objective of the K mixes sum_h rows[b, k, h] attn[b, h] of every
+    sequence b. Rows are convex weights of checked (row-stochastic) heads; K a multiple
+    of `block`. Sequences are split over local devices (padded to a multiple of them)."""
+    b = attn_BxHxTxT.shape[0]
+    mesh = parallel.local_mesh(b)
+    devices = 1 if mesh is None else mesh.size
+    pad = -b % devices
+    if pad:
+        attn_BxHxTxT = jnp.concatenate([attn_BxHxTxT, jnp.repeat(attn_BxHxTxT[:1], pad, 0)])
+        rows_BxKxH = jnp.concatenate([rows_BxKxH, jnp.repeat(rows_BxKxH[:1], pad, 0)])
+    run = functools.partial(
+        _measure, objective=objective, horizon=horizon, walk=walk, block=block, mesh=mesh
+    )
+    return run(attn_BxHxTxT, rows_BxKxH)[:b]
+
+
+@functools.partial(jax.jit, static_argnames=("objective", "horizon", "walk", "block", "mesh"))
+def _measure(attn, rows, *, objective, horizon, walk, block, mesh):
+    h = attn.shape[1]
+    by_sequence = jax.default_backend() == "cpu"
+
+    def local(attn, rows):
+        def one_sequence(args):
+            a, r = args
+
+            def one_block(r_block):
+                mixed = jnp.einsum("kh,hij->kij", r_block, a, precision=_HIGHEST)
+                if objective == "fidelity":
+                    return settled_minimax(mixed, horizon)
+                return settled_hitting(mixed, horizon, walk)
+
+            return lax.map(one_block, r.reshape(-1, block, h)).reshape(-1)
+
+        return lax.map(one_sequence, (attn, rows), batch_size=None if by_sequence else len(attn))
+
+    if mesh is None:
+        return local(attn, rows)
+    spec = P(parallel.DATA)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)(
+        attn, rows
+    )
+
+
+def settled_minimax(c_KxTxT, horizon: int) -> jax.Array:
+    """min_j max_{1<=t<=horizon} s_t[j] of causal or general row-stochastic operators, the
+    loop ended once the minimum is settled. A causal row sends a token's share only to
+    itself and earlier tokens, so the share at or after the token with the lowest running
+    maximum bounds every later value of it; for other operators the bound never holds
+    and the loop runs all `horizon` steps."""
+    k, t = c_KxTxT.shape[0], c_KxTxT.shape[-1]
+    tokens = jnp.arange(t)
+    causal = jnp.all(jnp.triu(c_KxTxT, 1) == 0)
+    growth = jnp.maximum(jnp.max(jnp.sum(c_KxTxT, axis=-1)), 1)
+
+    def settled(step, s, best):
+        j = jnp.argmin(best, axis=-1)
+        tail = jnp.sum(jnp.where(tokens >= j[:, None], s, 0), axis=-1)
+        bound = tail * growth ** (horizon - step) * (1 + SETTLE_MARGIN)
+        return causal & jnp.all(bound < jnp.min(best, axis=-1))
+
+    def cond(carry):
+        step, s, best = carry
+        return (step < horizon) & ~settled(step, s, best)
+
+    def body(carry):
+        step, s, best = carry
+        s = jnp.einsum("ki,kij->kj", s, c_KxTxT, precision=_HIGHEST)
+        return step + 1, s, jnp.maximum(best, s)
+
+    sink = jnp.broadcast_to(jax.nn.one_hot(t - 1, t, dtype=c_KxTxT.dtype), (k, t))
+    _, _, best = lax.while_loop(cond, body, (0, sink, jnp.zeros_like(sink)))
+    return jnp.min(best, axis=-1)
+
+
+def settled_hitting(c_KxTxT, max_steps: int, walk: str) -> jax.Array:
+    """(1/T) sum_i sum_{t<max_steps} S_t[i] on `walk`, as the metric kernels sum it: the
+    survival row advanced step by step, the loop ended once the mass left would round
+    away in every sum."""
+    k, t = c_KxTxT.shape[0], c_KxTxT.shape[-1]
+    off_sink = jnp.broadcast_to(1 - jax.nn.one_hot(t - 1, t, dtype=c_KxTxT.dtype), (k, t))
+    if walk == "reference":
+        mat, scale = operators.walk_columns(c_KxTxT, "reference"), off_sink
+    else:
+        mat, scale = c_KxTxT, operators.normalized_scale(c_KxTxT) * off_sink
+    growth = jnp.maximum(jnp.max(jnp.sum(mat * scale[:, None], axis=-1)), 1)
+
+    def done(step, mass, hit):
+        left = mass * growth ** (max_steps - 1 - step) * (1 + SETTLE_MARGIN)
+        return (step >= max_steps - 1) | jnp.all(left < (jnp.nextafter(hit, jnp.inf) - hit) / 2)
+
+    def body(carry):
+        step, v, hit, _ = carry
+        v = jnp.einsum("ki,kij->kj", v, mat, precision=_HIGHEST) * scale
+        mass = jnp.sum(v, -1)
+        return step + 1, v, hit + mass, done(step + 1, mass, hit + mass)
+
+    hit0 = jnp.full((k,), t - 1, c_KxTxT.dtype)  # S_0 summed: T - 1 starts off the sink
+    start = (0, off_sink, hit0, done(0, hit0, hit0))
+    return lax.while_loop(lambda carry: ~carry[3], body, start)[2] / t
+
+
+def padded_rows(rows_BxKxH: np.ndarray, size: int) -> np.ndarray:
+    """Mixing rows padded (with copies of the first coalition) to `size` coalitions."""
+    short = size - rows_BxKxH.shape[1]
+    if short <= 0:
+        return rows_BxKxH
+    return np.concatenate([rows_BxKxH, np.repeat(rows_BxKxH[:, :1], short, axis=1)], axis=1)
