@@ -66,9 +66,7 @@ def _measure(attn, rows, *, objective, horizon, walk, block, mesh):
 
             def one_block(r_block):
                 mixed = jnp.einsum("kh,hij->kij", r_block, a, precision=_HIGHEST)
-                if objective == "fidelity":
-                    return settled_minimax(mixed, horizon)
-                return settled_hitting(mixed, horizon, walk)
+                return _objective(mixed, objective, horizon, walk)
 
             return lax.map(one_block, r.reshape(-1, block, h)).reshape(-1)
 
@@ -80,6 +78,75 @@ def _measure(attn, rows, *, objective, horizon, walk, block, mesh):
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)(
         attn, rows
     )
+
+
+def measure_coalitions(
+    attn_BxHxTxT, weights_BxH, first: int, count: int, low_bits: int, **kw
+) -> jax.Array:
+    """(B, count 2^low_bits): the objective of coalitions first 2^low_bits ... (first +
+    count) 2^low_bits - 1 (bitmask indices), `weights_BxH` renormalised over each.
+
+    Every coalition is a high part (bits low_bits and up) and a low part, and its
+    unnormalised mix the sum of theirs: per sequence the 2^low_bits low mixes are formed
+    once, and a block (one high part, every low part) costs one high mix and one add per
+    entry and coalition rather than H multiply-adds. Coalitions of weight 0 (the empty
+    one) are measured as the heads' mean: the caller sets their value. `kw`: objective,
+    horizon, walk."""
+    b = attn_BxHxTxT.shape[0]
+    mesh = parallel.local_mesh(b)
+    devices = 1 if mesh is None else mesh.size
+    pad = -b % devices
+    if pad:
+        attn_BxHxTxT = jnp.concatenate([attn_BxHxTxT, jnp.repeat(attn_BxHxTxT[:1], pad, 0)])
+        weights_BxH = jnp.concatenate([weights_BxH, jnp.repeat(weights_BxH[:1], pad, 0)])
+    run = functools.partial(_by_parts, count=count, low_bits=low_bits, mesh=mesh, **kw)
+    return run(attn_BxHxTxT, weights_BxH, jnp.asarray(first, jnp.int32))[:b]
+
+
+@functools.partial(
+    jax.jit, static_argnames=("count", "low_bits", "mesh", "objective", "horizon", "walk")
+)
+def _by_parts(attn, weights, first, *, count, low_bits, mesh, objective, horizon, walk):
+    h = attn.shape[1]
+    bits = jnp.arange(h)
+    low_masks = (jnp.arange(2**low_bits)[:, None] >> bits[:low_bits]) & 1
+    high_masks = ((first + jnp.arange(count))[:, None] >> (bits[low_bits:] - low_bits)) & 1
+    by_sequence = jax.default_backend() == "cpu"
+
+    def local(attn, weights):
+        def one_sequence(args):
+            a, w = args
+            w_low = low_masks.astype(a.dtype) * w[:low_bits]
+            u_low = jnp.einsum("kh,hij->kij", w_low, a[:low_bits], precision=_HIGHEST)
+            # Weightless coalitions measure the heads' mean instead: a mix of 0 would never
+            # let the fidelity's early stop fire for its block.
+            fallback = jnp.mean(a, axis=0)
+
+            def one_block(high):
+                w_high = high.astype(a.dtype) * w[low_bits:]
+                u_high = jnp.einsum("h,hij->ij", w_high, a[low_bits:], precision=_HIGHEST)
+                total = jnp.sum(w_low, -1) + jnp.sum(w_high)
+                scale = 1 / jnp.where(total > 0, total, 1)
+                mixed = (u_low + u_high) * scale[:, None, None]
+                mixed = jnp.where((total > 0)[:, None, None], mixed, fallback)
+                return _objective(mixed, objective, horizon, walk)
+
+            return lax.map(one_block, high_masks).reshape(-1)
+
+        return lax.map(one_sequence, (attn, weights), batch_size=None if by_sequence else len(attn))
+
+    if mesh is None:
+        return local(attn, weights)
+    spec = P(parallel.DATA)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)(
+        attn, weights
+    )
+
+
+def _objective(mixed_KxTxT, objective: str, horizon: int, walk: str):
+    if objective == "fidelity":
+        return settled_minimax(mixed_KxTxT, horizon)
+    return settled_hitting(mixed_KxTxT, horizon, walk)
 
 
 def settled_minimax(c_KxTxT, horizon: int) -> jax.Array:

@@ -20,7 +20,6 @@ sink) and its hitting time is max_steps (T - 1) / T (no walk ever arrives; the s
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -52,9 +51,9 @@ def mix_value_fn(
     horizon: int | None = None,
     walk: str = WALK,
     block_size: int | None = None,
-) -> ValueFn:
+) -> MixGame:
     """value_fn(masks_KxH) -> (B, K) NumPy in the attention's dtype: the objective of each
-    coalition's mix.
+    coalition's mix (a `MixGame`, which also tabulates every coalition fast).
 
     `attn_BxHxTxT`: B sets of H heads' attention (checked once, here); `weights_H`: (H,) or
     (B, H) non-negative head weights, None for uniform; `objective`: "fidelity" (minimax
@@ -68,34 +67,64 @@ def mix_value_fn(
     walk = checks.one_of("walk", walk, metrics.WALKS)
     horizon = HORIZON if horizon is None else checks.positive_int("horizon", horizon)
     b, h, t = a.shape[0], a.shape[1], a.shape[-1]
-    w = np.asarray(_weights(weights_H, b, h), np.float64)
     block = kernel.block_size(b, t, a.dtype.itemsize)
     if block_size is not None:
         block = checks.positive_int("block_size", block_size)
-    measure = functools.partial(
-        kernel.measure_mixes, a, objective=objective, horizon=horizon, walk=walk, block=block
-    )
-    empty = empty_value(objective, t, horizon)
+    w = np.asarray(_weights(weights_H, b, h), np.float64)
+    settings = dict(objective=objective, horizon=horizon, walk=walk)
+    return MixGame(a, w, block, settings, empty_value(objective, t, horizon))
 
-    def value_fn(masks_KxH) -> np.ndarray:
-        m = check_masks(masks_KxH, h)
-        mix = m[None] * w[:, None, :]  # B x K x H
+
+class MixGame:
+    """The game of the mixes of a layer's heads (`mix_value_fn`): called on a (K, H) mask
+    batch it gives (B, K) values; `every_coalition` tabulates all 2^H of them."""
+
+    def __init__(self, attn, weights_BxH, block: int, settings: dict, empty: float):
+        self.attn, self.weights, self.block = attn, weights_BxH, block
+        self.settings, self.empty = settings, empty
+        self.num_heads = attn.shape[1]
+
+    def __call__(self, masks_KxH) -> np.ndarray:
+        m = check_masks(masks_KxH, self.num_heads)
+        mix = m[None] * self.weights[:, None, :]  # B x K x H
         total = mix.sum(-1)
         nonempty = np.flatnonzero((total > 0).any(0))
-        out = np.full((b, len(m)), empty, a.dtype)
+        out = np.full((len(mix), len(m)), self.empty, self.attn.dtype)
         # Calls of a few shapes: a power of two of blocks, at most a chunk's worth.
-        most = block * _power_of_two(-(-PROGRESS_CHUNK // block))
-        size = min(most, block * _power_of_two(-(-len(nonempty) // block)))
+        most = self.block * _power_of_two(-(-PROGRESS_CHUNK // self.block))
+        size = min(most, self.block * _power_of_two(-(-len(nonempty) // self.block)))
         for start in range(0, len(nonempty), size):
             part = nonempty[start : start + size]
             rows = np.where(total[:, part, None] > 0, mix[:, part], 1.0)  # 1: any valid mix
             rows = kernel.padded_rows(rows / rows.sum(-1, keepdims=True), size)
-            values = np.asarray(measure(jnp.asarray(rows, a.dtype)))
-            out[:, part] = np.where(total[:, part] > 0, values[:, : len(part)], empty)
+            values = kernel.measure_mixes(
+                self.attn, jnp.asarray(rows, self.attn.dtype), block=self.block, **self.settings
+            )
+            out[:, part] = np.where(
+                total[:, part] > 0, np.asarray(values)[:, : len(part)], self.empty
+            )
         return out
 
-    value_fn.num_heads = h
-    return value_fn
+    def every_coalition(self, progress: bool = False) -> np.ndarray:
+        """(B, 2^H) in index order, each block one high part of the index and every low
+        part (`kernel.measure_coalitions`), in calls of one shape."""
+        h = self.num_heads
+        low = min(h, max(0, self.block.bit_length() - 1))  # 2^low mixes per block
+        highs = 2 ** (h - low)
+        count = min(highs, max(1, PROGRESS_CHUNK >> low))
+        w = jnp.asarray(self.weights, self.attn.dtype)
+        parts = []
+        bar = tqdm.tqdm(total=2**h, desc="coalitions", unit="coalition", disable=not progress)
+        with bar:
+            for first in range(0, highs, count):
+                parts.append(
+                    kernel.measure_coalitions(self.attn, w, first, count, low, **self.settings)
+                )
+                bar.update(count << low)
+                parts[-1] = np.asarray(parts[-1])
+        out = np.concatenate(parts, axis=-1)
+        weightless = self.weights @ game.coalition_masks(h).T <= 0
+        return np.where(weightless, self.empty, out).astype(self.attn.dtype)
 
 
 def _weights(weights_H, b: int, h: int) -> np.ndarray:
@@ -128,15 +157,21 @@ def _power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def all_values(value_fn: ValueFn, num_heads: int, progress: bool = False) -> np.ndarray:
-    """(B, 2^H): `value_fn` on every coalition, in index order (bit h = head h), in chunks
-    with a progress bar when `progress`."""
+def check_exact(num_heads: int) -> int:
+    """`num_heads`, checked to allow a table of every coalition."""
     h = checks.positive_int("num_heads", num_heads)
     if h > MAX_EXACT_HEADS:
         raise ValueError(
             f"num_heads must be at most {MAX_EXACT_HEADS} for every coalition, got {h}: "
             "sample Shapley values instead (sampled_shapley, or shapley_values(samples=...))"
         )
+    return h
+
+
+def all_values(value_fn: ValueFn, num_heads: int, progress: bool = False) -> np.ndarray:
+    """(B, 2^H): `value_fn` on every coalition, in index order (bit h = head h), in chunks
+    with a progress bar when `progress`."""
+    h = check_exact(num_heads)
     masks = game.coalition_masks(h)
     parts = []
     with tqdm.tqdm(
@@ -172,7 +207,10 @@ def values(
             raise ValueError("values needs attn_BxHxTxT or value_fn, got neither")
         value_fn = mix_value_fn(attn_BxHxTxT, weights_H, objective, horizon, walk)
         num_heads = value_fn.num_heads
-    elif num_heads is None:
+    if isinstance(value_fn, MixGame) and num_heads in (None, value_fn.num_heads):
+        check_exact(value_fn.num_heads)
+        return value_fn.every_coalition(progress)
+    if num_heads is None:
         num_heads = getattr(value_fn, "num_heads", None)
         if num_heads is None:
             raise ValueError("values with a value_fn needs num_heads, got None")

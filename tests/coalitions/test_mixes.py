@@ -139,3 +139,15 @@ def test_long_and_non_causal_attention(causal):
             members = [h for h in range(3) if c >> h & 1]
             want = measure(graphs.combine_heads(attn[:, members]))
             np.testing.assert_allclose(v[:, c], want, rtol=2e-5, atol=1e-6, err_msg=objective)
+
+
+def test_the_table_and_the_mask_batches_agree():
+    """`every_coalition` (high and low parts of the index) against calls on masks, with a
+    weightless head and per-sequence weights."""
+    attn = graphs.random_causal(7, (2, 5), 9)
+    weights = np.array([[1.0, 0.0, 2.0, 1.0, 0.5], [0.0, 1.0, 1.0, 3.0, 1.0]])
+    for block in (1, 4, 64):
+        fn = coalitions.mix_value_fn(attn, weights, block_size=block)
+        np.testing.assert_allclose(
+            fn.every_coalition(), fn(coalitions.coalition_masks(5)), rtol=1e-6, atol=1e-7
+        )
