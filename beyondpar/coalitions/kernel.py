@@ -66,7 +66,7 @@ def _measure(attn, rows, *, objective, horizon, walk, block, mesh):
 
             def one_block(r_block):
                 mixed = jnp.einsum("kh,hij->kij", r_block, a, precision=_HIGHEST)
-                return _objective(mixed, objective, horizon, walk)
+                return _objective(mixed, objective, horizon, walk, a)
 
             return lax.map(one_block, r.reshape(-1, block, h)).reshape(-1)
 
@@ -129,7 +129,7 @@ def _by_parts(attn, weights, first, *, count, low_bits, mesh, objective, horizon
                 scale = 1 / jnp.where(total > 0, total, 1)
                 mixed = (u_low + u_high) * scale[:, None, None]
                 mixed = jnp.where((total > 0)[:, None, None], mixed, fallback)
-                return _objective(mixed, objective, horizon, walk)
+                return _objective(mixed, objective, horizon, walk, a)
 
             return lax.map(one_block, high_masks).reshape(-1)
 
@@ -143,22 +143,25 @@ def _by_parts(attn, weights, first, *, count, low_bits, mesh, objective, horizon
     )
 
 
-def _objective(mixed_KxTxT, objective: str, horizon: int, walk: str):
+def _objective(mixed_KxTxT, objective: str, horizon: int, walk: str, heads_HxTxT=None):
     if objective == "fidelity":
-        return settled_minimax(mixed_KxTxT, horizon)
+        return settled_minimax(mixed_KxTxT, horizon, heads_HxTxT)
     return settled_hitting(mixed_KxTxT, horizon, walk)
 
 
-def settled_minimax(c_KxTxT, horizon: int) -> jax.Array:
+def settled_minimax(c_KxTxT, horizon: int, heads_HxTxT=None) -> jax.Array:
     """min_j max_{1<=t<=horizon} s_t[j] of causal or general row-stochastic operators, the
     loop ended once the minimum is settled. A causal row sends a token's share only to
     itself and earlier tokens, so the share at or after the token with the lowest running
     maximum bounds every later value of it; for other operators the bound never holds
-    and the loop runs all `horizon` steps."""
+    and the loop runs all `horizon` steps. `heads_HxTxT`: the heads the operators mix,
+    when they are mixes of them: their causality and largest row sum hold for every mix,
+    and are read from H matrices rather than from every mix."""
     k, t = c_KxTxT.shape[0], c_KxTxT.shape[-1]
     tokens = jnp.arange(t)
-    causal = jnp.all(jnp.triu(c_KxTxT, 1) == 0)
-    growth = jnp.maximum(jnp.max(jnp.sum(c_KxTxT, axis=-1)), 1)
+    c = c_KxTxT if heads_HxTxT is None else heads_HxTxT
+    causal = jnp.all(jnp.triu(c, 1) == 0)
+    growth = jnp.maximum(jnp.max(jnp.sum(c, axis=-1)), 1)
 
     def settled(step, s, best):
         j = jnp.argmin(best, axis=-1)
