@@ -31,27 +31,31 @@ def coalitions_suite(
     paper_layers: int = 1,
     reference: str | None = None,
     objective: str = "fidelity",
+    smollm2_config: dict | None = None,
+    paper_heads: int = 16,
 ) -> dict:
     """Every coalition of every SmolLM2 layer, then of `paper_layers` layers (the last
     ones) of the 16-head model, with progress bars; the attention's forward pass is timed
     apart. The first call of each shape compiles: `repeats` > 1 times the best of later
     ones (of the SmolLM2 part; the 16-head part runs once). The machine's float32 matmul
-    rate, measured first, tells a slower or busier day apart."""
+    rate, measured first, tells a slower or busier day apart. `smollm2_config` and
+    `paper_heads`: other shapes, with random weights (a test's tiny ones)."""
     rate = matmul_flops_per_s(3)
     result = {"devices": len(jax.local_devices()), "matmul_gflop_per_s": rate / 1e9}
-    result["smollm2"] = _smollm2(windows, tokens, repeats, objective)
-    result["paper_16_heads"] = _paper(sequences, paper_layers, reference, objective)
+    result["smollm2"] = _smollm2(windows, tokens, repeats, objective, smollm2_config)
+    result["paper_16_heads"] = _paper(sequences, paper_layers, reference, objective, paper_heads)
     print_result(_lines(result), result)
     return result
 
 
-def _smollm2(windows: int, tokens: int, repeats: int, objective: str) -> dict:
-    path = smollm2_gguf()
+def _smollm2(windows: int, tokens: int, repeats: int, objective: str, config) -> dict:
+    path = smollm2_gguf() if config is None else None
     if path is None:
-        module, params = random_model(SMOLLM2_135M)
+        module, params = random_model(SMOLLM2_135M if config is None else config)
     else:
         module, params, _ = pretrained.load(str(path))
-    ids = jnp.asarray(random_windows(windows, tokens, SMOLLM2_135M["vocab_size"]).tokens)
+    vocab = (config or SMOLLM2_135M)["vocab_size"]
+    ids = jnp.asarray(random_windows(windows, tokens, vocab).tokens)
     (_, attn), forward_s = timed(lambda: pretrained.apply_with_attention(module, params, ids))
     attn = np.asarray(attn, np.float32)  # B x L x H x T x T
     times = [_every_layer(attn, objective, "SmolLM2 layers") for _ in range(max(1, repeats))]
@@ -80,18 +84,18 @@ def _every_layer(attn_BxLxHxTxT, objective: str, desc: str):
     return timed(run)
 
 
-def _paper(sequences: int, layers: int, reference: str | None, objective: str) -> dict:
+def _paper(sequences: int, layers: int, reference: str | None, objective: str, heads: int):
     if reference is None:
-        module = model_lib.Transformer(model_lib.ModelConfig(num_heads=16))
+        module = model_lib.Transformer(model_lib.ModelConfig(num_heads=heads))
         params = model_lib.init_params(module, jax.random.PRNGKey(0))
     else:
-        module, params = released.import_reference(reference, 16)
+        module, params = released.import_reference(reference, heads)
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, 100, 256)
     inputs = jnp.asarray(examples.inputs)
     (_, attn), forward_s = timed(lambda: model_lib.apply_with_attention(module, params, inputs))
     attn = np.asarray(attn, np.float32)[:, -layers:]
     values, seconds = timed(lambda: _progress_layers(attn, objective))
-    name = "paper 16 heads " + ("checkpoint" if reference else "shape, random weights")
+    name = f"paper {heads} heads " + ("checkpoint" if reference else "shape, random weights")
     return _part(name, attn, values, forward_s, seconds, seconds)
 
 
