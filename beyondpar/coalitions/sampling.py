@@ -12,7 +12,7 @@ import numpy as np
 import tqdm
 
 from beyondpar.base import checks
-from beyondpar.coalitions import game, mixes
+from beyondpar.coalitions import game, mix_game
 
 
 def orders(key, num_heads: int, permutations: int) -> np.ndarray:
@@ -22,7 +22,7 @@ def orders(key, num_heads: int, permutations: int) -> np.ndarray:
 
 
 def sampled_shapley(
-    value_fn: mixes.ValueFn,
+    value_fn: mix_game.ValueFn,
     num_heads: int,
     permutations: int,
     key,
@@ -53,7 +53,7 @@ def sampled_shapley(
 def _evaluate(value_fn, masks_KxH: np.ndarray, progress: bool) -> np.ndarray:
     """(B, K): `value_fn` on the masks, in chunks with a progress bar when `progress`."""
     parts = []
-    chunk = mixes.PROGRESS_CHUNK
+    chunk = mix_game.PROGRESS_CHUNK
     with tqdm.tqdm(
         total=len(masks_KxH), desc="coalitions", unit="coalition", disable=not progress
     ) as bar:
@@ -68,10 +68,10 @@ def shapley_values(
     weights_H=None,
     objective: str = "fidelity",
     horizon: int | None = None,
-    walk: str = mixes.WALK,
+    walk: str = mix_game.WALK,
     samples: int | None = None,
     key=None,
-    value_fn: mixes.ValueFn | None = None,
+    value_fn: mix_game.ValueFn | None = None,
     num_heads: int | None = None,
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -82,16 +82,16 @@ def shapley_values(
     if value_fn is None:
         if attn_BxHxTxT is None:
             raise ValueError("shapley_values needs attn_BxHxTxT or value_fn, got neither")
-        value_fn = mixes.mix_value_fn(attn_BxHxTxT, weights_H, objective, horizon, walk)
+        value_fn = mix_game.mix_value_fn(attn_BxHxTxT, weights_H, objective, horizon, walk)
     h = num_heads if num_heads is not None else getattr(value_fn, "num_heads", None)
     if h is None:
         raise ValueError("shapley_values with a value_fn needs num_heads, got None")
-    if samples is None and h > mixes.MAX_EXACT_HEADS:
+    if samples is None and h > mix_game.MAX_EXACT_HEADS:
         raise ValueError(
-            f"samples must be given for more than {mixes.MAX_EXACT_HEADS} heads, got {h} heads"
+            f"samples must be given for more than {mix_game.MAX_EXACT_HEADS} heads, got {h} heads"
         )
     if samples is None:
-        table = mixes.values(value_fn=value_fn, num_heads=h, progress=progress)
+        table = mix_game.values(value_fn=value_fn, num_heads=h, progress=progress)
         phi = np.asarray(game.shapley(table))
         return phi, np.zeros_like(phi)
     key = jax.random.PRNGKey(0) if key is None else key
