@@ -12,7 +12,9 @@ loop ends once no later step can change its value.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -42,17 +44,36 @@ def measure_mixes(attn_BxHxTxT, rows_BxKxH, objective: str, horizon: int, walk: 
     """(B, K): the objective of the K mixes sum_h rows[b, k, h] attn[b, h] of every
     sequence b. Rows are convex weights of checked (row-stochastic) heads; K a multiple
     of `block`. Sequences are split over local devices (padded to a multiple of them)."""
+    run = functools.partial(_measure, objective=objective, horizon=horizon, walk=walk, block=block)
+    return over_sequences(run, attn_BxHxTxT, rows_BxKxH)
+
+
+def over_sequences(run, attn_BxHxTxT, per_sequence, threads: int | None = None) -> jax.Array:
+    """run(attn, per_sequence, mesh=...) -> (B, ...) split over the sequences: over local
+    devices (padded to a multiple of them), or with one CPU device (a plain session or
+    notebook) over one thread per core, as the metric kernels do; `threads` forces that
+    many."""
     b = attn_BxHxTxT.shape[0]
-    mesh = parallel.local_mesh(b)
-    devices = 1 if mesh is None else mesh.size
-    pad = -b % devices
+    mesh = None if threads else parallel.local_mesh(b)
+    if threads is None:
+        one_cpu = jax.default_backend() == "cpu" and len(jax.local_devices()) == 1
+        threads = min(os.cpu_count() or 1, b) if one_cpu else 1
+    parts = mesh.size if mesh is not None else threads
+    pad = -b % parts
     if pad:
         attn_BxHxTxT = jnp.concatenate([attn_BxHxTxT, jnp.repeat(attn_BxHxTxT[:1], pad, 0)])
-        rows_BxKxH = jnp.concatenate([rows_BxKxH, jnp.repeat(rows_BxKxH[:1], pad, 0)])
-    run = functools.partial(
-        _measure, objective=objective, horizon=horizon, walk=walk, block=block, mesh=mesh
-    )
-    return run(attn_BxHxTxT, rows_BxKxH)[:b]
+        per_sequence = jnp.concatenate([per_sequence, jnp.repeat(per_sequence[:1], pad, 0)])
+    if mesh is not None or parts == 1:
+        return run(attn_BxHxTxT, per_sequence, mesh=mesh)[:b]
+    size = (b + pad) // parts
+    a, p = np.asarray(attn_BxHxTxT), np.asarray(per_sequence)  # views, not copies
+
+    def part(i):
+        cut = slice(i * size, (i + 1) * size)
+        return jax.block_until_ready(run(a[cut], p[cut], mesh=None))
+
+    with concurrent.futures.ThreadPoolExecutor(parts) as pool:
+        return jnp.concatenate(list(pool.map(part, range(parts))))[:b]
 
 
 @functools.partial(jax.jit, static_argnames=("objective", "horizon", "walk", "block", "mesh"))
@@ -92,21 +113,15 @@ def measure_coalitions(
     entry and coalition rather than H multiply-adds. Coalitions of weight 0 (the empty
     one) are measured as the heads' mean: the caller sets their value. `kw`: objective,
     horizon, walk."""
-    b = attn_BxHxTxT.shape[0]
-    mesh = parallel.local_mesh(b)
-    devices = 1 if mesh is None else mesh.size
-    pad = -b % devices
-    if pad:
-        attn_BxHxTxT = jnp.concatenate([attn_BxHxTxT, jnp.repeat(attn_BxHxTxT[:1], pad, 0)])
-        weights_BxH = jnp.concatenate([weights_BxH, jnp.repeat(weights_BxH[:1], pad, 0)])
-    run = functools.partial(_by_parts, count=count, low_bits=low_bits, mesh=mesh, **kw)
-    return run(attn_BxHxTxT, weights_BxH, jnp.asarray(first, jnp.int32))[:b]
+    first = jnp.asarray(first, jnp.int32)
+    run = functools.partial(_by_parts, first=first, count=count, low_bits=low_bits, **kw)
+    return over_sequences(run, attn_BxHxTxT, weights_BxH)
 
 
 @functools.partial(
     jax.jit, static_argnames=("count", "low_bits", "mesh", "objective", "horizon", "walk")
 )
-def _by_parts(attn, weights, first, *, count, low_bits, mesh, objective, horizon, walk):
+def _by_parts(attn, weights, *, first, count, low_bits, mesh, objective, horizon, walk):
     h = attn.shape[1]
     bits = jnp.arange(h)
     low_masks = (jnp.arange(2**low_bits)[:, None] >> bits[:low_bits]) & 1
