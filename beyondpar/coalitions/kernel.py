@@ -201,18 +201,29 @@ def settled_minimax(c_KxTxT, horizon: int, heads_HxTxT=None) -> jax.Array:
 def settled_hitting(c_KxTxT, max_steps: int, walk: str) -> jax.Array:
     """(1/T) sum_i sum_{t<max_steps} S_t[i] on `walk`, as the metric kernels sum it: the
     survival row advanced step by step, the loop ended once the mass left would round
-    away in every sum."""
+    away in every sum.
+
+    A token the walk never leaves and no other token steps to (token 0 of causal
+    attention on the reference walk) survives every step and changes no one else's
+    survival: it is counted as max_steps steps at once and left out of the loop, whose
+    mass can then fall below rounding and end it early."""
     k, t = c_KxTxT.shape[0], c_KxTxT.shape[-1]
     off_sink = jnp.broadcast_to(1 - jax.nn.one_hot(t - 1, t, dtype=c_KxTxT.dtype), (k, t))
     if walk == "reference":
         mat, scale = operators.walk_columns(c_KxTxT, "reference"), off_sink
     else:
         mat, scale = c_KxTxT, operators.normalized_scale(c_KxTxT) * off_sink
+    step_to = mat * scale[:, None, :]  # step_to[j, i] = P[i, j]: row i, the steps into i
+    stays = jnp.diagonal(step_to, axis1=-2, axis2=-1)
+    stuck = (stays == 1) & (jnp.sum(step_to, -1) == stays) & (off_sink > 0)
+    scale = jnp.where(stuck, 0, scale)
+    stuck_count = jnp.sum(stuck, -1).astype(c_KxTxT.dtype)
     growth = jnp.maximum(jnp.max(jnp.sum(mat * scale[:, None], axis=-1)), 1)
 
     def done(step, mass, hit):
+        full = hit + stuck_count * (step + 1)
         left = mass * growth ** (max_steps - 1 - step) * (1 + SETTLE_MARGIN)
-        return (step >= max_steps - 1) | jnp.all(left < (jnp.nextafter(hit, jnp.inf) - hit) / 2)
+        return (step >= max_steps - 1) | jnp.all(left < (jnp.nextafter(full, jnp.inf) - full) / 2)
 
     def body(carry):
         step, v, hit, _ = carry
@@ -220,9 +231,10 @@ def settled_hitting(c_KxTxT, max_steps: int, walk: str) -> jax.Array:
         mass = jnp.sum(v, -1)
         return step + 1, v, hit + mass, done(step + 1, mass, hit + mass)
 
-    hit0 = jnp.full((k,), t - 1, c_KxTxT.dtype)  # S_0 summed: T - 1 starts off the sink
-    start = (0, off_sink, hit0, done(0, hit0, hit0))
-    return lax.while_loop(lambda carry: ~carry[3], body, start)[2] / t
+    v0 = jnp.where(stuck, 0, off_sink)
+    hit0 = jnp.sum(v0, -1)  # S_0 summed over the starts off the sink that move
+    hit = lax.while_loop(lambda carry: ~carry[3], body, (0, v0, hit0, done(0, hit0, hit0)))[2]
+    return (hit + stuck_count * max_steps) / t
 
 
 def padded_rows(rows_BxKxH: np.ndarray, size: int) -> np.ndarray:

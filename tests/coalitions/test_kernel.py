@@ -42,3 +42,15 @@ def test_early_stops_give_the_full_recursions_values(walk):
 def test_block_size_fits_the_cache_on_cpu():
     assert kernel.block_size(32, 128, 4) == metrics.CPU_BLOCK_BYTES // (128 * 128 * 4)
     assert kernel.block_size(1, 4096, 4) == 1
+
+
+def test_a_token_the_walk_never_leaves_is_counted_at_once():
+    """Token 0 of causal attention on the reference walk: its steps counted without the
+    loop, the value that of the full recursion."""
+    mixed = graphs.random_causal(2, (4,), 30)
+    assert np.all(np.asarray(metrics.transition_matrix(mixed))[:, 0, 0] == 1)
+    np.testing.assert_allclose(
+        kernel.settled_hitting(mixed, 100, "reference"),
+        metrics.hitting_time(mixed, 100, "reference"),
+        rtol=1e-5,
+    )
