@@ -16,6 +16,7 @@ from beyondpar.coalitions.game import (  # noqa: F401
 from beyondpar.coalitions.mix_game import (  # noqa: F401
     MAX_EXACT_HEADS,
     OBJECTIVES,
+    MixGame,
     ValueFn,
     all_values,
     empty_value,

@@ -119,11 +119,9 @@ class MixGame:
         bar = tqdm.tqdm(total=2**h, desc="coalitions", unit="coalition", disable=not progress)
         with bar:
             for first in range(0, highs, count):
-                parts.append(
-                    kernel.measure_coalitions(self.attn, w, first, count, low, **self.settings)
-                )
+                part = kernel.measure_coalitions(self.attn, w, first, count, low, **self.settings)
+                parts.append(np.asarray(part))
                 bar.update(count << low)
-                parts[-1] = np.asarray(parts[-1])
         out = np.concatenate(parts, axis=-1)
         weightless = self.weights @ game.coalition_masks(h).T <= 0
         return np.where(weightless, self.empty, out).astype(self.attn.dtype)
