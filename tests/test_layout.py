@@ -23,6 +23,7 @@ MODELS = {
     "released",
     "pretrained",
     "pruning",
+    "lm",
 }
 WORKFLOWS = {"study", "analysis"}
 WORKFLOW_RANK = 5

@@ -1,0 +1,241 @@
+"""A corpus tokenized once into shards on disk, and read back.
+
+A shard folder holds `index.json` (the tokenizer and corpus it was made from, by name and
+fingerprint) and, per shard of `shard_documents` documents, `shard_NNNNN.npy` (the
+documents' tokens end to end, no separators) and `shard_NNNNN.json` (per document: its
+token count, its UTF-8 byte count and its split key). Each file is written atomically and
+a shard's .json last, so a shard counts only once it is whole: after a kill (even -9) a
+rerun keeps the finished shards, skips their documents and redoes the rest. A folder
+made from another tokenizer or corpus is refused, never mixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import tqdm
+
+from beyondpar.base import checks, files
+from beyondpar.lm import corpus
+
+INDEX = corpus.SHARD_INDEX
+FORMAT_VERSION = 1
+SHARD_DOCUMENTS = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenized:
+    """Documents as tokens: `tokens` end to end, and per document its token count, its
+    UTF-8 byte count and its split key (from a hash of its text: the held-out split
+    does not depend on the tokenizer)."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    num_bytes: np.ndarray
+    keys: np.ndarray  # uint64
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.lengths)
+
+
+def token_dtype(vocab_size: int):
+    """The smallest unsigned dtype that holds every id (bytes: one byte a token)."""
+    return np.uint8 if vocab_size <= 256 else np.uint16 if vocab_size <= 65536 else np.uint32
+
+
+def split_key(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+
+
+def tokenize(docs: Iterable[corpus.Document], tok) -> Tokenized:
+    """Documents -> `Tokenized`, in memory."""
+    docs = list(docs)
+    ids = tok.encode_batch([d.text for d in docs])
+    dtype = token_dtype(tok.vocab_size)
+    return Tokenized(
+        tokens=np.concatenate([np.zeros(0, dtype), *(i.astype(dtype) for i in ids)]),
+        lengths=np.asarray([len(i) for i in ids], np.int64),
+        num_bytes=np.asarray([len(d.text.encode("utf-8")) for d in docs], np.int64),
+        keys=np.asarray([split_key(d.text) for d in docs], np.uint64),
+    )
+
+
+def concatenate(parts: list[Tokenized]) -> Tokenized:
+    fields = ("tokens", "lengths", "num_bytes", "keys")
+    return Tokenized(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in fields})
+
+
+def describe(tok, path: str, fmt: str, text_field: str, shard_documents: int) -> dict:
+    """What `index.json` records of the tokenizer and the corpus."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tok.name,
+        "tokenizer_fingerprint": tok.fingerprint,
+        "vocab_size": int(tok.vocab_size),
+        "eos_id": int(tok.eos_id),
+        "corpus": path or "(default: Python standard library)",
+        "corpus_format": corpus.resolve_format(path, fmt),
+        "text_field": text_field,
+        "corpus_fingerprint": corpus.fingerprint(path, fmt, text_field),
+        "shard_documents": int(shard_documents),
+    }
+
+
+def check_index(out: Path, wanted: dict) -> dict:
+    """The folder's index; refused in one line when it was made from another tokenizer,
+    corpus or shard size."""
+    found = files.read_json(out / INDEX)
+    for field, what in (
+        ("tokenizer_fingerprint", "tokenizer"),
+        ("corpus_fingerprint", "corpus"),
+        ("shard_documents", "shard size"),
+        ("format_version", "format"),
+    ):
+        if found.get(field) != wanted[field]:
+            name = "tokenizer" if what == "tokenizer" else "corpus"
+            raise ValueError(
+                f"{out} holds token shards of another {what}: expected {name} "
+                f"{wanted[name]!r} ({field} {str(wanted[field])[:12]}), got {found.get(name)!r} "
+                f"({field} {str(found.get(field))[:12]}); use another output folder"
+            )
+    return found
+
+
+def shard_name(index: int) -> str:
+    return f"shard_{index:05d}"
+
+
+def write(
+    path: str,
+    fmt: str,
+    text_field: str,
+    tok,
+    out,
+    shard_documents: int = SHARD_DOCUMENTS,
+    progress: bool = True,
+) -> Path:
+    """Tokenize the corpus at `path` into shards in `out` (resuming a killed run); the
+    finished folder's path. An empty corpus writes nothing and is refused."""
+    out = Path(out).expanduser()
+    checks.positive_int("shard_documents", shard_documents)
+    wanted = describe(tok, path, fmt, text_field, shard_documents)
+    if (out / INDEX).is_file() and check_index(out, wanted).get("complete"):
+        return out
+    docs = corpus.documents(path, fmt, text_field)
+    first = next(docs, None)
+    if first is None:
+        raise ValueError(
+            f"data.path {path!r} must hold at least one document, got none (empty corpus)"
+        )
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    _remove_partial(out)
+    if not (out / INDEX).is_file():
+        files.write_json(out / INDEX, {**wanted, "complete": False})
+    try:
+        totals = _write_shards(itertools.chain([first], docs), tok, out, shard_documents, progress)
+    except ValueError:
+        if created:  # bad input found part way: leave no folder that looks resumable
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    files.write_json(out / INDEX, {**wanted, **totals, "complete": True})
+    return out
+
+
+def _remove_partial(out: Path) -> None:
+    """Temporary files of a killed writer, and a shard's tokens without its .json."""
+    for stale in out.glob(".shard_*"):
+        stale.unlink(missing_ok=True)
+    for npy in out.glob("shard_*.npy"):
+        if not npy.with_suffix(".json").is_file():
+            npy.unlink(missing_ok=True)
+
+
+def _write_shards(docs, tok, out: Path, shard_documents: int, progress: bool) -> dict:
+    counts = {"num_shards": 0, "documents": 0, "tokens": 0}
+    with tqdm.tqdm(desc="tokenizing", unit="doc", disable=not progress) as bar:
+        for index in itertools.count():
+            batch = list(itertools.islice(docs, shard_documents))
+            if not batch:
+                break
+            name = shard_name(index)
+            meta_path = out / f"{name}.json"
+            if meta_path.is_file():
+                meta = files.read_json(meta_path)
+            else:
+                meta = _write_shard(batch, tok, out / f"{name}.npy", meta_path)
+            counts["num_shards"] += 1
+            counts["documents"] += len(batch)
+            counts["tokens"] += int(sum(meta["lengths"]))
+            bar.update(len(batch))
+    return counts
+
+
+def _write_shard(batch, tok, npy_path: Path, meta_path: Path) -> dict:
+    part = tokenize(batch, tok)
+    with files.atomic_path(npy_path) as tmp:
+        np.save(tmp, part.tokens)
+    meta = {
+        "documents": [d.source for d in batch],
+        "lengths": part.lengths.tolist(),
+        "num_bytes": part.num_bytes.tolist(),
+        "keys": [int(k) for k in part.keys],
+    }
+    files.write_json(meta_path, meta)
+    return meta
+
+
+def read(out, tok=None) -> tuple[dict, Tokenized]:
+    """(index, tokens) of a finished shard folder; with `tok`, refused unless the shards
+    were made by that tokenizer."""
+    out = Path(out).expanduser()
+    if not (out / INDEX).is_file():
+        raise checks.path_error(
+            out, f"data.path {out} must be a token shard folder holding {INDEX}, got none"
+        )
+    index = files.read_json(out / INDEX)
+    if not index.get("complete"):
+        raise ValueError(
+            f"data.path {out} must hold finished token shards, got unfinished ones "
+            "(rerun launch/tokenize.py to finish them)"
+        )
+    if tok is not None and index.get("tokenizer_fingerprint") != tok.fingerprint:
+        raise ValueError(
+            f"data.tokenizer must be the tokenizer the shards in {out} were made with, "
+            f"{index.get('tokenizer')!r}, got {tok.name!r}"
+        )
+    parts = [_read_shard(out, shard_name(i)) for i in range(index["num_shards"])]
+    return index, concatenate(parts)
+
+
+def _read_shard(out: Path, name: str) -> Tokenized:
+    meta = files.read_json(out / f"{name}.json")
+    tokens = np.load(out / f"{name}.npy", mmap_mode="r")
+    lengths = np.asarray(meta["lengths"], np.int64)
+    if len(tokens) != lengths.sum():
+        raise ValueError(
+            f"token shard {out / name}.npy must hold {lengths.sum()} tokens, got {len(tokens)}"
+        )
+    return Tokenized(
+        tokens,
+        lengths,
+        np.asarray(meta["num_bytes"], np.int64),
+        np.asarray(meta["keys"], np.uint64),
+    )
+
+
+def summary(out) -> str:
+    """One line on a finished shard folder."""
+    index = files.read_json(Path(out) / INDEX)
+    return (
+        f"{out}: {index['tokens']} tokens of {index['documents']} documents in "
+        f"{index['num_shards']} shard(s), tokenizer {index['tokenizer']} "
+        f"(vocabulary {index['vocab_size']})"
+    )
