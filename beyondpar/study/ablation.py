@@ -2,7 +2,8 @@
 
 Training is resumable run by run: a finished run (its final checkpoint saved) is never
 trained again, an unfinished one resumes from its latest checkpoint, and evaluation
-skips what evaluation.jsonl already holds.
+skips what evaluation.jsonl already holds. A grid of language-model runs (a base config
+naming a corpus) ends with the language study's report (`lm_report`) instead.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tqdm
 
 from beyondpar import checkpoints
 from beyondpar.base import locks
-from beyondpar.study import config_lib, evaluate, report, runs
+from beyondpar.study import config_lib, evaluate, lm_report, lm_stats, report, runs, text_config
 from beyondpar.study import workdir as workdir_lib
 
 REPORT_DIR = "report"
@@ -125,6 +126,8 @@ def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progres
     failures are (run or checkpoint, message); a failed run does not stop the others."""
     workdir = Path(workdir)
     configs = validated_configs(ablation)
+    if text_config.is_text(next(iter(configs.values()))):
+        return _run_text(configs, workdir, progress)
     with locks.lock(workdir):
         failed = _train_all(configs, workdir, progress)
         _, failures = evaluate.evaluate_tree(workdir, ablation.steps, progress)
@@ -134,6 +137,18 @@ def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progres
         failures = failed + _not_trained_again(failures, failed)
         written = report.write_report(records, workdir / REPORT_DIR, failures) if records else []
     return written, failures
+
+
+def _run_text(configs: dict, workdir: Path, progress: bool):
+    """A language study: train what is missing, then the report from the runs' own
+    evaluations. There is no batch evaluation: each run already measured its held-out
+    loss and attention graphs at every evaluation step (metrics.jsonl), on fixed
+    held-out windows of its corpus, which is what evaluating its checkpoints would redo."""
+    with locks.lock(workdir):
+        failed = _train_all(configs, workdir, progress)
+        found = lm_stats.read_runs(workdir, names=set(configs))
+        written = lm_report.write_report(found, workdir / REPORT_DIR, failed) if found else []
+    return written, failed
 
 
 def _not_trained_again(evaluation_failures: list, training_failures: list) -> list:
