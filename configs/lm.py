@@ -26,13 +26,14 @@ peak over the training FLOPs per token (6 N + 12 L d T, `text_config.flops_per_t
         (16 chips of 197 TFLOP/s, 16 GB each): about 2.0e6 tokens/s.
 """
 
-from beyondpar.study import config_lib, text_config
+from beyondpar.study import config_lib
 
 GPT2_SMALL = dict(embed_dim=768, num_layers=12, mlp_dim=3072, max_len=1024)
 SIZES = {
     "cpu": dict(
         hardware="2 CPU cores",
         devices=1,
+        memory_gb=None,
         model=dict(embed_dim=128, num_layers=4, mlp_dim=512, max_len=128),
         seq_len=128,
         optim=dict(batch_size=32, microbatches=1, learning_rate=3e-3, warmup_steps=50, steps=600),
@@ -41,6 +42,7 @@ SIZES = {
     "gpu": dict(
         hardware="one H100",
         devices=1,
+        memory_gb=80,
         model=GPT2_SMALL,
         seq_len=1024,
         optim=dict(
@@ -51,6 +53,7 @@ SIZES = {
     "gpu8": dict(
         hardware="eight H100s",
         devices=8,
+        memory_gb=80,
         model=GPT2_SMALL,
         seq_len=1024,
         optim=dict(
@@ -61,6 +64,7 @@ SIZES = {
     "tpu": dict(
         hardware="a TPU v5e-16 pod slice",
         devices=16,
+        memory_gb=16,
         model=GPT2_SMALL,
         seq_len=1024,
         optim=dict(
@@ -76,7 +80,7 @@ def get_config(arg=None):
     if args.size not in SIZES:
         raise ValueError(f"config argument size must be one of {sorted(SIZES)}, got {args.size!r}")
     size = SIZES[args.size]
-    config = text_config.base_text_config()
+    config = config_lib.base_text_config()
     config.size = args.size
     config.seed = args.seed
     config.model.update(size["model"], num_heads=args.heads)

@@ -18,8 +18,9 @@ CPython, https://docs.python.org/3/license.html), read from
    leaving out the folders `test`, `tests`, `idle_test`, `site-packages`, `encodings`
    (generated codec tables) and `pydoc_data`, taken while the corpus stays within
    `DEFAULT_CAP_BYTES` (4 MiB = 4,194,304 UTF-8 bytes).
-On CPython 3.11.7 that is 4,19x,xxx bytes in a few hundred documents; another patch
-release has slightly other files, so the corpus fingerprint names the Python version.
+On CPython 3.11.7 that is 4,131,836 UTF-8 bytes in 295 documents (79 topics, then 216
+files from `__future__.py` to `http/client.py`); another patch release has slightly other
+files, so the corpus fingerprint and its cache folder name the Python version.
 
 Bad input is one ValueError naming the file (and line), what it must be and what it is.
 """
@@ -95,6 +96,18 @@ def _path_documents(p: Path, fmt: str, text_field: str) -> Iterator[Document]:
             )
     else:
         yield from _file_documents(p, fmt, text_field, whole=False)
+
+
+def count_hint(path: str, fmt: str) -> int | None:
+    """How many documents a corpus holds, when that is known without reading it (a
+    folder of text files, the default corpus): a progress bar's total."""
+    if path == DEFAULT:
+        return len(_default_documents())
+    p = Path(path).expanduser()
+    if not p.is_dir() or resolve_format(path, fmt) != "text":
+        return None
+    found = folder_files(p)
+    return None if any(f.suffix == ".jsonl" for f in found) else len(found)
 
 
 def folder_files(folder: Path) -> list[Path]:

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import sys
 from pathlib import Path
 
 import ml_collections
 import numpy as np
 
 from beyondpar.base import checks
-from beyondpar.lm import corpus, packing, shards, tokenizer
+from beyondpar.lm import corpus, packing, shards, streams, tokenizer
 from beyondpar.lm import order as order_lib
 
 
@@ -45,26 +47,28 @@ def default_data_config() -> ml_collections.ConfigDict:
 class TextData:
     """Packed training and held-out token streams with their batch order."""
 
-    def __init__(
-        self, train_stream, heldout_stream, tok, seed: int, counts: dict, heldout_bytes: int
-    ):
-        self.train_stream = train_stream
-        self.heldout_stream = heldout_stream
+    def __init__(self, split: streams.Streams, tok, seed: int):
+        self.train_stream = split.train
+        self.heldout_stream = split.heldout
         self.tokenizer = tok
         self.seed = seed
         self.vocab_size = int(tok.vocab_size)
         self.eos_id = int(tok.eos_id)
-        self.train_tokens = len(train_stream)
-        self.heldout_tokens = len(heldout_stream)
-        self.num_train_documents = counts["train"]
-        self.num_heldout_documents = counts["heldout"]
+        self.train_tokens = len(split.train)
+        self.heldout_tokens = len(split.heldout)
+        self.num_train_documents = split.train_documents
+        self.num_heldout_documents = split.heldout_documents
         # Each document's separator counts as one byte, as a newline would: with bytes,
         # bytes_per_token is exactly 1 and bits per byte are bits per token.
-        self.bytes_per_token = heldout_bytes / max(1, self.heldout_tokens)
+        self.bytes_per_token = split.heldout_bytes / max(1, self.heldout_tokens)
         self._orders: dict[tuple[int, int], order_lib.BatchOrder] = {}
 
     def num_windows(self, seq_len: int) -> int:
         return packing.num_windows(self.train_tokens, seq_len)
+
+    def epoch(self, step: int, batch_size: int, seq_len: int) -> float:
+        """Passes over the training windows completed before `step` (for logging)."""
+        return step * batch_size / self.order(batch_size, seq_len).count
 
     def order(self, batch_size: int, seq_len: int) -> order_lib.BatchOrder:
         """The training order as a grain MapDataset: `[step]` -> the global batch's
@@ -151,38 +155,46 @@ def check_vocab(text_data: TextData, model_vocab_size: int) -> None:
 def load(data_config, seed: int, cache_dir: str | None = None) -> TextData:
     """The corpus of `data_config` tokenized (cached), split and packed for `seed`."""
     checks.non_negative_int("seed", seed)
+    for field in ("path", "format", "text_field", "tokenizer", "shard_dir"):
+        if not isinstance(data_config[field], str):
+            raise ValueError(f"data.{field} must be a string, got {data_config[field]!r}")
+    if not data_config.text_field:
+        raise ValueError("data.text_field must name the documents' field, got ''")
     fraction = checks.open_unit_interval("data.heldout_fraction", data_config.heldout_fraction)
     path = str(data_config.path)
     fmt = corpus.resolve_format(path, data_config.format)
     tok = tokenizer.load(str(data_config.tokenizer))
-    docs = _tokenized(data_config, path, fmt, tok, cache_dir)
-    if docs.num_documents == 0:
-        raise ValueError(
-            f"data.path {path!r} must hold at least one document, got none (empty corpus)"
-        )
-    held = packing.heldout_mask(docs.keys, fraction)
-    counts = {"train": int((~held).sum()), "heldout": int(held.sum())}
-    heldout_bytes = int(docs.num_bytes[held].sum()) + counts["heldout"]
-    train = packing.pack(docs, ~held, tok.eos_id)
-    heldout = packing.pack(docs, held, tok.eos_id)
-    return TextData(train, heldout, tok, seed, counts, heldout_bytes)
+    return TextData(_split(data_config, path, fmt, tok, cache_dir, fraction), tok, seed)
 
 
-def _tokenized(data_config, path: str, fmt: str, tok, cache_dir) -> shards.Tokenized:
-    if fmt == "shards":
-        return shards.read(path, tok)[1]
-    out = shard_folder(data_config, path, fmt, tok, cache_dir)
-    if out is None:
-        return shards.tokenize(corpus.documents(path, fmt, data_config.text_field), tok)
-    shards.write(path, fmt, data_config.text_field, tok, out, progress=False)
-    return shards.read(out, tok)[1]
+def _split(data_config, path: str, fmt: str, tok, cache_dir, fraction: float):
+    """The split's streams: memory-mapped beside the token shards, or in memory for a
+    corpus with no cache folder (or shards in a folder this process cannot write)."""
+    folder = Path(path).expanduser() if fmt == "shards" else None
+    if folder is None:
+        folder = shard_folder(data_config, path, fmt, tok, cache_dir)
+        if folder is None:
+            docs = shards.tokenize(corpus.documents(path, fmt, data_config.text_field), tok)
+            if docs.num_documents == 0:
+                raise ValueError(
+                    f"data.path {path!r} must hold at least one document, got none (empty corpus)"
+                )
+            return streams.in_memory(docs, fraction, tok.eos_id)
+        shards.write(path, fmt, data_config.text_field, tok, folder, progress=False)
+    index = shards.read_index(folder, tok)
+    if not os.access(folder, os.W_OK):
+        return streams.in_memory(shards.read(folder)[1], fraction, tok.eos_id)
+    with shards.exclusive(folder):
+        return streams.on_disk(folder, index, fraction)
 
 
 def shard_folder(data_config, path: str, fmt: str, tok, cache_dir) -> Path | None:
     """Where the corpus's token shards are cached (None: kept in memory)."""
     if data_config.shard_dir:
         return Path(data_config.shard_dir).expanduser()
-    where = f"{Path(path).expanduser().resolve() if path else ''}\0{fmt}\0{data_config.text_field}"
+    # The default corpus is the running Python's library: another Python, another cache.
+    source = Path(path).expanduser().resolve() if path else f"default {sys.version}"
+    where = f"{source}\0{fmt}\0{data_config.text_field}"
     tag = hashlib.sha256(f"{where}\0{tok.fingerprint}".encode()).hexdigest()[:12]
     if cache_dir:
         return Path(cache_dir).expanduser() / f"tokens-{tag}"

@@ -11,11 +11,14 @@ made from another tokenizer or corpus is refused, never mixed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import itertools
+import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,7 @@ from beyondpar.lm import corpus
 INDEX = corpus.SHARD_INDEX
 FORMAT_VERSION = 1
 SHARD_DOCUMENTS = 1024
+LOCK_FILE = ".lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,20 @@ def shard_name(index: int) -> str:
     return f"shard_{index:05d}"
 
 
+@contextlib.contextmanager
+def exclusive(out: Path) -> Iterator[None]:
+    """Hold the folder's lock, waiting for another process that holds it (the processes
+    of a multi-host run all load: the first tokenizes, the others then find it done).
+    The kernel releases it when the holder dies, even on kill -9."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def write(
     path: str,
     fmt: str,
@@ -135,17 +153,21 @@ def write(
             f"data.path {path!r} must hold at least one document, got none (empty corpus)"
         )
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    _remove_partial(out)
-    if not (out / INDEX).is_file():
-        files.write_json(out / INDEX, {**wanted, "complete": False})
-    try:
-        totals = _write_shards(itertools.chain([first], docs), tok, out, shard_documents, progress)
-    except ValueError:
-        if created:  # bad input found part way: leave no folder that looks resumable
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-    files.write_json(out / INDEX, {**wanted, **totals, "complete": True})
+    with exclusive(out):
+        if (out / INDEX).is_file() and check_index(out, wanted).get("complete"):
+            return out  # another process finished it while this one waited
+        _remove_partial(out)
+        if not (out / INDEX).is_file():
+            files.write_json(out / INDEX, {**wanted, "complete": False})
+        try:
+            docs = itertools.chain([first], docs)
+            total = corpus.count_hint(path, fmt)
+            totals = _write_shards(docs, tok, out, shard_documents, progress, total)
+        except ValueError:
+            if created:  # bad input found part way: leave no folder that looks resumable
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        files.write_json(out / INDEX, {**wanted, **totals, "complete": True})
     return out
 
 
@@ -158,9 +180,10 @@ def _remove_partial(out: Path) -> None:
             npy.unlink(missing_ok=True)
 
 
-def _write_shards(docs, tok, out: Path, shard_documents: int, progress: bool) -> dict:
+def _write_shards(docs, tok, out: Path, shard_documents: int, progress: bool, total=None) -> dict:
     counts = {"num_shards": 0, "documents": 0, "tokens": 0}
-    with tqdm.tqdm(desc="tokenizing", unit="doc", disable=not progress) as bar:
+    bar = tqdm.tqdm(desc="tokenizing", unit="doc", total=total, disable=not progress)
+    with bar:
         for index in itertools.count():
             batch = list(itertools.islice(docs, shard_documents))
             if not batch:
@@ -192,9 +215,9 @@ def _write_shard(batch, tok, npy_path: Path, meta_path: Path) -> dict:
     return meta
 
 
-def read(out, tok=None) -> tuple[dict, Tokenized]:
-    """(index, tokens) of a finished shard folder; with `tok`, refused unless the shards
-    were made by that tokenizer."""
+def read_index(out, tok=None) -> dict:
+    """The index of a finished shard folder; with `tok`, refused unless the shards were
+    made by that tokenizer."""
     out = Path(out).expanduser()
     if not (out / INDEX).is_file():
         raise checks.path_error(
@@ -211,24 +234,32 @@ def read(out, tok=None) -> tuple[dict, Tokenized]:
             f"data.tokenizer must be the tokenizer the shards in {out} were made with, "
             f"{index.get('tokenizer')!r}, got {tok.name!r}"
         )
-    parts = [_read_shard(out, shard_name(i)) for i in range(index["num_shards"])]
+    return index
+
+
+def read(out, tok=None) -> tuple[dict, Tokenized]:
+    """(index, every document's tokens) of a finished shard folder, in memory."""
+    index = read_index(out, tok)
+    parts = [read_shard(Path(out).expanduser(), i) for i in range(index["num_shards"])]
     return index, concatenate(parts)
 
 
-def _read_shard(out: Path, name: str) -> Tokenized:
-    meta = files.read_json(out / f"{name}.json")
+def read_meta(out: Path, index: int) -> dict:
+    return files.read_json(out / f"{shard_name(index)}.json")
+
+
+def read_shard(out: Path, index: int) -> Tokenized:
+    """One shard's documents; its tokens memory-mapped."""
+    name = shard_name(index)
+    meta = read_meta(out, index)
     tokens = np.load(out / f"{name}.npy", mmap_mode="r")
     lengths = np.asarray(meta["lengths"], np.int64)
     if len(tokens) != lengths.sum():
         raise ValueError(
             f"token shard {out / name}.npy must hold {lengths.sum()} tokens, got {len(tokens)}"
         )
-    return Tokenized(
-        tokens,
-        lengths,
-        np.asarray(meta["num_bytes"], np.int64),
-        np.asarray(meta["keys"], np.uint64),
-    )
+    num_bytes = np.asarray(meta["num_bytes"], np.int64)
+    return Tokenized(tokens, lengths, num_bytes, np.asarray(meta["keys"], np.uint64))
 
 
 def summary(out) -> str:

@@ -1,9 +1,10 @@
 """Scripted ablations: a grid over config fields -> trained runs -> records -> report.
+A grid of language models (`configs/lm_ablation.py`) is reported from the evaluations
+its runs logged while training (`lm_report`: the language study's report).
 
 Training is resumable run by run: a finished run (its final checkpoint saved) is never
 trained again, an unfinished one resumes from its latest checkpoint, and evaluation
-skips what evaluation.jsonl already holds. A grid of language-model runs (a base config
-naming a corpus) ends with the language study's report (`lm_report`) instead.
+skips what evaluation.jsonl already holds.
 """
 
 from __future__ import annotations

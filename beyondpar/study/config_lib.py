@@ -14,6 +14,7 @@ import ml_collections
 from beyondpar import metrics, tasks
 from beyondpar import model as model_lib
 from beyondpar.base import checks, cli
+from beyondpar.lm import data as data_lib
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -58,6 +59,52 @@ def base_config() -> ml_collections.ConfigDict:
             walk="reference",
             optimal_weights=True,
             pruning=True,
+            folds=2,
+        )
+    )
+    return c
+
+
+def base_text_config() -> ml_collections.ConfigDict:
+    """Fields of every language-model run; `configs/lm.py` sets a named size over them."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.size = "cpu"
+    c.model = base_config().model
+    c.model.dropout_rate = 0.0
+    c.data = data_lib.default_data_config()
+    c.seq_len = 128
+    c.compute_dtype = "auto"  # bfloat16 on accelerators, float32 on CPU
+    c.optim = ml_collections.ConfigDict(
+        dict(
+            learning_rate=3e-3,
+            min_learning_rate_ratio=0.1,  # the cosine ends at this share of the peak
+            warmup_steps=50,
+            steps=600,
+            batch_size=32,
+            microbatches=1,  # gradient accumulation: the batch in this many slices
+            weight_decay=0.1,
+            beta1=0.9,
+            beta2=0.95,
+            clip_norm=1.0,
+        )
+    )
+    c.eval_every_steps = 100
+    c.log_every_steps = 20
+    c.checkpoint_every_steps = 100
+    c.keep_checkpoints = 3
+    c.progress_bar = True
+    c.distributed = base_config().distributed
+    # Held-out loss on `heldout_windows` fixed windows; the graph measures on the first
+    # `graph_windows` of them, cut to `graph_tokens` tokens (the cost is O(T^2) per head).
+    c.evaluation = ml_collections.ConfigDict(
+        dict(
+            heldout_windows=64,
+            graph_windows=8,
+            graph_tokens=128,
+            horizon=100,
+            max_steps=100,
+            eps=0.25,
             folds=2,
         )
     )

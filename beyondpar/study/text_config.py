@@ -1,5 +1,5 @@
-"""The config of a language-model run (`configs/lm.py`), its checks, and its arithmetic:
-FLOPs per token, devices' peak rates and the throughput a size should reach.
+"""A language-model run's config (`config_lib.base_text_config`): its checks and its
+arithmetic (FLOPs per token, chips' peak rates, expected throughput, memory per device).
 
 Every head count of a size has the same parameters: `model.embed_dim` is fixed and each
 of H heads gets embed_dim / H features (`model.ModelConfig.head_dim`), so the sweep over
@@ -12,7 +12,6 @@ import ml_collections
 
 from beyondpar import model as model_lib
 from beyondpar.base import checks
-from beyondpar.lm import data as data_lib
 from beyondpar.study import config_lib
 
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
@@ -30,52 +29,6 @@ PEAK_FLOPS = {
     "TPU v5p": 459e12,
     "TPU v6 lite": 918e12,  # v6e
 }
-
-
-def base_text_config() -> ml_collections.ConfigDict:
-    """Fields of every language-model run; `configs/lm.py` sets a named size over them."""
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.size = "cpu"
-    c.model = config_lib.base_config().model
-    c.model.dropout_rate = 0.0
-    c.data = data_lib.default_data_config()
-    c.seq_len = 128
-    c.compute_dtype = "auto"  # bfloat16 on accelerators, float32 on CPU
-    c.optim = ml_collections.ConfigDict(
-        dict(
-            learning_rate=3e-3,
-            min_learning_rate_ratio=0.1,  # the cosine ends at this share of the peak
-            warmup_steps=50,
-            steps=600,
-            batch_size=32,
-            microbatches=1,  # gradient accumulation: the batch in this many slices
-            weight_decay=0.1,
-            beta1=0.9,
-            beta2=0.95,
-            clip_norm=1.0,
-        )
-    )
-    c.eval_every_steps = 100
-    c.log_every_steps = 20
-    c.checkpoint_every_steps = 100
-    c.keep_checkpoints = 3
-    c.progress_bar = True
-    c.distributed = config_lib.base_config().distributed
-    # Held-out loss on `heldout_windows` fixed windows; the graph measures on the first
-    # `graph_windows` of them, cut to `graph_tokens` tokens (the cost is O(T^2) per head).
-    c.evaluation = ml_collections.ConfigDict(
-        dict(
-            heldout_windows=64,
-            graph_windows=8,
-            graph_tokens=128,
-            horizon=100,
-            max_steps=100,
-            eps=0.25,
-            folds=2,
-        )
-    )
-    return c
 
 
 def is_text(config: ml_collections.ConfigDict) -> bool:
@@ -153,3 +106,18 @@ def expected_tokens_per_second(
 ) -> float:
     """Tokens per second at model FLOPs utilisation `mfu` of `devices` chips of `peak`."""
     return mfu * peak * devices / flops_per_token(cfg, seq_len)
+
+
+def memory_per_device_bytes(config: ml_collections.ConfigDict, devices: int, act_bytes: int) -> int:
+    """An estimate of one device's training memory: float32 parameters, gradients and
+    two AdamW moments (16 bytes a parameter, replicated), plus the activations one
+    microbatch keeps for its backward pass at `act_bytes` per element: per layer the
+    attention probabilities (b H T^2) and about 12 b T d and 2 b T F stream values,
+    then the float32 logits (b T V)."""
+    cfg = config_lib.model_config(config)
+    b = config.optim.batch_size // (devices * config.optim.microbatches)
+    t, d = config.seq_len, cfg.embed_dim
+    params = non_embedding_params(cfg) + (cfg.vocab_size + cfg.max_len) * d
+    per_layer = b * cfg.num_heads * t * t + 12 * b * t * d + 2 * b * t * cfg.mlp_dim
+    activations = act_bytes * cfg.num_layers * per_layer + 4 * b * t * cfg.vocab_size
+    return 16 * params + activations

@@ -94,7 +94,7 @@ def jitted_update(module, tx, mesh, microbatches: int, dtype_name: str):
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         new = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
-        return new, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     repl, data = parallel.replicated(mesh), parallel.batch_sharded(mesh)
     return jax.jit(

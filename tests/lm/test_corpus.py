@@ -3,6 +3,7 @@ docstring states it, and one clear error for each bad corpus."""
 
 import json
 
+import ml_collections
 import pytest
 
 from beyondpar.lm import corpus, data, shards
@@ -29,6 +30,8 @@ def test_formats_give_the_documents_in_order(tmp_path, text_folder, texts):
     assert texts_of(nested) == ["top", "in b", "line one", "line two"]
     assert corpus.resolve_format(str(jsonl), "auto") == "jsonl"
     assert corpus.resolve_format(str(text_folder), "auto") == "text"
+    assert corpus.count_hint(str(text_folder), "auto") == 41
+    assert corpus.count_hint(str(nested), "auto") is corpus.count_hint(str(jsonl), "auto") is None
 
 
 def test_default_corpus_is_as_documented():
@@ -105,6 +108,7 @@ def test_bad_corpus_is_one_clear_error(tmp_path, kind, message):
         ),
         ({"format": "csv"}, "data.format"),
         ({"heldout_fraction": 0.0}, "data.heldout_fraction"),
+        ({"text_field": ""}, "data.text_field must name the documents' field, got ''"),
         ({"heldout_fraction": 1.0}, "data.heldout_fraction"),
         (
             {"path": "", "format": "jsonl"},
@@ -117,6 +121,12 @@ def test_bad_data_config(text_folder, fields, message):
     cfg.update(fields)
     with pytest.raises(ValueError, match=message):
         data.load(cfg, seed=0)
+
+
+def test_config_fields_must_be_strings(text_folder):
+    fields = {**lm_corpus.config(text_folder).to_dict(), "tokenizer": 7}
+    with pytest.raises(ValueError, match="data.tokenizer must be a string, got 7"):
+        data.load(ml_collections.ConfigDict(fields), seed=0)
 
 
 def test_short_corpus_is_refused_at_the_first_batch(tmp_path):

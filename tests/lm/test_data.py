@@ -80,6 +80,7 @@ def test_every_window_once_per_epoch_then_reshuffled(loaded):
     np.testing.assert_array_equal(np.sort(first), np.arange(count))
     np.testing.assert_array_equal(np.sort(second), np.arange(count))
     assert (first != second).mean() > 0.9
+    assert loaded.epoch(count, 5, SEQ) == 5.0 and loaded.epoch(0, 5, SEQ) == 0.0
     stream = loaded.train_stream.astype(np.int32)
     batch = loaded.train_batch(3, 5, SEQ)
     for row, k in zip(batch, loaded.train_windows(3, 5, SEQ), strict=True):

@@ -4,11 +4,12 @@ corpus; and launch/tokenize.py, which writes them."""
 
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
-from beyondpar.lm import corpus, data, shards, tokenizer
+from beyondpar.lm import corpus, data, shards, streams, tokenizer
 from helpers import lm_corpus
 from helpers.paths import ROOT
 
@@ -39,7 +40,8 @@ def test_shards_read_back_as_the_corpus(text_folder, tmp_path, texts):
     out = write(text_folder, tmp_path / "shards", Counting())
     index, tokens = shards.read(out, tokenizer.ByteTokenizer())
     assert (index["num_shards"], index["documents"], index["complete"]) == (6, 41, True)
-    assert sorted(p.name for p in out.iterdir())[:3] == [
+    assert sorted(p.name for p in out.iterdir())[:4] == [
+        ".lock",
         "index.json",
         "shard_00000.json",
         "shard_00000.npy",
@@ -133,4 +135,39 @@ def test_launcher_writes_shards(text_folder, tmp_path, texts):
     assert done.stdout.splitlines() == [
         f"{out}: {total} tokens of 41 documents in 3 shard(s), tokenizer bytes (vocabulary 256)"
     ]
-    assert "tokenizing: 41doc" in done.stderr  # the progress bar
+    assert "tokenizing: 100%" in done.stderr and "41/41" in done.stderr  # the progress bar
+
+
+def test_split_streams_on_disk_equal_those_in_memory(text_folder, tmp_path):
+    """From shards the streams are built once beside them and memory-mapped; a small
+    corpus in memory gives the same arrays."""
+    out = write(text_folder, tmp_path / "shards", Counting())
+    mapped = data.load(lm_corpus.config(out, heldout_fraction=0.2), seed=0)
+    folder = streams.split_folder(out, 0.2)
+    assert sorted(p.name for p in folder.iterdir()) == ["heldout.npy", "split.json", "train.npy"]
+    assert isinstance(mapped.train_stream, np.memmap)
+    split = streams.in_memory(shards.read(out)[1], 0.2, eos_id=0)
+    memory = data.TextData(split, tokenizer.ByteTokenizer(), seed=0)
+    assert not isinstance(memory.train_stream, np.memmap)
+    np.testing.assert_array_equal(mapped.train_stream, memory.train_stream)
+    np.testing.assert_array_equal(mapped.heldout_stream, memory.heldout_stream)
+    assert mapped.num_heldout_documents == memory.num_heldout_documents == 10
+    assert mapped.bytes_per_token == memory.bytes_per_token == 1.0
+    beside = data.load(lm_corpus.config(text_folder, heldout_fraction=0.2), seed=0)
+    assert len(list(text_folder.parent.glob("corpus.tokens-*/split-0.2/train.npy"))) == 1
+    np.testing.assert_array_equal(beside.heldout_stream, memory.heldout_stream)
+    np.testing.assert_array_equal(mapped.train_batch(4, 6, 16), memory.train_batch(4, 6, 16))
+
+
+def test_a_second_process_waits_for_the_folder(tmp_path):
+    """`exclusive` blocks while another holder has the folder (processes of one run)."""
+    order = []
+    with shards.exclusive(tmp_path / "f"):
+        waiter = threading.Thread(
+            target=lambda: (shards.exclusive(tmp_path / "f").__enter__(), order.append("b"))
+        )
+        waiter.start()
+        waiter.join(0.3)
+        order.append("a")
+    waiter.join(5)
+    assert order == ["a", "b"]

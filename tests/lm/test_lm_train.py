@@ -1,0 +1,229 @@
+"""Language-model training on text: configs, schedule, microbatches, bits per byte, a
+short run that learns, its TensorBoard events, and resumption."""
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+from beyondpar import checkpoints
+from beyondpar import model as model_lib
+from beyondpar.lm import data as data_lib
+from beyondpar.study import (
+    ablation,
+    runs,
+    tensorboard,
+    text_config,
+    text_optim,
+    text_report,
+    text_step,
+    text_training,
+)
+from configs import lm, lm_ablation
+
+TINY = dict(embed_dim=32, num_layers=2, mlp_dim=64, max_len=32)
+
+
+def tiny_config(steps=150, **optim):
+    config = lm.get_config("heads=2")
+    config.model.update(TINY)
+    config.seq_len = 32
+    config.optim.update(
+        dict(batch_size=16, learning_rate=1e-2, warmup_steps=10, steps=steps), **optim
+    )
+    config.log_every_steps = 25
+    config.eval_every_steps = 75
+    config.checkpoint_every_steps = 50
+    config.progress_bar = False
+    config.evaluation.update(heldout_windows=16, graph_windows=4, graph_tokens=16, horizon=20)
+    config.evaluation.max_steps = 20
+    return config
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("lm") / "run"
+    runs.train_and_evaluate(tiny_config(), str(workdir))
+    return workdir
+
+
+def test_lm_train_named_sizes_have_equal_parameters_at_every_head_count():
+    for size in lm.SIZES:
+        counts = set()
+        for heads in text_config.SWEEP_HEADS:
+            config = lm.get_config(f"heads={heads},size={size}")
+            module = model_lib.Transformer(model_lib.ModelConfig(**config.model.to_dict()))
+            shapes = jax.eval_shape(
+                lambda m=module, c=config: model_lib.init_params(
+                    m, jax.random.PRNGKey(0), c.seq_len
+                )
+            )
+            counts.add(model_lib.count_params(shapes))
+            assert module.config.head_dim * heads == config.model.embed_dim
+        assert len(counts) == 1, (size, counts)
+
+
+def test_lm_train_config_arguments_and_errors():
+    config = lm.get_config("heads=8,seed=3,size=gpu")
+    assert (config.model.num_heads, config.seed, config.size) == (8, 3, "gpu")
+    assert config.model.embed_dim == 768 and config.model.num_layers == 12
+    assert config.data.path == "" and config.optim.steps > 0
+    with pytest.raises(ValueError, match="size must be one of"):
+        lm.get_config("size=huge")
+    bad = lm.get_config()
+    bad.optim.microbatches = 5
+    with pytest.raises(ValueError, match="optim.microbatches must divide optim.batch_size=32"):
+        text_config.validate(bad)
+
+
+def test_lm_train_schedule_warms_up_linearly_then_decays_by_cosine():
+    s = text_optim.OptimSettings.from_config(tiny_config(steps=110, warmup_steps=10).optim)
+    lr = text_optim.schedule(s)
+    assert float(lr(0)) == 0.0
+    np.testing.assert_allclose(float(lr(5)), 0.5e-2, rtol=1e-6)
+    np.testing.assert_allclose(float(lr(10)), 1e-2, rtol=1e-6)
+    # Half-way through the decay: the mean of peak and floor (a tenth of the peak).
+    np.testing.assert_allclose(float(lr(60)), (1e-2 + 1e-3) / 2, rtol=1e-5)
+    np.testing.assert_allclose(float(lr(110)), 1e-3, rtol=1e-5)
+
+
+def test_lm_train_microbatches_give_the_full_batchs_gradient():
+    cfg = model_lib.ModelConfig(
+        vocab_size=17, embed_dim=16, num_layers=2, num_heads=4, mlp_dim=24, max_len=12,
+        dropout_rate=0.0,
+    )  # fmt: skip
+    module = model_lib.Transformer(cfg)
+    params = model_lib.init_params(module, jax.random.PRNGKey(0), 12)
+    windows = jax.random.randint(jax.random.PRNGKey(1), (8, 13), 0, 17)
+
+    def mean_loss(p, piece, index):
+        total, count = text_step.window_loss_sums(module, p, piece)
+        return total / count
+
+    want = text_step.accumulated_gradients(mean_loss, params, windows, 1)
+    got = text_step.accumulated_gradients(mean_loss, params, windows, 4)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, want)
+
+
+def test_lm_train_bits_per_byte_is_nats_over_ln2_over_bytes_per_token():
+    assert text_training.bits_per_byte(math.log(2), 1.0) == pytest.approx(1.0)
+    assert text_training.bits_per_byte(2.0, 4.0) == pytest.approx(2.0 / math.log(2) / 4.0)
+
+
+def read_metrics(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def unigram_entropy_nats(tokens: np.ndarray) -> float:
+    counts = np.bincount(tokens.ravel(), minlength=256).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def test_lm_train_short_run_learns_below_the_unigram_entropy(text_run):
+    config = tiny_config()
+    text_data = data_lib.load(config.data, config.seed)
+    unigram = unigram_entropy_nats(np.asarray(text_data.train_stream))
+    records = read_metrics(text_run)
+    assert [r["step"] for r in records] == list(range(25, 151, 25))
+    last = records[-1]
+    assert last["eval/loss"] < unigram - 0.4, (last["eval/loss"], unigram)
+    assert last["eval/bits_per_byte"] == pytest.approx(
+        last["eval/loss"] / math.log(2) / text_data.bytes_per_token
+    )
+    for name in ("best_head_fidelity", "fidelity_learned", "fidelity_optimal", "sink_mass"):
+        assert 0.0 <= last[f"layer2/{name}"] <= 1.0
+    assert 0.0 <= last["layer1/wins_uniform"] <= 1.0
+    assert records[0]["train/learning_rate"] == pytest.approx(
+        1e-2 * (1 + 0.1) / 2 + 1e-2 * (1 - 0.1) / 2 * math.cos(math.pi * 14 / 140)
+    )
+
+
+def test_lm_train_tensorboard_events_read_back(text_run):
+    acc = event_accumulator.EventAccumulator(str(text_run / tensorboard.EVENTS_DIR))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    wanted = {
+        "train/loss",
+        "train/learning_rate",
+        "train/grad_norm",
+        "tokens_per_s",
+        "eval/loss",
+        "eval/bits_per_byte",
+        "layer1/best_head_fidelity",
+        "layer2/fidelity_optimal",
+        "layer2/wins_learned",
+        "layer1/sink_mass",
+    }
+    assert wanted <= tags, wanted - tags
+    bpb = acc.Scalars("eval/bits_per_byte")
+    assert [e.step for e in bpb] == [75, 150]
+    last = read_metrics(text_run)[-1]
+    assert bpb[-1].value == pytest.approx(last["eval/bits_per_byte"], rel=1e-6)
+
+
+def test_lm_train_resume_after_interruption_gives_identical_parameters(
+    text_run, tmp_path, monkeypatch
+):
+    real_save = checkpoints.save
+
+    def save_then_die(mgr, step, state, force=False):
+        real_save(mgr, step, state, force)
+        if step == 100:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoints, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        runs.train_and_evaluate(tiny_config(), str(tmp_path))
+    monkeypatch.setattr(checkpoints, "save", real_save)
+    runs.train_and_evaluate(tiny_config(), str(tmp_path))
+    step, resumed = checkpoints.load(Path(tmp_path) / "checkpoints")
+    step_full, full = checkpoints.load(text_run / "checkpoints")
+    assert step == step_full == 150
+    jax.tree.map(np.testing.assert_array_equal, resumed["params"], full["params"])
+    steps = [r["step"] for r in read_metrics(tmp_path)]
+    assert steps == list(range(25, 151, 25))
+
+
+def test_lm_train_bfloat16_compute_keeps_float32_parameters():
+    assert text_step.resolve_dtype("auto", "cpu") == jnp.float32
+    assert text_step.resolve_dtype("auto", "gpu") == jnp.bfloat16
+    cfg = model_lib.ModelConfig(
+        vocab_size=17, embed_dim=16, num_layers=1, num_heads=2, mlp_dim=16, max_len=8
+    )
+    module = model_lib.Transformer(cfg)
+    params = model_lib.init_params(module, jax.random.PRNGKey(0), 8)
+    windows = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 17)
+    grads = jax.grad(lambda p: text_step.window_loss_sums(module, p, windows, jnp.bfloat16)[0])(
+        params
+    )
+    assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+    full = text_step.window_loss_sums(module, params, windows)[0]
+    half = text_step.window_loss_sums(module, params, windows, jnp.bfloat16)[0]
+    np.testing.assert_allclose(half, full, rtol=2e-2)
+
+
+def test_lm_train_ablation_grid_commands_and_report(tmp_path):
+    config = lm_ablation.get_config("seeds=2")
+    commands = ablation.dry_run(config, tmp_path)
+    assert len(commands) == 5 * 2
+    assert "configs/lm.py:size=cpu" in commands[0] and "--config.model.num_heads=1" in commands[0]
+    configs = ablation.validated_configs(config)
+    for i, (name, run) in enumerate(configs.items()):
+        values = {"eval/bits_per_byte": 2.0 + i, "eval/loss": 1.0}
+        for layer in (1, 2, 3, 4):
+            values.update({f"layer{layer}/{key}": 0.5 for key, _ in text_report.LAYER_MEASURES})
+        (tmp_path / name).mkdir()
+        line = json.dumps({"step": run.optim.steps, **values})
+        (tmp_path / name / "metrics.jsonl").write_text(line + "\n")
+    report, _ = text_report.write_report(tmp_path, configs, tmp_path / "report", [])
+    text = report.read_text()
+    steps = lm.get_config().optim.steps
+    assert f"| 1 | 2 | 2.500 ± 0.500 | {steps} |" in text
+    assert "| layer | H=1 | H=2 | H=4 | H=8 | H=16 |" in text
