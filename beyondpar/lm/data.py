@@ -113,12 +113,15 @@ class TextData:
         picked = self.train_windows(step, batch_size, seq_len, process_index, process_count)
         return packing.windows(self.train_stream, picked * seq_len, seq_len)
 
+    def num_heldout_windows(self, seq_len: int) -> int:
+        return packing.num_windows(self.heldout_tokens, seq_len)
+
     def heldout_windows(self, count: int, seq_len: int) -> np.ndarray:
         """int32 (count, seq_len + 1): held-out windows spread evenly over the held-out
         stream, the same for every seed."""
         checks.positive_int("count", count)
         checks.positive_int("seq_len", seq_len)
-        available = packing.num_windows(self.heldout_tokens, seq_len)
+        available = self.num_heldout_windows(seq_len)
         if count > available:
             raise ValueError(
                 f"count must be at most the {available} held-out windows of seq_len={seq_len} "

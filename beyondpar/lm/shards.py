@@ -92,22 +92,28 @@ def describe(tok, path: str, fmt: str, text_field: str, shard_documents: int) ->
     }
 
 
+# index field -> (what differs, the field that names it to a person)
+_MUST_MATCH = {
+    "tokenizer_fingerprint": ("tokenizer", "tokenizer"),
+    "corpus_fingerprint": ("corpus", "corpus"),
+    "shard_documents": ("shard size", "shard_documents"),
+    "format_version": ("format", "format_version"),
+}
+
+
 def check_index(out: Path, wanted: dict) -> dict:
     """The folder's index; refused in one line when it was made from another tokenizer,
-    corpus or shard size."""
+    corpus (or the same path with other contents), shard size or format."""
     found = files.read_json(out / INDEX)
-    for field, what in (
-        ("tokenizer_fingerprint", "tokenizer"),
-        ("corpus_fingerprint", "corpus"),
-        ("shard_documents", "shard size"),
-        ("format_version", "format"),
-    ):
+    for field, (what, name) in _MUST_MATCH.items():
         if found.get(field) != wanted[field]:
-            name = "tokenizer" if what == "tokenizer" else "corpus"
+            expected, got = wanted[name], found.get(name)
+            if expected == got:  # same name, other contents: show the fingerprints
+                expected = f"{expected} ({str(wanted[field])[:12]})"
+                got = f"{got} ({str(found.get(field))[:12]})"
             raise ValueError(
-                f"{out} holds token shards of another {what}: expected {name} "
-                f"{wanted[name]!r} ({field} {str(wanted[field])[:12]}), got {found.get(name)!r} "
-                f"({field} {str(found.get(field))[:12]}); use another output folder"
+                f"{out} holds token shards of another {what}: expected {name} {expected!r}, "
+                f"got {got!r}; use another output folder or the shards' own {name}"
             )
     return found
 

@@ -58,6 +58,8 @@ def on_disk(shard_folder: Path, index: dict, fraction: float) -> Streams:
 
 
 def _build(shard_folder: Path, index: dict, fraction: float, folder: Path) -> None:
+    for stale in folder.glob(".*.npy"):  # temporary files of a killed build
+        stale.unlink(missing_ok=True)
     metas = [shards.read_meta(shard_folder, i) for i in range(index["num_shards"])]
     lengths = np.concatenate([np.asarray(m["lengths"], np.int64) for m in metas])
     keys = np.concatenate([np.asarray(m["keys"], np.uint64) for m in metas])

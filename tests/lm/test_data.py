@@ -98,6 +98,7 @@ def test_heldout_never_in_training(loaded, texts):
 
 def test_heldout_windows_are_fixed_and_held_out(text_folder, tmp_path, loaded):
     other = data.load(lm_corpus.config(text_folder), seed=9, cache_dir=tmp_path / "work")
+    assert loaded.num_heldout_windows(16) == (loaded.heldout_tokens - 1) // 16 == 9
     windows = loaded.heldout_windows(3, 16)
     assert windows.shape == (3, 17) and windows.dtype == np.int32
     np.testing.assert_array_equal(windows, other.heldout_windows(3, 16))
