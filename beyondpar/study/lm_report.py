@@ -29,11 +29,13 @@ LOSS_QUESTION = "Does the held-out loss fall with more heads at equal parameters
 WINS_QUESTION = "Does the held-out optimal mix beat the best head more often as training goes on?"
 
 
-def cell(stat: dict | None, percent: bool = False, digits: int = 4) -> str:
-    """`mean [low, high]` (percent with 1 decimal when `percent`); "-" for no value."""
+def cell(stat: dict | None, percent: bool = False, digits: int | None = None) -> str:
+    """`mean [low, high]`, in percent when `percent` (1 decimal unless `digits`, else 4);
+    "-" for no value."""
     if stat is None or math.isnan(stat["mean"]):
         return "-"
-    scale, digits = (100.0, 1) if percent else (1.0, digits)
+    scale = 100.0 if percent else 1.0
+    digits = digits if digits is not None else (1 if percent else 4)
     text = f"{scale * stat['mean']:.{digits}f}"
     if not math.isnan(stat["low"]):
         text += f" [{scale * stat['low']:.{digits}f}, {scale * stat['high']:.{digits}f}]"
@@ -55,6 +57,12 @@ def loss_answer(summary: dict) -> str:
         f" The lowest mean is at {best} head(s): {cells[best]['mean']:.4f} bits/byte against "
         f"{cells[1]['mean']:.4f} for 1 head."
     )
+    if all(s["n"] < 2 for s in paired.values()):
+        diffs = ", ".join(f"{s['mean']:+.4f} at H = {h}" for h, s in paired.items())
+        return (
+            f"{LOSS_QUESTION} Not tested: one seed per head count gives no interval; bits "
+            f"per byte minus 1 head's: {diffs}.{tail}"
+        )
     if lower and not higher and not unclear:
         verdict = "Yes: every head count above 1 has a lower held-out loss than 1 head"
     elif higher and not lower and not unclear:
@@ -74,6 +82,12 @@ def wins_answer(change: dict) -> str:
     if not change["runs"]:
         return f"{WINS_QUESTION} Not measured: no multi-head run evaluated more than once."
     c = change["change"]
+    if c["n"] < 2:
+        return (
+            f"{WINS_QUESTION} Not tested: one multi-head run gives no interval; it beats the "
+            f"best head on {100 * change['first']:.1f}% of windows at the first evaluation "
+            f"and {100 * change['last']:.1f}% at the last."
+        )
     numbers = (
         f"it beats the best head on {100 * change['first']:.1f}% of windows at the first "
         f"evaluation and {100 * change['last']:.1f}% at the last (change per run "
@@ -142,7 +156,10 @@ def graph_lines(summary: dict) -> list[str]:
         "|---:|" + "---:|" * len(names),
     ]
     for h in summary["heads"]:
-        out.append(tables.row([h, *(cell(summary["cells"][n].get(h), True) for n in names)]))
+        cells = [
+            cell(summary["cells"][n].get(h), True, 1 if n == OPTIMAL_WINS else 3) for n in names
+        ]
+        out.append(tables.row([h, *cells]))
     return out
 
 

@@ -96,7 +96,7 @@ def test_report_rows_print_the_recomputed_numbers(tmp_path):
         row = next(ln for ln in text.splitlines() if ln.startswith(f"| {h} | 3 |"))
         assert f"{mean:.4f} [{low:.4f}, {high:.4f}]" in row
     best = brute_interval([np.mean([0.01 + 0.001 * 4 + 0.0001 * s] * LAYERS) for s in SEEDS])
-    assert f"{100 * best[0]:.1f} [{100 * best[1]:.1f}, {100 * best[2]:.1f}]" in text
+    assert f"{100 * best[0]:.3f} [{100 * best[1]:.3f}, {100 * best[2]:.3f}]" in text
 
 
 def test_graph_measures_are_layer_means_of_the_last_evaluation(tmp_path):
@@ -123,6 +123,17 @@ def test_the_loss_answer_says_when_nothing_differs(tmp_path):
             values["eval/bits_per_byte"] = 3.0 + 0.01 * run["seed"] + shift
     answer = lm_report.loss_answer(lm_stats.summarize(runs))
     assert "Not clearly: no head count differs from 1 head" in answer, answer
+
+
+def test_one_seed_is_said_to_give_no_interval(tmp_path):
+    runs = write_runs(tmp_path, seeds=(0,))
+    summary = lm_stats.summarize(runs)
+    diff = bpb(4, 0, STEPS[-1], -1) - bpb(1, 0, STEPS[-1], -1)
+    answer = lm_report.loss_answer(summary)
+    assert answer.startswith(lm_report.LOSS_QUESTION + " Not tested: one seed"), answer
+    assert f"{diff:+.4f} at H = 4" in answer
+    wins = lm_report.wins_answer(lm_stats.wins_change([r for r in runs if r["heads"] == 4]))
+    assert wins.startswith(lm_report.WINS_QUESTION + " Not tested: one multi-head run"), wins
 
 
 @pytest.mark.parametrize(("wins_sign", "word"), [(1, "Yes:"), (-1, "No, less often:")])
