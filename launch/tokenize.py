@@ -17,7 +17,7 @@ if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpat
 from absl import flags  # noqa: E402
 
 from beyondpar.base import cli  # noqa: E402
-from beyondpar.lm import shards, tokenizer  # noqa: E402
+from beyondpar.lm import shards  # noqa: E402
 
 DATA_PATH = flags.DEFINE_string(
     "data_path", "", "Corpus: folder of text files, .jsonl or .txt ('' = the default corpus)."
@@ -34,11 +34,16 @@ flags.mark_flags_as_required(["out"])
 
 def main(argv):
     del argv
-    tok = tokenizer.load(TOKENIZER.value)
-    out = shards.write(
-        DATA_PATH.value, FORMAT.value, TEXT_FIELD.value, tok, OUT.value, SHARD_DOCUMENTS.value
+    print(
+        shards.tokenize_corpus(
+            DATA_PATH.value,
+            TOKENIZER.value,
+            OUT.value,
+            FORMAT.value,
+            TEXT_FIELD.value,
+            SHARD_DOCUMENTS.value,
+        )
     )
-    print(shards.summary(out))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Formats (`data.format`; "auto" picks by the path):
 - "text": a folder of text files, one document per file, every non-hidden file under it
   in order of relative path (`.jsonl` files in it are read as "jsonl"); or one text file,
   documents separated by blank lines.
-- "jsonl": one JSON object per line, the document in its `text_field`.
+- "jsonl": one JSON object per line, the document in its `text_field` (a folder: every
+  file under it read so).
 - "shards": a folder written by `launch/tokenize.py` (it holds `index.json`), read by
   `beyondpar.lm.shards`, not here.
 
@@ -84,16 +85,18 @@ def documents(path: str, fmt: str, text_field: str = "text") -> Iterator[Documen
         return
     p = Path(path).expanduser()
     if fmt == "shards":
-        raise ValueError(f"data.path {p} holds token shards; its documents are read as tokens")
+        raise ValueError(
+            f"data.path must be a text or JSON-lines corpus to tokenize, got {p}, "
+            "a folder of token shards (already tokenized)"
+        )
     yield from (d for d in _path_documents(p, fmt, text_field) if d.text)
 
 
 def _path_documents(p: Path, fmt: str, text_field: str) -> Iterator[Document]:
     if p.is_dir():
         for file in folder_files(p):
-            yield from _file_documents(
-                file, "jsonl" if file.suffix == ".jsonl" else "text", text_field, whole=True
-            )
+            kind = "jsonl" if fmt == "jsonl" or file.suffix == ".jsonl" else "text"
+            yield from _file_documents(file, kind, text_field, whole=True)
     else:
         yield from _file_documents(p, fmt, text_field, whole=False)
 

@@ -25,7 +25,7 @@ import numpy as np
 import tqdm
 
 from beyondpar.base import checks, files
-from beyondpar.lm import corpus
+from beyondpar.lm import corpus, tokenizer
 
 INDEX = corpus.SHARD_INDEX
 FORMAT_VERSION = 1
@@ -276,3 +276,18 @@ def summary(out) -> str:
         f"{index['num_shards']} shard(s), tokenizer {index['tokenizer']} "
         f"(vocabulary {index['vocab_size']})"
     )
+
+
+def tokenize_corpus(
+    path: str,
+    tokenizer_spec: str,
+    out,
+    fmt: str = "auto",
+    text_field: str = "text",
+    shard_documents: int = SHARD_DOCUMENTS,
+    progress: bool = True,
+) -> str:
+    """`launch/tokenize.py`: the corpus at `path` into shards in `out` by the tokenizer
+    `tokenizer_spec` ("bytes", a tokenizer.json or a .gguf file); one line on the result."""
+    tok = tokenizer.load(tokenizer_spec)
+    return summary(write(path, fmt, text_field, tok, out, shard_documents, progress))

@@ -109,6 +109,12 @@ def test_training_from_shards_equals_training_from_text(text_folder, tmp_path):
     np.testing.assert_array_equal(direct.train_batch(2, 4, 16), sharded.train_batch(2, 4, 16))
 
 
+def test_shards_are_not_tokenized_again(text_folder, tmp_path):
+    out = write(text_folder, tmp_path / "shards", Counting())
+    with pytest.raises(ValueError, match="data.path must be a text or JSON-lines corpus to "):
+        write(out, tmp_path / "again", Counting())
+
+
 def test_empty_corpus_writes_nothing(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="must hold at least one document, got none"):
