@@ -31,7 +31,7 @@ from beyondpar.benchmarks.machine import (
 from beyondpar.benchmarks.printing import print_result
 from beyondpar.lm import data as data_lib
 from beyondpar.lm import speed
-from beyondpar.study import text_config, text_optim, text_step, train
+from beyondpar.study import config_lib, text_config, text_optim, text_step, train
 
 # The cpu size of configs/lm.py (a test keeps them equal).
 CPU_MODEL = dict(embed_dim=64, num_layers=4, mlp_dim=256, max_len=128, dropout_rate=0.0)
@@ -114,7 +114,7 @@ def jax_step(cfg: model_lib.ModelConfig, mesh, windows_BxT1: np.ndarray):
 
 
 def _optim_config():
-    return text_config.base_text_config().optim
+    return config_lib.base_text_config().optim
 
 
 def lm_suite(repeats: int = 5, heads=HEADS, loader_steps: int = 50) -> dict:

@@ -3,9 +3,11 @@ its model the cpu size of configs/lm.py, and a run of the suite on fixed timings
 
 import json
 
+import numpy as np
 import pytest
 
 from beyondpar import benchmarks
+from beyondpar.base import parallel
 from beyondpar.benchmarks import lm as lm_bench
 from beyondpar.benchmarks import train as train_bench
 from beyondpar.lm import data as data_lib
@@ -77,3 +79,10 @@ def test_suite_on_fixed_timings_without_torch(monkeypatch, capsys, tmp_path):
     assert result["loader_x_fastest_step"] == pytest.approx(
         result["loader_tokens_per_s"] / (32 * 128 / 0.01)
     )
+
+
+def test_the_jax_step_builds_at_the_cpu_size():
+    """The step the suite times is the language model's AdamW update (built, not run)."""
+    windows = np.zeros((lm_bench.BATCH, lm_bench.SEQ_LEN + 1), np.int32)
+    run = lm_bench.jax_step(lm_bench.model_config(4), parallel.data_mesh(), windows)
+    assert callable(run)
