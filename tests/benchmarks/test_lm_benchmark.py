@@ -39,6 +39,15 @@ def test_goals_at_their_bounds(found, met):
     assert lm_bench.goals_met(found) == met
 
 
+def test_machine_rates_keep_the_best_of_each_measurement(monkeypatch):
+    monkeypatch.setattr(lm_bench, "matmul_flops_per_s", lambda repeats: 1e11)
+    monkeypatch.setattr(lm_bench, "copy_bytes_per_s", lambda repeats: 1e10)
+    monkeypatch.setattr(lm_bench, "exp_per_s", lambda repeats: 1e9)
+    assert lm_bench.machine_rates(1, (2e11, 5e9, 3e9)) == (2e11, 1e10, 3e9)
+    monkeypatch.setattr(lm_bench, "in_cache_yardsticks_apply", lambda: False)
+    assert lm_bench.machine_rates(1, (2e11, 5e9, None)) == (2e11, 1e10, None)
+
+
 def test_lines_print_each_ratio_beside_its_goal():
     row = {"jax": 10.0, "torch": 15.0, "floor": 4.0}
     line = lm_bench.row_line(4, row, lm_bench.ratios(row, 4096))
