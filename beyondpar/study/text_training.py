@@ -26,7 +26,7 @@ from beyondpar.base import locks, parallel
 from beyondpar.lm import data as data_lib
 from beyondpar.study import (
     config_lib,
-    tensorboard,
+    event_files,
     text_config,
     text_graphs,
     text_optim,
@@ -69,7 +69,7 @@ def _train(config, workdir: Path, mesh, main: bool) -> dict:
     start, state = train.resume(mgr, state, workdir, main)
     writer = train.MetricsWriter(workdir / METRICS_FILE, main)
     writer.truncate_after(start)
-    events = tensorboard.EventWriter(workdir / tensorboard.EVENTS_DIR, main, start)
+    events = event_files.EventWriter(workdir, main, start)
     loop = TextLoop(config, mesh, module, tx, text_data, k["dropout"], (writer, events), mgr)
     try:
         state, values = loop.run(state, start, main)

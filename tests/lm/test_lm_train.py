@@ -3,6 +3,11 @@ short run that learns, its TensorBoard events, and resumption."""
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 import types
 from pathlib import Path
 
@@ -18,31 +23,15 @@ from beyondpar.lm import data as data_lib
 from beyondpar.study import (
     ablation,
     runs,
-    tensorboard,
     text_config,
     text_optim,
     text_report,
     text_step,
 )
 from configs import lm, lm_ablation
+from helpers.lm_training import tiny_config
 
-TINY = dict(embed_dim=32, num_layers=2, mlp_dim=64, max_len=32)
-
-
-def tiny_config(steps=150, **optim):
-    config = lm.get_config("heads=2")
-    config.model.update(TINY)
-    config.seq_len = 32
-    config.optim.update(
-        dict(batch_size=16, learning_rate=1e-2, warmup_steps=10, steps=steps), **optim
-    )
-    config.log_every_steps = 25
-    config.eval_every_steps = 75
-    config.checkpoint_every_steps = 50
-    config.progress_bar = False
-    config.evaluation.update(heldout_windows=16, graph_windows=4, graph_tokens=16, horizon=20)
-    config.evaluation.max_steps = 20
-    return config
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +94,9 @@ def test_lm_train_microbatches_give_the_full_batchs_gradient():
         total, count = text_step.window_loss_sums(module, p, piece)
         return total / count
 
-    want = text_step.accumulated_gradients(mean_loss, params, windows, 1)
-    got = text_step.accumulated_gradients(mean_loss, params, windows, 4)
+    gradients = jax.jit(text_step.accumulated_gradients, static_argnums=(0, 3))
+    want = gradients(mean_loss, params, windows, 1)
+    got = gradients(mean_loss, params, windows, 4)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, want)
 
@@ -148,7 +138,7 @@ def test_lm_train_short_run_learns_below_the_unigram_entropy(text_run):
 
 
 def test_lm_train_tensorboard_events_read_back(text_run):
-    acc = event_accumulator.EventAccumulator(str(text_run / tensorboard.EVENTS_DIR))
+    acc = event_accumulator.EventAccumulator(str(text_run))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     wanted = {
@@ -170,20 +160,27 @@ def test_lm_train_tensorboard_events_read_back(text_run):
     assert bpb[-1].value == pytest.approx(last["eval/bits_per_byte"], rel=1e-6)
 
 
-def test_lm_train_resume_after_interruption_gives_identical_parameters(
-    text_run, tmp_path, monkeypatch
-):
-    real_save = checkpoints.save
+KILLED_RUN = """
+import sys, jax
+jax.config.update("jax_num_cpu_devices", 4)
+from beyondpar.study import runs
+from helpers.lm_training import tiny_config
+runs.train_and_evaluate(tiny_config(), sys.argv[1])
+"""
 
-    def save_then_die(mgr, step, state, force=False):
-        real_save(mgr, step, state, force)
-        if step == 100:
-            raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoints, "save", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        runs.train_and_evaluate(tiny_config(), str(tmp_path))
-    monkeypatch.setattr(checkpoints, "save", real_save)
+def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_path):
+    """A run killed (SIGKILL) once its step-50 checkpoint is on disk, then started
+    again, ends with the uninterrupted run's parameters and metrics lines."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    process = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path)], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 240
+    while not checkpoints.list_steps(tmp_path / "checkpoints") and time.monotonic() < deadline:
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoints.list_steps(tmp_path / "checkpoints")[-1] < 150
     runs.train_and_evaluate(tiny_config(), str(tmp_path))
     step, resumed = checkpoints.load(Path(tmp_path) / "checkpoints")
     step_full, full = checkpoints.load(text_run / "checkpoints")
@@ -202,12 +199,11 @@ def test_lm_train_bfloat16_compute_keeps_float32_parameters():
     module = model_lib.Transformer(cfg)
     params = model_lib.init_params(module, jax.random.PRNGKey(0), 8)
     windows = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 17)
-    grads = jax.grad(lambda p: text_step.window_loss_sums(module, p, windows, jnp.bfloat16)[0])(
-        params
-    )
+    loss = jax.jit(lambda p, dtype: text_step.window_loss_sums(module, p, windows, dtype)[0],
+                   static_argnums=1)  # fmt: skip
+    grads = jax.jit(jax.grad(loss), static_argnums=1)(params, jnp.bfloat16)
     assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
-    full = text_step.window_loss_sums(module, params, windows)[0]
-    half = text_step.window_loss_sums(module, params, windows, jnp.bfloat16)[0]
+    full, half = loss(params, jnp.float32), loss(params, jnp.bfloat16)
     np.testing.assert_allclose(half, full, rtol=2e-2)
 
 
@@ -229,3 +225,19 @@ def test_lm_train_ablation_grid_commands_and_report(tmp_path):
     steps = lm.get_config().optim.steps
     assert f"| 1 | 2 | 2.500 ± 0.500 | {steps} |" in text
     assert "| layer | H=1 | H=2 | H=4 | H=8 | H=16 |" in text
+
+
+def test_lm_train_documented_throughput_is_the_flops_estimate():
+    """configs/lm.py's expected tokens/s: 40% of the named chips' peak over the training
+    FLOPs per token of each size's model."""
+    chips = {"gpu": ("NVIDIA H100 80GB HBM3", 1), "gpu8": ("H100", 8), "tpu": ("TPU v5 lite", 16)}
+    for size, (kind, devices) in chips.items():
+        config = lm.get_config(f"size={size}")
+        assert lm.SIZES[size]["devices"] == devices
+        cfg = model_lib.ModelConfig(**config.model.to_dict())
+        rate = text_config.expected_tokens_per_second(
+            cfg, config.seq_len, text_config.peak_flops(kind), devices
+        )
+        written = f"{rate:.1e}".replace("e+0", "e")  # 6.3e5
+        assert f"about {written} tokens/s" in lm.__doc__.replace("\n        ", " "), (size, rate)
+    assert text_config.peak_flops("cpu") is None

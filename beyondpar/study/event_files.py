@@ -1,5 +1,6 @@
-"""TensorBoard event files of a run, beside its `metrics.jsonl`: every logged number as a
-scalar under the same name, written by process 0 only."""
+"""TensorBoard event files of a run, in its workdir beside `metrics.jsonl`: every logged
+number as a scalar under the same name, written by process 0 only
+(`tensorboard --logdir WORKDIR`, or the folder of an ablation's runs)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import math
 import os
 
 from tensorboardX import SummaryWriter
-
-EVENTS_DIR = "tensorboard"  # under the workdir: `tensorboard --logdir WORKDIR`
 
 
 class EventWriter:

@@ -1,0 +1,22 @@
+"""A language-model config small enough for tests: 2 layers of d 32 on 32 bytes, 150 steps
+of batch 16 on the default corpus (tests/lm/test_lm_train.py, and the process it kills)."""
+
+from configs import lm
+
+TINY = dict(embed_dim=32, num_layers=2, mlp_dim=64, max_len=32)
+
+
+def tiny_config(steps=150, **optim):
+    config = lm.get_config("heads=2")
+    config.model.update(TINY)
+    config.seq_len = 32
+    config.optim.update(
+        dict(batch_size=16, learning_rate=1e-2, warmup_steps=10, steps=steps), **optim
+    )
+    config.log_every_steps = 25
+    config.eval_every_steps = 75
+    config.checkpoint_every_steps = 50
+    config.progress_bar = False
+    config.evaluation.update(heldout_windows=16, graph_windows=4, graph_tokens=16, horizon=20)
+    config.evaluation.max_steps = 20
+    return config
