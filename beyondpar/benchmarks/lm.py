@@ -131,7 +131,8 @@ def machine_rates(repeats: int, best: tuple | None = None) -> tuple:
 
 def lm_suite(repeats: int = 5, heads=HEADS, loader_steps: int = 50) -> dict:
     """Milliseconds per step and tokens per second per head count, JAX and PyTorch timed
-    in turns (`train.step_ms`), against the floor at the machine's best rates so far;
+    in turns (`train.step_ms`), against the floor at the machine's best rates so far,
+    then again, every head count, at the best rates of the whole run (the ratios kept);
     then the loader on one core."""
     mesh = parallel.data_mesh()
     rates = machine_rates(repeats)
@@ -159,7 +160,11 @@ def lm_suite(repeats: int = 5, heads=HEADS, loader_steps: int = 50) -> dict:
         row["floor"] = train_bench.roofline_ms(cfg, BATCH, SEQ_LEN, *rates)
         rows[h], found[h] = row, ratios(row, BATCH * SEQ_LEN)
         print(row_line(h, row, found[h]), flush=True)
-    print(f"best rates of the run: {rates_text(rates)}")
+    print(f"at the best rates of the run ({rates_text(rates)}), the final ratios:")
+    for h, row in rows.items():
+        row["floor"] = train_bench.roofline_ms(model_config(h), BATCH, SEQ_LEN, *rates)
+        found[h] = ratios(row, BATCH * SEQ_LEN)
+        print(row_line(h, row, found[h]))
     loader = speed.train_batch_tokens_per_second(text_data, BATCH, SEQ_LEN, loader_steps)
     fastest = max(f["tokens_per_s"] for f in found.values())
     print(loader_line(loader, fastest))
