@@ -3,6 +3,7 @@ one JSON line at the end.
 
 python launch/benchmark.py metrics      # kernels vs the paper, NumPy, matmul (5 repeats)
 python launch/benchmark.py train        # train step per head count vs PyTorch (20 repeats)
+python launch/benchmark.py lm           # language-model step per head count, loader (5 repeats)
 python launch/benchmark.py synergy      # one 16-head checkpoint, every analysis (1 repeat)
 python launch/benchmark.py pretrained   # GPT-2-small shape, 1,024 tokens (1 repeat)
 python launch/benchmark.py corpus       # SmolLM2-135M shape, 100 x 512 tokens (one pass)

@@ -128,10 +128,12 @@ def test_demo_runs_each_launcher_with_flags_it_accepts(tmp_path):
         "launch/ablate.py",
         "launch/example2.py",
         "launch/analyze.py",
+        "launch/ablate.py",
     ]
     assert "--workdir=o/ablation" in launchers[0] and launchers[1][1:] == ["--out", "o/example2"]
     assert {"--model=/models/smollm2.gguf", "--out=o/smollm2"} <= set(launchers[2])
-    assert [message for message, _ in launcher_flags.parse(launchers)] == ["ok", "ok", "ok"]
+    assert {"--config=configs/lm_ablation.py:seeds=1", "--workdir=o/lm"} <= set(launchers[3])
+    assert [message for message, _ in launcher_flags.parse(launchers)] == ["ok"] * 4
 
 
 # A Python that reports the version it is told, and records (and refuses) anything else.

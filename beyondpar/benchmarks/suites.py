@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from beyondpar.benchmarks.coalitions import coalitions_suite
 from beyondpar.benchmarks.corpus import corpus_suite
+from beyondpar.benchmarks.lm import lm_suite
 from beyondpar.benchmarks.load import load_suite
 from beyondpar.benchmarks.metrics import metrics_suite
 from beyondpar.benchmarks.pretrained import pretrained_suite
@@ -16,6 +17,7 @@ from beyondpar.benchmarks.train import train_suite
 SUITES: dict[str, Callable[..., dict]] = {
     "metrics": metrics_suite,
     "train": train_suite,
+    "lm": lm_suite,
     "synergy": synergy_suite,
     "pretrained": pretrained_suite,
     "corpus": corpus_suite,

@@ -1,6 +1,6 @@
 """Scripted ablations: a grid over config fields -> trained runs -> records -> report.
 A grid of language models (`configs/lm_ablation.py`) is reported from the evaluations
-its runs logged while training (`text_report`).
+its runs logged while training (`lm_report`: the language study's report).
 
 Training is resumable run by run: a finished run (its final checkpoint saved) is never
 trained again, an unfinished one resumes from its latest checkpoint, and evaluation
@@ -20,7 +20,7 @@ import tqdm
 
 from beyondpar import checkpoints
 from beyondpar.base import locks
-from beyondpar.study import config_lib, evaluate, report, runs, text_config, text_report
+from beyondpar.study import config_lib, evaluate, lm_report, lm_stats, report, runs, text_config
 from beyondpar.study import workdir as workdir_lib
 
 REPORT_DIR = "report"
@@ -127,11 +127,10 @@ def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progres
     failures are (run or checkpoint, message); a failed run does not stop the others."""
     workdir = Path(workdir)
     configs = validated_configs(ablation)
+    if text_config.is_text(next(iter(configs.values()))):
+        return _run_text(configs, workdir, progress)
     with locks.lock(workdir):
         failed = _train_all(configs, workdir, progress)
-        if all(text_config.is_text(c) for c in configs.values()):
-            # A language model's evaluations are in its metrics, made while it trained.
-            return text_report.write_report(workdir, configs, workdir / REPORT_DIR, failed), failed
         _, failures = evaluate.evaluate_tree(workdir, ablation.steps, progress)
         records = [
             r for r in evaluate.read_records(workdir / evaluate.RECORDS_FILE) if r["run"] in configs
@@ -141,6 +140,18 @@ def run(ablation: ml_collections.ConfigDict, workdir: str | os.PathLike, progres
         if records:
             written = report.write_report(records, workdir / REPORT_DIR, failures, workdir)
     return written, failures
+
+
+def _run_text(configs: dict, workdir: Path, progress: bool):
+    """A language study: train what is missing, then the report from the runs' own
+    evaluations. There is no batch evaluation: each run already measured its held-out
+    loss and attention graphs at every evaluation step (metrics.jsonl), on fixed
+    held-out windows of its corpus, which is what evaluating its checkpoints would redo."""
+    with locks.lock(workdir):
+        failed = _train_all(configs, workdir, progress)
+        found = lm_stats.read_runs(workdir, names=set(configs))
+        written = lm_report.write_report(found, workdir / REPORT_DIR, failed) if found else []
+    return written, failed
 
 
 def _not_trained_again(evaluation_failures: list, training_failures: list) -> list:

@@ -1,0 +1,163 @@
+"""The language study's report from fabricated runs: its table numbers are the means,
+intervals and seed-paired differences recomputed here by brute force in float64, its
+answers follow the numbers (and flip when they flip), and it says the parameters match."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from beyondpar.base import settings
+from beyondpar.study import lm_report, lm_stats
+from configs import lm as lm_config
+
+HEADS = (1, 2, 4)
+SEEDS = (0, 1, 2)
+STEPS = (100, 200, 300)
+LAYERS = 2
+MEASURES = ("best_head_fidelity", "fidelity_learned", "fidelity_uniform", "fidelity_optimal")
+
+
+def bpb(heads, seed, step, sign):
+    """A bits-per-byte value: falls with steps, moves with heads by `sign`, seed noise."""
+    return 3.0 - 0.001 * step + sign * 0.05 * math.log2(heads) + 0.01 * ((seed * 7 + heads) % 3)
+
+
+def wins(heads, seed, step, sign):
+    """Windows won by the optimal mix, per layer: rising (sign 1) or falling with step."""
+    base = 0.5 + sign * 0.001 * (step - 200) + 0.02 * seed
+    return [base + 0.01 * layer for layer in range(LAYERS)]
+
+
+def eval_line(heads, seed, step, loss_sign, wins_sign):
+    value = bpb(heads, seed, step, loss_sign)
+    line = {"step": step, "eval/bits_per_byte": value, "eval/loss": value * math.log(2)}
+    for layer in range(LAYERS):
+        for k, name in enumerate(MEASURES):
+            line[f"layer{layer + 1}/{name}"] = 0.01 * (k + 1) + 0.001 * heads + 0.0001 * seed
+        line[f"layer{layer + 1}/wins_optimal"] = wins(heads, seed, step, wins_sign)[layer]
+    return line
+
+
+def write_runs(root, loss_sign=-1, wins_sign=1, heads=HEADS, seeds=SEEDS):
+    """A grid of run folders as an ablation leaves them: config.json and metrics.jsonl
+    with training lines between the evaluations."""
+    for h in heads:
+        for s in seeds:
+            run = root / f"heads-{h}_seed-{s}"
+            run.mkdir(parents=True)
+            config = lm_config.get_config(f"heads={h},seed={s}")
+            config.model.update(embed_dim=16, num_layers=LAYERS, mlp_dim=32, max_len=16)
+            config.seq_len = 16
+            (run / "config.json").write_text(json.dumps(settings.json_form(config.to_dict())))
+            lines = []
+            for step in STEPS:
+                lines.append({"step": step - 50, "train/loss": 2.0})
+                lines.append(eval_line(h, s, step, loss_sign, wins_sign))
+            (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return lm_stats.read_runs(root)
+
+
+def brute_interval(values):
+    v = [float(x) for x in values]
+    n = len(v)
+    mean = sum(v) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def test_loss_cells_and_paired_differences_are_brute_force_recomputations(tmp_path):
+    runs = write_runs(tmp_path)
+    summary = lm_stats.summarize(runs)
+    last = STEPS[-1]
+    for h in HEADS:
+        want = brute_interval([bpb(h, s, last, -1) for s in SEEDS])
+        got = summary["cells"]["eval/bits_per_byte"][h]
+        np.testing.assert_allclose([got["mean"], got["low"], got["high"]], want, rtol=1e-12)
+        if h == 1:
+            continue
+        diffs = [bpb(h, s, last, -1) - bpb(1, s, last, -1) for s in SEEDS]
+        want = brute_interval(diffs)
+        got = summary["paired"]["eval/bits_per_byte"][h]
+        np.testing.assert_allclose([got["mean"], got["low"], got["high"]], want, rtol=1e-9)
+
+
+def test_report_rows_print_the_recomputed_numbers(tmp_path):
+    runs = write_runs(tmp_path)
+    text = lm_report.markdown(runs)
+    last = STEPS[-1]
+    for h in HEADS[1:]:
+        mean, low, high = brute_interval([bpb(h, s, last, -1) - bpb(1, s, last, -1) for s in SEEDS])
+        assert f"{mean:.4f} [{low:.4f}, {high:.4f}]" in text
+        mean, low, high = brute_interval([bpb(h, s, last, -1) for s in SEEDS])
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {h} | 3 |"))
+        assert f"{mean:.4f} [{low:.4f}, {high:.4f}]" in row
+    best = brute_interval([np.mean([0.01 + 0.001 * 4 + 0.0001 * s] * LAYERS) for s in SEEDS])
+    assert f"{100 * best[0]:.3f} [{100 * best[1]:.3f}, {100 * best[2]:.3f}]" in text
+
+
+def test_graph_measures_are_layer_means_of_the_last_evaluation(tmp_path):
+    runs = write_runs(tmp_path)
+    cells = lm_stats.summarize(runs)["cells"]["wins_optimal"]
+    want = brute_interval([np.mean(wins(4, s, STEPS[-1], 1)) for s in SEEDS])
+    got = cells[4]
+    np.testing.assert_allclose([got["mean"], got["low"], got["high"]], want, rtol=1e-9)
+
+
+@pytest.mark.parametrize(("loss_sign", "word"), [(-1, "Yes:"), (1, "No:")])
+def test_the_loss_answer_flips_with_the_numbers(tmp_path, loss_sign, word):
+    runs = write_runs(tmp_path, loss_sign=loss_sign)
+    answer = lm_report.loss_answer(lm_stats.summarize(runs))
+    assert answer.startswith(lm_report.LOSS_QUESTION + " " + word), answer
+
+
+def test_the_loss_answer_says_when_nothing_differs(tmp_path):
+    runs = write_runs(tmp_path, loss_sign=0)
+    for run in runs:  # paired differences of mean zero: +1, 0, -1 thousandths over seeds
+        index = HEADS.index(run["heads"])
+        shift = 0.0 if index == 0 else 0.001 * (1, -1, 0)[(run["seed"] + index) % 3]
+        for values in run["evals"].values():
+            values["eval/bits_per_byte"] = 3.0 + 0.01 * run["seed"] + shift
+    answer = lm_report.loss_answer(lm_stats.summarize(runs))
+    assert "Not clearly: no head count differs from 1 head" in answer, answer
+
+
+def test_one_seed_is_said_to_give_no_interval(tmp_path):
+    runs = write_runs(tmp_path, seeds=(0,))
+    summary = lm_stats.summarize(runs)
+    diff = bpb(4, 0, STEPS[-1], -1) - bpb(1, 0, STEPS[-1], -1)
+    answer = lm_report.loss_answer(summary)
+    assert answer.startswith(lm_report.LOSS_QUESTION + " Not tested: one seed"), answer
+    assert f"{diff:+.4f} at H = 4" in answer
+    wins = lm_report.wins_answer(lm_stats.wins_change([r for r in runs if r["heads"] == 4]))
+    assert wins.startswith(lm_report.WINS_QUESTION + " Not tested: one multi-head run"), wins
+
+
+@pytest.mark.parametrize(("wins_sign", "word"), [(1, "Yes:"), (-1, "No, less often:")])
+def test_the_wins_answer_flips_with_the_numbers(tmp_path, wins_sign, word):
+    runs = write_runs(tmp_path, wins_sign=wins_sign)
+    change = lm_stats.wins_change(runs)
+    first = np.mean([np.mean(wins(h, s, STEPS[0], wins_sign)) for h in HEADS[1:] for s in SEEDS])
+    assert change["first"] == pytest.approx(first)
+    assert change["runs"] == len(HEADS[1:]) * len(SEEDS)
+    assert lm_report.wins_answer(change).startswith(lm_report.WINS_QUESTION + " " + word)
+
+
+def test_parameters_are_said_to_match_with_the_counts(tmp_path):
+    runs = write_runs(tmp_path)
+    counts = {r["params"] for r in runs}
+    assert len(counts) == 1
+    text = lm_report.markdown(runs)
+    assert f"every head count has {counts.pop():,} parameters" in text
+    assert [r["head_dim"] for r in runs if r["seed"] == 0] == [16 // h for h in HEADS]
+
+
+def test_write_report_writes_the_report_json_and_plots(tmp_path):
+    runs = write_runs(tmp_path / "runs", heads=(1, 4), seeds=(0, 1))
+    written = {p.name for p in lm_report.write_report(runs, tmp_path / "report")}
+    assert {"report.md", "results.json", "loss_vs_heads.png", "graphs_vs_step.png"} <= written
+    saved = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert saved["paired_to_1_head"]["eval/bits_per_byte"]["4"]["n"] == 2
