@@ -60,3 +60,56 @@ def fidelity_fields(
         return sampled_fields(mean, stderr, "fidelity")
     values = coalitions.values(attn_BxHxTxT, weights, objective="fidelity", horizon=horizon)
     return game_fields(values, "fidelity")
+
+
+# The per-layer summary every report reads, one objective at a time: keys below, each
+# an interval {"mean", "low", "high"} over sequences (or windows); a strongest dividend
+# also names its `heads` (0-based). Entries a game lacks (sampled: no dividends) are absent.
+STRONGEST = {
+    "strongest_positive_pair": ("pair_dividends", 2, np.argmax),
+    "strongest_negative_pair": ("pair_dividends", 2, np.argmin),
+    "strongest_positive_triple": ("triple_dividends", 3, np.argmax),
+    "strongest_negative_triple": ("triple_dividends", 3, np.argmin),
+}
+SHARES = ("negative_pair_share", "negative_triple_share")
+
+
+def summarize(fields: dict, objective: str, intervals) -> dict:
+    """One layer's summary of one objective from its COALITION fields over sequences
+    (W, ...): the Shapley values (H intervals), their mean standard error, the mean
+    pairwise interaction (H x H), the strongest positive and negative pair and triple
+    dividends (largest and smallest mean) and the share of negative dividends.
+    `intervals({key: W or W x K values}) -> {key: {"mean", "low", "high"}}` is the
+    workflow's interval over sequences (one call per layer and objective)."""
+    name = lambda n: record.coalition_field(n, objective)
+    wanted = ("shapley", "pair_dividends", "triple_dividends", *SHARES)
+    blocks = {n: np.asarray(fields[name(n)], np.float64) for n in wanted if name(n) in fields}
+    stat = intervals(blocks)
+    out = {"shapley": stat["shapley"]}
+    out["shapley_stderr"] = np.asarray(fields[name("shapley_stderr")]).mean(0).tolist()
+    if name("interaction") in fields:
+        out["interaction"] = np.asarray(fields[name("interaction")]).mean(0).tolist()
+    num_heads = blocks["shapley"].shape[-1]
+    for key, (source, size, pick) in STRONGEST.items():
+        if source in stat:
+            index = int(pick(stat[source]["mean"]))
+            chosen = {k: float(v[index]) for k, v in stat[source].items()}
+            out[key] = {"heads": list(record.coalition_members(num_heads, size)[index]), **chosen}
+    out.update({key: stat[key] for key in SHARES if key in stat})
+    return out
+
+
+def normal_intervals(blocks: dict) -> dict:
+    """Mean and 95% normal interval (mean +- 1.96 standard errors) over axis 0 of each
+    block; one sequence: low = high = mean."""
+    out = {}
+    for key, values in blocks.items():
+        x = np.asarray(values, np.float64)
+        mean = x.mean(0)
+        half = 1.96 * x.std(0, ddof=1) / np.sqrt(len(x)) if len(x) > 1 else np.zeros_like(mean)
+        out[key] = {
+            "mean": mean.tolist(),
+            "low": (mean - half).tolist(),
+            "high": (mean + half).tolist(),
+        }
+    return out
