@@ -12,7 +12,7 @@ ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "beyondpar"
 # A folder sits in one layer unless one of its modules is named here on its own:
 # head pruning's ranking of heads is a kernel, the rest of `pruning` runs models.
-KERNELS = {"graphs", "metrics", "synergy", "weighting", "pruning.ranking"}
+KERNELS = {"graphs", "metrics", "synergy", "weighting", "coalitions", "pruning.ranking"}
 MODELS = {
     "model",
     "linear",
