@@ -8,6 +8,8 @@ mean and a 95% bootstrap confidence interval over windows of every metric of eve
 and mix, the share of windows where each mix beats its best head and the gain's mean and
 interval, beside uniform causal attention of the same length. With `pruning`, the
 model's loss and next-token accuracy as heads are removed in each order, with areas.
+With `spec.coalitions`, every layer's heads as a game on fidelity (every window) and on
+the loss (the first `coalition_windows` windows), with intervals over windows.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ import numpy as np
 import tqdm
 
 from beyondpar import measure, pretrained
-from beyondpar.analysis import loss_pruning, optimum, statistics, text, windowing
+from beyondpar.analysis import (
+    coalition_summary,
+    loss_pruning,
+    optimum,
+    statistics,
+    text,
+    windowing,
+)
 from beyondpar.base import checks, files, locks, settings
 from beyondpar.measure import record
 
@@ -41,9 +50,11 @@ class CorpusSpec:
     pruning_points: int = 11
     search_windows: int = 8
     seed: int = 0
+    coalition_windows: int = 8
 
     def __post_init__(self):
-        for name in ("batch_size", "pruning_windows", "pruning_points", "search_windows"):
+        names = ("batch_size", "pruning_windows", "pruning_points", "search_windows")
+        for name in (*names, "coalition_windows"):
             checks.positive_int(f"--{name}", getattr(self, name))
 
 
@@ -75,8 +86,23 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
             summary["pruning"] = loss_pruning.corpus_curves(
                 module, params, windows, cspec, spec, progress
             )
+        if spec.coalitions:
+            summary["coalitions"] = coalitions(
+                module, params, windows, records, cspec, spec, progress
+            )
         files.write_json(out_dir / SUMMARY_FILE, summary)
     return summary, windows
+
+
+def coalitions(module, params, windows, records, cspec, spec, progress=True) -> dict:
+    """Per layer, the fidelity game over every window and the loss game on the first
+    `cspec.coalition_windows` windows, with intervals over windows."""
+    layers = [int(k) for k in records[0]["layers"]]
+    rows = {layer: [r["layers"][str(layer)] for r in records] for layer in layers}
+    fidelity = coalition_summary.fidelity_games(rows)
+    tokens = np.asarray(windows.tokens[: cspec.coalition_windows])
+    loss = coalition_summary.loss_games(module, params, tokens, layers, spec, progress)
+    return coalition_summary.summarize(fidelity, loss, cspec.seed)
 
 
 def _windows_done(module, params, windows, cspec, spec, found, out_dir, progress) -> list[dict]:
@@ -179,6 +205,7 @@ _FREE = (
     "corpus_spec.pruning_windows",
     "corpus_spec.pruning_points",
     "corpus_spec.max_windows",
+    "corpus_spec.coalition_windows",
 )
 
 

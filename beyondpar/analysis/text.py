@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondpar import graphs, metrics, pretrained
+from beyondpar.analysis import coalition_summary
 from beyondpar.base import files
 from beyondpar.base.timing import Timer
 from beyondpar.measure import MeasureSpec, baselines, measure_layer
@@ -168,6 +169,11 @@ def text_record(path_or_name, text: str, spec: MeasureSpec, dtype=None, mesh=Non
     record = analyze_tokens(module, params, np.asarray([ids]), spec, timer)
     labels = [tokenizer.decode([i]) for i in ids]
     record["rollout"]["largest_shares"] = largest_shares(record["rollout"]["sink_share"], labels)
+    if spec.coalitions:
+        with timer.part("coalitions: loss"):
+            record["coalitions"] = coalition_summary.of_tokens(
+                module, params, np.asarray([ids]), record["layers"], spec, 0
+            )
     return {
         "source": str(path_or_name),
         "model_type": type(module.config).__name__,
@@ -198,6 +204,9 @@ def attention_record(path, spec: MeasureSpec) -> dict:
     except ValueError as err:
         raise ValueError(f"attention file {path}: {err}") from err
     batch = attn[None] if attn.ndim == 4 else attn
+    if spec.coalitions:  # no model: the fidelity game only
+        games = coalition_summary.batch_games(record["layers"])
+        record["coalitions"] = coalition_summary.summarize(games, {}, 0)
     return {
         "source": str(path),
         "num_layers": batch.shape[1],

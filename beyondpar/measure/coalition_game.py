@@ -8,6 +8,7 @@ interaction and the Harsanyi dividends of pairs and triples are exact. More head
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from beyondpar import coalitions
@@ -18,7 +19,8 @@ def game_fields(values_BxC, objective: str) -> dict:
     """The COALITION fields of `objective` from every coalition's value (bit h = head h):
     Shapley values, pairwise interaction, pair and triple dividends (pairs when H >= 2,
     triples when H >= 3) and the share of them that is negative."""
-    values = np.asarray(values_BxC, np.float64)
+    # float32 unless x64 is on, as the kernels compute (values may come as float64).
+    values = jnp.asarray(values_BxC)
     num_heads = int(values.shape[-1]).bit_length() - 1
     name = lambda n: record.coalition_field(n, objective)
     shapley = np.asarray(coalitions.shapley(values))

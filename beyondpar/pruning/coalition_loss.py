@@ -112,7 +112,7 @@ class LossGameSpec:
 
     def __post_init__(self):
         for name in ("exact_heads", "permutations", "max_sequences"):
-            checks.positive_int(f"--{name}", getattr(self, name))
+            checks.positive_int(name, getattr(self, name))
 
 
 def layer_fields(module, params, batch, layer: int, spec: LossGameSpec, progress: bool = False):
