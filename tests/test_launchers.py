@@ -202,6 +202,7 @@ def test_analyze_corpus_flags_reach_their_own_corpus_spec_fields(corpus_runs):
             "pruning_points": 11,
             "search_windows": 5,
             "seed": 0,
+            "coalition_windows": 8,
         }
 
 

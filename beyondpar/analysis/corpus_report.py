@@ -13,7 +13,7 @@ import numpy as np
 
 from beyondpar.base import files, locks
 from beyondpar.measure import record as schema
-from beyondpar.reports import figures, numbering, tables
+from beyondpar.reports import coalitions, figures, numbering, tables
 
 FIDELITY, MEDIAN, P10 = schema.FIDELITY, schema.MEDIAN, schema.P10
 HITTING = schema.HITTING_NORMALIZED
@@ -76,6 +76,9 @@ def markdown(summary: dict) -> str:
         lines += ["", f"### Layer {numbering.number(layer)}", "", *_head_table(d, base)]
     if "pruning" in summary:
         lines += ["", *_pruning_table(summary["pruning"])]
+    if "coalitions" in summary:
+        games = summary["coalitions"]
+        lines += ["", *coalitions.section(games, coalitions.figure_files(games))]
     return "\n".join(lines) + "\n"
 
 
@@ -281,6 +284,7 @@ def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
         plots["pruning.png"] = lambda s, plt: figures.pruning(pruning_panels(s), plt, title)
     plt = files.pyplot()
     drawn = {name: lambda plot=plot: plot(summary, plt) for name, plot in plots.items()}
+    drawn.update(coalitions.draw(summary.get("coalitions", {}), plt))
     with locks.lock(out_dir):
         written = [files.write_text(out_dir / "report.md", markdown(summary))]
         return written + files.write_figures(out_dir, drawn)

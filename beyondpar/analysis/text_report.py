@@ -12,7 +12,7 @@ import numpy as np
 
 from beyondpar.base import files, locks
 from beyondpar.measure import record as schema
-from beyondpar.reports import figures, numbering, tables
+from beyondpar.reports import coalitions, figures, numbering, tables
 
 FIDELITY, MEDIAN, P10 = schema.FIDELITY, schema.MEDIAN, schema.P10
 BEST_HEAD_FIDELITY, DIVERSITY = schema.BEST_HEAD_FIDELITY, schema.DIVERSITY
@@ -118,6 +118,9 @@ def markdown(record: dict) -> str:
     if any("pairwise_synergy" in d for d in record["layers"].values()):
         lines += ["", "![pairwise synergy](pairwise_synergy.png)"]
     lines += ["", "![per-head fidelity](fidelity_heads.png)"]
+    if "coalitions" in record:
+        games = record["coalitions"]
+        lines += ["", *coalitions.section(games, coalitions.figure_files(games))]
     timings = record.get("timings_s", {})
     if timings:
         lines += ["", "## Time (s)", "", "| part | seconds |", "|---|---:|"]
@@ -277,6 +280,7 @@ def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
         plots["pairwise_synergy.png"] = lambda r, plt: figures.pairwise(pairwise_by_layer(r), plt)
     plt = files.pyplot()
     drawn = {name: lambda plot=plot: plot(record, plt) for name, plot in plots.items()}
+    drawn.update(coalitions.draw(record.get("coalitions", {}), plt))
     with locks.lock(out_dir):
         written = [
             files.write_text(out_dir / "report.md", markdown(record)),
