@@ -17,8 +17,8 @@ import matplotlib.ticker
 import numpy as np
 
 from beyondpar.base import files
-from beyondpar.reports import figures as report_figures
 from beyondpar.reports import coalitions, numbering, tables
+from beyondpar.reports import figures as report_figures
 from beyondpar.study import synergy_report
 
 # Per-layer metrics of a record and their units; records written before a metric existed
