@@ -63,15 +63,19 @@ def _m(x) -> float:
     return float(np.mean(x))
 
 
+def _sink_note(k: int) -> str:
+    if not k:
+        return "Sink mass: mean attention on the first token."
+    return (
+        f"Every metric is also computed without the first {k} token(s) (attention sinks), "
+        "each row renormalised over the remaining keys: the tables marked 'without sink'."
+    )
+
+
 def markdown(record: dict) -> str:
     spec = record["spec"]
     k = spec.get("sink_tokens", 0)
-    sink_note = (
-        f"Every metric is also computed without the first {k} token(s) (attention sinks), "
-        "each row renormalised over the remaining keys: the tables marked 'without sink'."
-        if k
-        else "Sink mass: mean attention on the first token."
-    )
+    sink_note = _sink_note(k)
     lines = [
         f"# Attention analysis: {record['source']}",
         "",
@@ -118,9 +122,7 @@ def markdown(record: dict) -> str:
     if any("pairwise_synergy" in d for d in record["layers"].values()):
         lines += ["", "![pairwise synergy](pairwise_synergy.png)"]
     lines += ["", "![per-head fidelity](fidelity_heads.png)"]
-    if "coalitions" in record:
-        games = record["coalitions"]
-        lines += ["", *coalitions.section(games, coalitions.figure_files(games))]
+    lines += coalition_lines(record)
     timings = record.get("timings_s", {})
     if timings:
         lines += ["", "## Time (s)", "", "| part | seconds |", "|---|---:|"]
@@ -266,6 +268,14 @@ def pairwise_by_layer(record: dict) -> dict:
         for k, d in record["layers"].items()
         if "pairwise_synergy" in d
     }
+
+
+def coalition_lines(record: dict) -> list[str]:
+    """The coalitions section, when the record has the heads' games."""
+    if "coalitions" not in record:
+        return []
+    games = record["coalitions"]
+    return ["", *coalitions.section(games, coalitions.figure_files(games))]
 
 
 def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
