@@ -77,8 +77,7 @@ def markdown(summary: dict) -> str:
     if "pruning" in summary:
         lines += ["", *_pruning_table(summary["pruning"])]
     if "coalitions" in summary:
-        games = summary["coalitions"]
-        lines += ["", *coalitions.section(games, coalitions.figure_files(games))]
+        lines += _coalition_lines(summary)
     return "\n".join(lines) + "\n"
 
 
@@ -272,6 +271,19 @@ def pruning_panels(summary: dict) -> list:
         if name != "windows"
     }
     return [("next-token loss", curves)]
+
+
+def _coalition_lines(summary: dict) -> list[str]:
+    """The coalitions section, with the windows each game was played on."""
+    games = summary["coalitions"]
+    played = min(summary["corpus_spec"]["coalition_windows"], summary["num_windows"])
+    return [
+        "",
+        *coalitions.section(games, coalitions.figure_files(games)),
+        "",
+        f"Fidelity games on all {summary['num_windows']} windows, loss games on the first "
+        f"{played}; 95% bootstrap intervals over those windows.",
+    ]
 
 
 def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:

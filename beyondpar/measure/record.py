@@ -84,7 +84,7 @@ OBJECTIVE_UNITS = {"fidelity": "fraction", "loss": "nats"}
 _COALITION_DOCS = (
     ("shapley", "(B, H) each head's Shapley value"),
     ("shapley_stderr", "(B, H) its standard error (0 when every coalition is valued)"),
-    ("interaction", "(B, H, H) pairwise Shapley interaction index"),
+    ("interaction", "(B, H, H) pairwise Shapley interaction index (diagonal: Shapley)"),
     ("pair_dividends", "(B, H(H-1)/2) Harsanyi dividend of every pair"),
     ("triple_dividends", "(B, C(H, 3)) Harsanyi dividend of every triple"),
     ("negative_pair_share", "(B,) share of pairs with a negative dividend"),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 from beyondpar.reports import figures as report_figures
 from beyondpar.reports import tables
 
@@ -83,13 +85,16 @@ def section(
 
 def interaction_by_layer(by_layer: Mapping, objective: str) -> dict:
     """{layer key: H x H mean pairwise interaction} of the layers that have it, in the
-    report's units (`OBJECTIVES`)."""
+    report's units (`OBJECTIVES`), the diagonal (the Shapley values) NaN: a pair's
+    interaction and a head's value are not on one scale."""
     scale = OBJECTIVES[objective][1]
-    return {
-        k: [[scale * x for x in row] for row in d[objective]["interaction"]]
-        for k, d in by_layer.items()
-        if objective in d and "interaction" in d[objective]
-    }
+    out = {}
+    for k, d in by_layer.items():
+        if objective in d and "interaction" in d[objective]:
+            mat = scale * np.asarray(d[objective]["interaction"], np.float64)
+            np.fill_diagonal(mat, np.nan)
+            out[k] = mat
+    return out
 
 
 def figure_files(by_layer: Mapping, stem: str = "coalitions") -> dict[str, str]:
