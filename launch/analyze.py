@@ -69,7 +69,7 @@ COALITIONS = flags.DEFINE_bool(
     "coalitions", False, "Every coalition of each layer's heads as a game (fidelity, loss)."
 )
 COALITION_WINDOWS = flags.DEFINE_integer(
-    "coalition_windows", 8, "Windows the loss game is played on (--corpus --coalitions)."
+    "coalition_windows", 8, "Windows the loss game is played on (--corpus --coalitions; 0: none)."
 )
 EXACT_HEADS = flags.DEFINE_integer(
     "exact_coalition_heads", 10, "Up to this many heads every coalition is valued; else sampled."

@@ -53,9 +53,9 @@ class CorpusSpec:
     coalition_windows: int = 8
 
     def __post_init__(self):
-        names = ("batch_size", "pruning_windows", "pruning_points", "search_windows")
-        for name in (*names, "coalition_windows"):
+        for name in ("batch_size", "pruning_windows", "pruning_points", "search_windows"):
             checks.positive_int(f"--{name}", getattr(self, name))
+        checks.non_negative_int("--coalition_windows", self.coalition_windows)
 
 
 def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progress=True, mesh=None):
@@ -96,12 +96,15 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
 
 def coalitions(module, params, windows, records, cspec, spec, progress=True) -> dict:
     """Per layer, the fidelity game over every window and the loss game on the first
-    `cspec.coalition_windows` windows, with intervals over windows."""
+    `cspec.coalition_windows` windows (0: none; it runs the model 2^H times per window
+    and layer), with intervals over windows."""
     layers = [int(k) for k in records[0]["layers"]]
     rows = {layer: [r["layers"][str(layer)] for r in records] for layer in layers}
     fidelity = coalition_summary.fidelity_games(rows)
     tokens = np.asarray(windows.tokens[: cspec.coalition_windows])
-    loss = coalition_summary.loss_games(module, params, tokens, layers, spec, progress)
+    loss = {}
+    if len(tokens):
+        loss = coalition_summary.loss_games(module, params, tokens, layers, spec, progress)
     return coalition_summary.summarize(fidelity, loss, cspec.seed)
 
 
