@@ -277,12 +277,13 @@ def _coalition_lines(summary: dict) -> list[str]:
     """The coalitions section, with the windows each game was played on."""
     games = summary["coalitions"]
     played = min(summary["corpus_spec"]["coalition_windows"], summary["num_windows"])
+    loss = f"loss games on the first {played}" if played else "no loss games"
     return [
         "",
         *coalitions.section(games, coalitions.figure_files(games)),
         "",
-        f"Fidelity games on all {summary['num_windows']} windows, loss games on the first "
-        f"{played}; 95% bootstrap intervals over those windows.",
+        f"Fidelity games on all {summary['num_windows']} windows, {loss}; 95% bootstrap "
+        "intervals over those windows.",
     ]
 
 
