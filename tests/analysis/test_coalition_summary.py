@@ -1,0 +1,79 @@
+"""The heads' coalitions in a real-model analysis, end to end: `launch/analyze.py
+--coalitions` on a tiny model and corpus writes per-window fidelity games, per-layer
+summaries of both games whose loss Shapley values add up to what masking the layer
+costs, and a report whose rows are the summary's values."""
+
+import json
+
+import numpy as np
+import pytest
+
+from beyondpar import pretrained, pruning
+from beyondpar.analysis import corpus as corpus_lib
+from beyondpar.analysis import loss_pruning, windowing
+from beyondpar.measure import record
+from helpers.launchers import analyze_cli
+from helpers.paths import DATA
+
+MODEL = DATA / "hf" / "llama-tiny"
+TEXT = DATA / "text" / "declaration.txt"
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("coalitions")
+    done = analyze_cli(
+        f"--model={MODEL}",
+        f"--corpus={TEXT}",
+        "--tokens=16",
+        "--max_windows=4",
+        "--coalitions",
+        "--coalition_windows=2",
+        "--horizon=20",
+        "--max_steps=20",
+        f"--out={out}",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out, json.loads((out / corpus_lib.SUMMARY_FILE).read_text())
+
+
+def test_every_window_records_its_fidelity_game(analysed):
+    out, summary = analysed
+    lines = [json.loads(x) for x in (out / corpus_lib.WINDOWS_FILE).read_text().splitlines()]
+    games = [r["layers"]["1"][record.COALITIONS] for r in lines]
+    assert len(games) == 4 and set(games[0]) == {
+        f for f in record.COALITION_FIELDS if f.endswith("_fidelity")
+    }
+    mean = np.mean([g["shapley_fidelity"] for g in games], 0)
+    np.testing.assert_allclose(summary["coalitions"]["1"]["fidelity"]["shapley"]["mean"], mean)
+
+
+def test_loss_shapley_adds_up_to_what_masking_the_layer_costs(analysed):
+    _, summary = analysed
+    module, params, tokenizer = pretrained.load(MODEL)
+    docs = windowing.read_documents(TEXT)
+    windows = windowing.make_windows(docs, tokenizer, 16, 4, module.config.max_len)
+    batch = loss_pruning.next_token_batch(np.asarray(windows.tokens[:2]))
+    loss = lambda m: pruning.sequence_losses(module, params, batch.inputs, batch.targets, m)
+    for layer in (0, 1):
+        masked = np.ones((2, 4), np.float32)
+        masked[layer] = 0.0
+        cost = np.mean(loss(masked) - loss(np.ones((2, 4), np.float32)))
+        shapley = summary["coalitions"][str(layer)]["loss"]["shapley"]["mean"]
+        assert sum(shapley) == pytest.approx(float(cost), abs=1e-4)
+
+
+def test_report_rows_are_the_summarys_values(analysed):
+    out, summary = analysed
+    report = (out / "report.md").read_text().splitlines()
+    head = "### Shapley values on the loss the coalition restores with the layer's other heads"
+    start = next(i for i, line in enumerate(report) if line.startswith(head))
+    row = report[start + 4]  # the heading, a blank line, the header, the rule: layer 1
+    stat = summary["coalitions"]["0"]["loss"]["shapley"]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "1"
+    columns = zip(stat["mean"], stat["low"], stat["high"], strict=True)
+    want = [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in columns]
+    assert cells[1:] == want
+    assert (out / "coalitions_interaction_loss.png").exists()
+    assert "Fidelity games on all 4 windows, loss games on the first 2" in "\n".join(report)
