@@ -7,6 +7,7 @@ python launch/benchmark.py synergy      # one 16-head checkpoint, every analysis
 python launch/benchmark.py pretrained   # GPT-2-small shape, 1,024 tokens (1 repeat)
 python launch/benchmark.py corpus       # SmolLM2-135M shape, 100 x 512 tokens (one pass)
 python launch/benchmark.py load         # GGUF loading: Qwen2.5-0.5B shape, SmolLM2 (3 repeats)
+python launch/benchmark.py coalitions   # every coalition of heads: SmolLM2, 16-head (1 repeat)
 
 --repeats=N overrides a suite's timed repeats (the best one is reported).
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from beyondpar.benchmarks.coalitions import coalitions_suite
 from beyondpar.benchmarks.corpus import corpus_suite
 from beyondpar.benchmarks.load import load_suite
 from beyondpar.benchmarks.metrics import metrics_suite
@@ -19,4 +20,5 @@ SUITES: dict[str, Callable[..., dict]] = {
     "pretrained": pretrained_suite,
     "corpus": corpus_suite,
     "load": load_suite,
+    "coalitions": coalitions_suite,
 }

@@ -6,10 +6,10 @@ builds the one of the attention metrics; any other (a model's loss with the head
 the coalition masked, say) plugs into `values` and `sampled_shapley` the same way.
 
 A coalition's mix renormalises the head weights over its members: C_S = sum_{h in S} w_h
-A_h / sum_{h in S} w_h (uniform over the members when no weights are given). All mixes of
-a block of coalitions are ONE product, (normalised mask rows) @ (heads), then measured by
-the metric kernels in one call; blocks are sized to a memory budget and padded to one
-shape, so each objective compiles once.
+A_h / sum_{h in S} w_h (uniform over the members when no weights are given). The mixes of
+a block of coalitions are ONE product, (normalised mask rows) @ (heads), formed and
+measured in cache (`kernel`); calls come in a few shapes (a power of two of blocks), so
+each objective compiles a few times per layer shape.
 
 The empty coalition mixes nothing, and neither does a coalition whose members all weigh 0:
 it counts as the identity operator, every token keeping its own state (the kernels pad
@@ -20,23 +20,20 @@ sink) and its hitting time is max_steps (T - 1) / T (no walk ever arrives; the s
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
 
 from beyondpar import metrics
 from beyondpar.base import checks
-from beyondpar.coalitions import game
+from beyondpar.coalitions import game, kernel
 
 OBJECTIVES = ("fidelity", "hitting_time")
 HORIZON = 100  # the metric kernels' and the per-layer measurement's horizon and max_steps
 WALK = "reference"  # the metric kernels' walk (the paper's estimator)
 MAX_EXACT_HEADS = 16  # 65,536 coalitions; beyond, sample (`sampled_shapley`)
-BLOCK_BYTES = 256 * 2**20  # mixed operators of one block of coalitions
 PROGRESS_CHUNK = 4096  # coalitions per step of the progress bar
 
 ValueFn = Callable[[np.ndarray], np.ndarray]
@@ -53,15 +50,16 @@ def mix_value_fn(
     objective: str = "fidelity",
     horizon: int | None = None,
     walk: str = WALK,
-    block_bytes: int = BLOCK_BYTES,
-) -> ValueFn:
+    block_size: int | None = None,
+) -> MixGame:
     """value_fn(masks_KxH) -> (B, K) NumPy in the attention's dtype: the objective of each
-    coalition's mix.
+    coalition's mix (a `MixGame`, which also tabulates every coalition fast).
 
     `attn_BxHxTxT`: B sets of H heads' attention (checked once, here); `weights_H`: (H,) or
     (B, H) non-negative head weights, None for uniform; `objective`: "fidelity" (minimax
     fidelity) or "hitting_time" (on `walk`); `horizon`: the fidelity's horizon or the
-    hitting time's max_steps (None: 100, as the per-layer measurement)."""
+    hitting time's max_steps (None: 100, as the per-layer measurement); `block_size`:
+    coalitions per block (None: as many mixes as fit the cache, `kernel.block_size`)."""
     a = metrics.check_operator(checks.as_float_array("attn_BxHxTxT", attn_BxHxTxT), "attn_BxHxTxT")
     if a.ndim != 4:
         raise ValueError(f"attn_BxHxTxT must have shape (B, H, T, T), got shape {a.shape}")
@@ -69,35 +67,64 @@ def mix_value_fn(
     walk = checks.one_of("walk", walk, metrics.WALKS)
     horizon = HORIZON if horizon is None else checks.positive_int("horizon", horizon)
     b, h, t = a.shape[0], a.shape[1], a.shape[-1]
+    block = kernel.block_size(b, t, a.dtype.itemsize)
+    if block_size is not None:
+        block = checks.positive_int("block_size", block_size)
     w = np.asarray(_weights(weights_H, b, h), np.float64)
-    per_coalition = b * t * t * a.dtype.itemsize
-    block = max(1, checks.positive_int("block_bytes", block_bytes) // per_coalition)
-    measure = functools.partial(
-        _measure_block,
-        a,
-        objective=objective,
-        horizon=horizon,
-        walk=walk,
-        causal=metrics.is_causal(a),
-    )
-    empty = empty_value(objective, t, horizon)
+    settings = dict(objective=objective, horizon=horizon, walk=walk)
+    return MixGame(a, w, block, settings, empty_value(objective, t, horizon))
 
-    def value_fn(masks_KxH) -> np.ndarray:
-        m = check_masks(masks_KxH, h)
-        mix = m[None] * w[:, None, :]  # B x K x H
+
+class MixGame:
+    """The game of the mixes of a layer's heads (`mix_value_fn`): called on a (K, H) mask
+    batch it gives (B, K) values; `every_coalition` tabulates all 2^H of them."""
+
+    def __init__(self, attn, weights_BxH, block: int, settings: dict, empty: float):
+        self.attn, self.weights, self.block = attn, weights_BxH, block
+        self.settings, self.empty = settings, empty
+        self.num_heads = attn.shape[1]
+
+    def __call__(self, masks_KxH) -> np.ndarray:
+        m = check_masks(masks_KxH, self.num_heads)
+        mix = m[None] * self.weights[:, None, :]  # B x K x H
         total = mix.sum(-1)
         nonempty = np.flatnonzero((total > 0).any(0))
-        out = np.full((b, len(m)), empty, a.dtype)
-        for start in range(0, len(nonempty), block):
-            part = nonempty[start : start + block]
+        out = np.full((len(mix), len(m)), self.empty, self.attn.dtype)
+        # Calls of a few shapes: a power of two of blocks, at most a chunk's worth.
+        most = self.block * _power_of_two(-(-PROGRESS_CHUNK // self.block))
+        size = min(most, self.block * _power_of_two(-(-len(nonempty) // self.block)))
+        for start in range(0, len(nonempty), size):
+            part = nonempty[start : start + size]
             rows = np.where(total[:, part, None] > 0, mix[:, part], 1.0)  # 1: any valid mix
-            out[:, part] = measure(_padded(rows / rows.sum(-1, keepdims=True), block))[
-                :, : len(part)
-            ]
+            rows = kernel.padded_rows(rows / rows.sum(-1, keepdims=True), size)
+            values = kernel.measure_mixes(
+                self.attn, jnp.asarray(rows, self.attn.dtype), block=self.block, **self.settings
+            )
+            out[:, part] = np.where(
+                total[:, part] > 0, np.asarray(values)[:, : len(part)], self.empty
+            )
         return out
 
-    value_fn.num_heads = h
-    return value_fn
+    def every_coalition(self, progress: bool = False) -> np.ndarray:
+        """(B, 2^H) in index order, each block one high part of the index and every low
+        part (`kernel.measure_coalitions`), in calls of one shape."""
+        h = self.num_heads
+        low = min(h, max(0, self.block.bit_length() - 1))  # 2^low mixes per block
+        highs = 2 ** (h - low)
+        count = min(highs, max(1, PROGRESS_CHUNK >> low))
+        w = jnp.asarray(self.weights, self.attn.dtype)
+        parts = []
+        bar = tqdm.tqdm(total=2**h, desc="coalitions", unit="coalition", disable=not progress)
+        with bar:
+            for first in range(0, highs, count):
+                parts.append(
+                    kernel.measure_coalitions(self.attn, w, first, count, low, **self.settings)
+                )
+                bar.update(count << low)
+                parts[-1] = np.asarray(parts[-1])
+        out = np.concatenate(parts, axis=-1)
+        weightless = self.weights @ game.coalition_masks(h).T <= 0
+        return np.where(weightless, self.empty, out).astype(self.attn.dtype)
 
 
 def _weights(weights_H, b: int, h: int) -> np.ndarray:
@@ -125,37 +152,26 @@ def check_masks(masks_KxH, num_heads: int) -> np.ndarray:
     return m
 
 
-def _padded(rows_BxKxH: np.ndarray, block: int) -> np.ndarray:
-    """The block's mixing rows padded (with copies of its first) to `block` coalitions:
-    every block has one shape, so the kernels compile once."""
-    short = block - rows_BxKxH.shape[1]
-    if short <= 0:
-        return rows_BxKxH
-    return np.concatenate([rows_BxKxH, np.repeat(rows_BxKxH[:, :1], short, axis=1)], axis=1)
+def _power_of_two(n: int) -> int:
+    """The smallest power of two at least n (1 for n = 0)."""
+    return 1 << max(0, n - 1).bit_length()
 
 
-def _measure_block(attn, rows_BxKxH, *, objective, horizon, walk, causal):
-    """(B, K) objective of the K mixes: one product, one kernel call."""
-    mixed = _mix(jnp.asarray(rows_BxKxH, attn.dtype), attn)
-    # Mixes of checked rows are row-stochastic (and causal when the heads are).
-    out = metrics.objective_unchecked(mixed, objective, horizon, horizon, walk, causal)
-    return np.asarray(out)
-
-
-@jax.jit
-def _mix(rows_BxKxH, attn_BxHxTxT):
-    return jnp.einsum("bkh,bhij->bkij", rows_BxKxH, attn_BxHxTxT)
-
-
-def all_values(value_fn: ValueFn, num_heads: int, progress: bool = False) -> np.ndarray:
-    """(B, 2^H): `value_fn` on every coalition, in index order (bit h = head h), in chunks
-    with a progress bar when `progress`."""
+def check_exact(num_heads: int) -> int:
+    """`num_heads`, checked to allow a table of every coalition."""
     h = checks.positive_int("num_heads", num_heads)
     if h > MAX_EXACT_HEADS:
         raise ValueError(
             f"num_heads must be at most {MAX_EXACT_HEADS} for every coalition, got {h}: "
             "sample Shapley values instead (sampled_shapley, or shapley_values(samples=...))"
         )
+    return h
+
+
+def all_values(value_fn: ValueFn, num_heads: int, progress: bool = False) -> np.ndarray:
+    """(B, 2^H): `value_fn` on every coalition, in index order (bit h = head h), in chunks
+    with a progress bar when `progress`."""
+    h = check_exact(num_heads)
     masks = game.coalition_masks(h)
     parts = []
     with tqdm.tqdm(
@@ -191,7 +207,10 @@ def values(
             raise ValueError("values needs attn_BxHxTxT or value_fn, got neither")
         value_fn = mix_value_fn(attn_BxHxTxT, weights_H, objective, horizon, walk)
         num_heads = value_fn.num_heads
-    elif num_heads is None:
+    if isinstance(value_fn, MixGame) and num_heads in (None, value_fn.num_heads):
+        check_exact(value_fn.num_heads)
+        return value_fn.every_coalition(progress)
+    if num_heads is None:
         num_heads = getattr(value_fn, "num_heads", None)
         if num_heads is None:
             raise ValueError("values with a value_fn needs num_heads, got None")

@@ -91,7 +91,8 @@ def shapley_values(
             f"samples must be given for more than {mixes.MAX_EXACT_HEADS} heads, got {h} heads"
         )
     if samples is None:
-        phi = np.asarray(game.shapley(mixes.all_values(value_fn, h, progress)))
+        table = mixes.values(value_fn=value_fn, num_heads=h, progress=progress)
+        phi = np.asarray(game.shapley(table))
         return phi, np.zeros_like(phi)
     key = jax.random.PRNGKey(0) if key is None else key
     return sampled_shapley(value_fn, h, samples, key, progress)
