@@ -217,16 +217,38 @@ def _check_settings(out_dir: Path, wanted: dict) -> None:
     same record format. Settings written before the model's fingerprint was recorded take
     the model's as theirs."""
     path = out_dir / SETTINGS_FILE
+    saved = None
     if path.exists():
-        _check_format(out_dir, files.read_json(path).get("record_format", 1))
+        saved = _with_added_fields(files.read_json(path))
+        _check_format(out_dir, saved.get("record_format", 1))
     settings.guard(
         path,
         wanted,
         f"{out_dir} holds a corpus analysis with other settings",
         "use another --out, or the old settings",
         free=lambda field: field in _FREE,
+        saved=saved,
         defaults={"model_sha256": wanted["model_sha256"]},
     )
+
+
+# Fields added to the settings after folders were written: such a folder was measured
+# with their defaults (no coalitions).
+_ADDED = {
+    "spec": ("coalitions", "exact_coalition_heads", "permutations", "coalition_seed"),
+    "corpus_spec": ("coalition_windows",),
+}
+
+
+def _with_added_fields(saved: dict) -> dict:
+    """Saved settings with the defaults of the fields written before they existed."""
+    out = dict(saved)
+    for group, names in _ADDED.items():
+        kind = measure.MeasureSpec if group == "spec" else CorpusSpec
+        defaults = {f.name: f.default for f in dataclasses.fields(kind) if f.name in names}
+        if isinstance(out.get(group), dict):
+            out[group] = {**defaults, **out[group]}
+    return out
 
 
 def _check_format(out_dir: Path, found) -> None:

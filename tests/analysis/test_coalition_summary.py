@@ -3,12 +3,13 @@
 summaries of both games whose loss Shapley values add up to what masking the layer
 costs, and a report whose rows are the summary's values."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
-from beyondpar import pretrained, pruning
+from beyondpar import measure, pretrained, pruning
 from beyondpar.analysis import corpus as corpus_lib
 from beyondpar.analysis import loss_pruning, windowing
 from beyondpar.measure import record
@@ -77,3 +78,26 @@ def test_report_rows_are_the_summarys_values(analysed):
     assert cells[1:] == want
     assert (out / "coalitions_interaction_loss.png").exists()
     assert "Fidelity games on all 4 windows, loss games on the first 2" in "\n".join(report)
+
+
+def test_a_folder_written_before_coalitions_existed_reads_as_without_them(tmp_path):
+    wanted = {
+        "model": "m",
+        "model_sha256": "x",
+        "corpus": "c",
+        "corpus_sha256": "y",
+        "corpus_spec": dataclasses.asdict(corpus_lib.CorpusSpec(tokens=16)),
+        "spec": dataclasses.asdict(measure.MeasureSpec()),
+        "dtype": None,
+        "record_format": record.FORMAT,
+    }
+    old = json.loads(json.dumps(wanted))
+    for name in ("coalitions", "exact_coalition_heads", "permutations", "coalition_seed"):
+        del old["spec"][name]
+    del old["corpus_spec"]["coalition_windows"]
+    (tmp_path / corpus_lib.SETTINGS_FILE).write_text(json.dumps(old))
+    corpus_lib._check_settings(tmp_path, wanted)  # the same analysis: accepted
+    (tmp_path / corpus_lib.SETTINGS_FILE).write_text(json.dumps(old))
+    asked = {**wanted, "spec": dataclasses.asdict(measure.MeasureSpec(coalitions=True))}
+    with pytest.raises(ValueError, match="spec.coalitions"):
+        corpus_lib._check_settings(tmp_path, asked)
