@@ -12,6 +12,7 @@ import pytest
 from beyondpar import measure, pretrained, pruning
 from beyondpar.analysis import corpus as corpus_lib
 from beyondpar.analysis import loss_pruning, windowing
+from beyondpar.analysis import text as text_lib
 from beyondpar.measure import record
 from helpers.launchers import analyze_cli
 from helpers.paths import DATA
@@ -101,3 +102,19 @@ def test_a_folder_written_before_coalitions_existed_reads_as_without_them(tmp_pa
     asked = {**wanted, "spec": dataclasses.asdict(measure.MeasureSpec(coalitions=True))}
     with pytest.raises(ValueError, match="spec.coalitions"):
         corpus_lib._check_settings(tmp_path, asked)
+
+
+def test_one_text_plays_both_games_and_attention_alone_only_fidelity(tmp_path):
+    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, coalitions=True)
+    text = "The heads of a layer read the earlier tokens of the text."
+    found = text_lib.text_record(MODEL, text, spec)
+    module, params, _ = pretrained.load(MODEL)
+    batch = loss_pruning.next_token_batch(np.asarray([found["tokens"]]))
+    loss = lambda m: pruning.sequence_losses(module, params, batch.inputs, batch.targets, m)
+    masked = np.asarray([[0.0] * 4, [1.0] * 4], np.float32)
+    cost = float(loss(masked)[0] - loss(np.ones((2, 4), np.float32))[0])
+    assert sum(found["coalitions"]["0"]["loss"]["shapley"]["mean"]) == pytest.approx(cost, abs=1e-4)
+    attn = np.load(MODEL / "expected.npz")["attention"]
+    np.savez(tmp_path / "attn.npz", attention=attn)
+    alone = text_lib.attention_record(tmp_path / "attn.npz", spec)
+    assert set(alone["coalitions"]["0"]) == {"fidelity"}
