@@ -8,9 +8,10 @@ head. Each sequence has its own game (losses are per sequence). Heads are remove
 true head mask (`head_masking`), on the paper's model and every pretrained family alike.
 
 Few heads: every coalition (2^H masks), the masked sequences batched through the model
-`max_sequences` at a time; more than `exact_heads`: Shapley values from sampled
+`max_tokens` tokens at a time; more than `exact_heads`: Shapley values from sampled
 permutations (`coalitions.sampled_shapley`), with standard errors. Cost per layer, in
-sequences through the model: 2^H x B exact, about permutations x (H + 1) x B sampled.
+sequences through the model: 2^H x B exact, at most (permutations (H - 1) + 2) x B
+sampled.
 """
 
 from __future__ import annotations
@@ -55,14 +56,15 @@ def _tiled_losses(module, params, inputs_BxT, targets_BxT, masks_KxLxH):
     return losses.reshape(k, b).T
 
 
-def masked_losses(module, params, batch, layer: int, masks_KxH, max_sequences: int = 64, bar=None):
+def masked_losses(module, params, batch, layer: int, masks_KxH, max_tokens: int = 8192, bar=None):
     """(B, K): each sequence's loss with `layer`'s heads masked as each row of `masks_KxH`
-    says, ceil(max_sequences / B) masks per forward pass (the last pass padded, so that
-    every pass has one shape); `bar` counts the masks."""
+    says, as many masks per forward pass as keep it within `max_tokens` tokens (the
+    logits of every token are alive at once; at least one mask; the last pass padded, so
+    that every pass has one shape); `bar` counts the masks."""
     cfg = module.config
     masks = layer_masks(masks_KxH, layer, cfg.num_layers)
     inputs, targets = jnp.asarray(batch.inputs), jnp.asarray(batch.targets)
-    per_pass = max(1, max_sequences // inputs.shape[0])
+    per_pass = max(1, max_tokens // inputs.size)
     per_pass = min(per_pass, len(masks))
     parts = []
     for start in range(0, len(masks), per_pass):
@@ -77,24 +79,24 @@ def masked_losses(module, params, batch, layer: int, masks_KxH, max_sequences: i
     return np.concatenate(parts, axis=1)
 
 
-def loss_values(module, params, batch, layer: int, max_sequences: int = 64, bar=None):
+def loss_values(module, params, batch, layer: int, max_tokens: int = 8192, bar=None):
     """(B, 2^H): every coalition's value v(S) = L(layer masked) - L(S kept), per sequence
     (coalition c keeps the heads of the set bits of c)."""
     losses = masked_losses(
-        module, params, batch, layer, coalition_masks(module.config.num_heads), max_sequences, bar
+        module, params, batch, layer, coalition_masks(module.config.num_heads), max_tokens, bar
     )
     return losses[:, :1] - losses
 
 
-def loss_value_fn(module, params, batch, layer: int, max_sequences: int = 64, bar=None):
+def loss_value_fn(module, params, batch, layer: int, max_tokens: int = 8192, bar=None):
     """value_fn for `coalitions.sampled_shapley`: (K, H) 0/1 masks -> (B, K) values, the
     loss with every head of the layer masked computed once."""
     empty = np.zeros((1, module.config.num_heads), np.float32)
-    base = masked_losses(module, params, batch, layer, empty, max_sequences)
+    base = masked_losses(module, params, batch, layer, empty, max_tokens)
 
     def value_fn(masks_KxH):
         masks = np.asarray(masks_KxH, np.float32)
-        return base - masked_losses(module, params, batch, layer, masks, max_sequences, bar)
+        return base - masked_losses(module, params, batch, layer, masks, max_tokens, bar)
 
     return value_fn
 
@@ -102,16 +104,16 @@ def loss_value_fn(module, params, batch, layer: int, max_sequences: int = 64, ba
 @dataclasses.dataclass(frozen=True)
 class LossGameSpec:
     """How the loss game is valued: every coalition up to `exact_heads` heads, else
-    `permutations` sampled orders (seeded by `seed` plus the layer); `max_sequences`
-    masked sequences per forward pass."""
+    `permutations` sampled orders (seeded by `seed` plus the layer); at most `max_tokens`
+    masked tokens per forward pass."""
 
     exact_heads: int = 10
     permutations: int = 32
     seed: int = 0
-    max_sequences: int = 64
+    max_tokens: int = 8192
 
     def __post_init__(self):
-        for name in ("exact_heads", "permutations", "max_sequences"):
+        for name in ("exact_heads", "permutations", "max_tokens"):
             checks.positive_int(name, getattr(self, name))
 
 
@@ -121,14 +123,14 @@ def layer_fields(module, params, batch, layer: int, spec: LossGameSpec, progress
     sampled Shapley values with standard errors. A bar states the layer's cost."""
     h, b = module.config.num_heads, int(np.shape(batch.inputs)[0])
     exact = h <= spec.exact_heads
-    count = 2**h if exact else spec.permutations * (h + 1)
-    what = "coalitions" if exact else f"masks ({spec.permutations} permutations)"
+    count = 2**h if exact else spec.permutations * (h - 1) + 2  # at most, sampled
+    what = "coalitions" if exact else f"masks at most ({spec.permutations} permutations)"
     desc = f"layer {layer}: {count} {what} x {b} windows"
     with tqdm.tqdm(total=count, desc=desc, unit="mask", disable=not progress) as bar:
         if exact:
-            values = loss_values(module, params, batch, layer, spec.max_sequences, bar)
+            values = loss_values(module, params, batch, layer, spec.max_tokens, bar)
             return coalition_game.game_fields(values, "loss")
-        value_fn = loss_value_fn(module, params, batch, layer, spec.max_sequences, bar)
+        value_fn = loss_value_fn(module, params, batch, layer, spec.max_tokens, bar)
         key = jax.random.PRNGKey(spec.seed + layer)
         mean, stderr = coalitions.sampled_shapley(value_fn, h, spec.permutations, key)
     return coalition_game.sampled_fields(mean, stderr, "loss")

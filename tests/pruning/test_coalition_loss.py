@@ -33,7 +33,7 @@ def direct_loss(small, mask_LxH):
 @pytest.mark.parametrize("layer", [0, 1])
 def test_values_of_all_and_empty_are_the_direct_masked_losses(small, layer):
     module, params, batch = small
-    values = coalition_loss.loss_values(module, params, batch, layer, max_sequences=5)
+    values = coalition_loss.loss_values(module, params, batch, layer, max_tokens=180)
     masked = np.ones((2, 4), np.float32)
     masked[layer] = 0.0
     whole = direct_loss(small, np.ones((2, 4), np.float32))
