@@ -2,7 +2,7 @@
 heads (the objective of its mix), Shapley values, Harsanyi dividends and pairwise
 interactions, exact up to 16 heads and sampled beyond.
 
-Modules: `game` (the transforms of a table of values), `mixes` (value functions and the
+Modules: `game` (the transforms of a table of values), `mix_game` (value functions and the
 table of every coalition), `sampling` (permutation sampling of Shapley values)."""
 
 from beyondpar.coalitions.game import (  # noqa: F401
@@ -13,9 +13,10 @@ from beyondpar.coalitions.game import (  # noqa: F401
     shapley,
     zeta,
 )
-from beyondpar.coalitions.mixes import (  # noqa: F401
+from beyondpar.coalitions.mix_game import (  # noqa: F401
     MAX_EXACT_HEADS,
     OBJECTIVES,
+    MixGame,
     ValueFn,
     all_values,
     empty_value,

@@ -12,7 +12,9 @@ loop ends once no later step can change its value.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -42,17 +44,36 @@ def measure_mixes(attn_BxHxTxT, rows_BxKxH, objective: str, horizon: int, walk: 
     """(B, K): the objective of the K mixes sum_h rows[b, k, h] attn[b, h] of every
     sequence b. Rows are convex weights of checked (row-stochastic) heads; K a multiple
     of `block`. Sequences are split over local devices (padded to a multiple of them)."""
+    run = functools.partial(_measure, objective=objective, horizon=horizon, walk=walk, block=block)
+    return over_sequences(run, attn_BxHxTxT, rows_BxKxH)
+
+
+def over_sequences(run, attn_BxHxTxT, per_sequence, threads: int | None = None) -> jax.Array:
+    """run(attn, per_sequence, mesh=...) -> (B, ...) split over the sequences: over local
+    devices (padded to a multiple of them), or with one CPU device (a plain session or
+    notebook) over one thread per core, as the metric kernels do; `threads` forces that
+    many."""
     b = attn_BxHxTxT.shape[0]
-    mesh = parallel.local_mesh(b)
-    devices = 1 if mesh is None else mesh.size
-    pad = -b % devices
+    mesh = None if threads else parallel.local_mesh(b)
+    if threads is None:
+        one_cpu = jax.default_backend() == "cpu" and len(jax.local_devices()) == 1
+        threads = min(os.cpu_count() or 1, b) if one_cpu else 1
+    parts = mesh.size if mesh is not None else threads
+    pad = -b % parts
     if pad:
         attn_BxHxTxT = jnp.concatenate([attn_BxHxTxT, jnp.repeat(attn_BxHxTxT[:1], pad, 0)])
-        rows_BxKxH = jnp.concatenate([rows_BxKxH, jnp.repeat(rows_BxKxH[:1], pad, 0)])
-    run = functools.partial(
-        _measure, objective=objective, horizon=horizon, walk=walk, block=block, mesh=mesh
-    )
-    return run(attn_BxHxTxT, rows_BxKxH)[:b]
+        per_sequence = jnp.concatenate([per_sequence, jnp.repeat(per_sequence[:1], pad, 0)])
+    if mesh is not None or parts == 1:
+        return run(attn_BxHxTxT, per_sequence, mesh=mesh)[:b]
+    size = (b + pad) // parts
+    a, p = np.asarray(attn_BxHxTxT), np.asarray(per_sequence)  # views, not copies
+
+    def part(i):
+        cut = slice(i * size, (i + 1) * size)
+        return jax.block_until_ready(run(a[cut], p[cut], mesh=None))
+
+    with concurrent.futures.ThreadPoolExecutor(parts) as pool:
+        return jnp.concatenate(list(pool.map(part, range(parts))))[:b]
 
 
 @functools.partial(jax.jit, static_argnames=("objective", "horizon", "walk", "block", "mesh"))
@@ -92,21 +113,15 @@ def measure_coalitions(
     entry and coalition rather than H multiply-adds. Coalitions of weight 0 (the empty
     one) are measured as the heads' mean: the caller sets their value. `kw`: objective,
     horizon, walk."""
-    b = attn_BxHxTxT.shape[0]
-    mesh = parallel.local_mesh(b)
-    devices = 1 if mesh is None else mesh.size
-    pad = -b % devices
-    if pad:
-        attn_BxHxTxT = jnp.concatenate([attn_BxHxTxT, jnp.repeat(attn_BxHxTxT[:1], pad, 0)])
-        weights_BxH = jnp.concatenate([weights_BxH, jnp.repeat(weights_BxH[:1], pad, 0)])
-    run = functools.partial(_by_parts, count=count, low_bits=low_bits, mesh=mesh, **kw)
-    return run(attn_BxHxTxT, weights_BxH, jnp.asarray(first, jnp.int32))[:b]
+    first = jnp.asarray(first, jnp.int32)
+    run = functools.partial(_by_parts, first=first, count=count, low_bits=low_bits, **kw)
+    return over_sequences(run, attn_BxHxTxT, weights_BxH)
 
 
 @functools.partial(
     jax.jit, static_argnames=("count", "low_bits", "mesh", "objective", "horizon", "walk")
 )
-def _by_parts(attn, weights, first, *, count, low_bits, mesh, objective, horizon, walk):
+def _by_parts(attn, weights, *, first, count, low_bits, mesh, objective, horizon, walk):
     h = attn.shape[1]
     bits = jnp.arange(h)
     low_masks = (jnp.arange(2**low_bits)[:, None] >> bits[:low_bits]) & 1
@@ -186,18 +201,29 @@ def settled_minimax(c_KxTxT, horizon: int, heads_HxTxT=None) -> jax.Array:
 def settled_hitting(c_KxTxT, max_steps: int, walk: str) -> jax.Array:
     """(1/T) sum_i sum_{t<max_steps} S_t[i] on `walk`, as the metric kernels sum it: the
     survival row advanced step by step, the loop ended once the mass left would round
-    away in every sum."""
+    away in every sum.
+
+    A token the walk never leaves and no other token steps to (token 0 of causal
+    attention on the reference walk) survives every step and changes no one else's
+    survival: it is counted as max_steps steps at once and left out of the loop, whose
+    mass can then fall below rounding and end it early."""
     k, t = c_KxTxT.shape[0], c_KxTxT.shape[-1]
     off_sink = jnp.broadcast_to(1 - jax.nn.one_hot(t - 1, t, dtype=c_KxTxT.dtype), (k, t))
     if walk == "reference":
         mat, scale = operators.walk_columns(c_KxTxT, "reference"), off_sink
     else:
         mat, scale = c_KxTxT, operators.normalized_scale(c_KxTxT) * off_sink
+    step_to = mat * scale[:, None, :]  # step_to[j, i] = P[i, j]: row i, the steps into i
+    stays = jnp.diagonal(step_to, axis1=-2, axis2=-1)
+    stuck = (stays == 1) & (jnp.sum(step_to, -1) == stays) & (off_sink > 0)
+    scale = jnp.where(stuck, 0, scale)
+    stuck_count = jnp.sum(stuck, -1).astype(c_KxTxT.dtype)
     growth = jnp.maximum(jnp.max(jnp.sum(mat * scale[:, None], axis=-1)), 1)
 
     def done(step, mass, hit):
+        full = hit + stuck_count * (step + 1)
         left = mass * growth ** (max_steps - 1 - step) * (1 + SETTLE_MARGIN)
-        return (step >= max_steps - 1) | jnp.all(left < (jnp.nextafter(hit, jnp.inf) - hit) / 2)
+        return (step >= max_steps - 1) | jnp.all(left < (jnp.nextafter(full, jnp.inf) - full) / 2)
 
     def body(carry):
         step, v, hit, _ = carry
@@ -205,9 +231,10 @@ def settled_hitting(c_KxTxT, max_steps: int, walk: str) -> jax.Array:
         mass = jnp.sum(v, -1)
         return step + 1, v, hit + mass, done(step + 1, mass, hit + mass)
 
-    hit0 = jnp.full((k,), t - 1, c_KxTxT.dtype)  # S_0 summed: T - 1 starts off the sink
-    start = (0, off_sink, hit0, done(0, hit0, hit0))
-    return lax.while_loop(lambda carry: ~carry[3], body, start)[2] / t
+    v0 = jnp.where(stuck, 0, off_sink)
+    hit0 = jnp.sum(v0, -1)  # S_0 summed over the starts off the sink that move
+    hit = lax.while_loop(lambda carry: ~carry[3], body, (0, v0, hit0, done(0, hit0, hit0)))[2]
+    return (hit + stuck_count * max_steps) / t
 
 
 def padded_rows(rows_BxKxH: np.ndarray, size: int) -> np.ndarray:

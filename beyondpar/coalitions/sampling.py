@@ -12,7 +12,7 @@ import numpy as np
 import tqdm
 
 from beyondpar.base import checks
-from beyondpar.coalitions import game, mixes
+from beyondpar.coalitions import game, mix_game
 
 
 def orders(key, num_heads: int, permutations: int) -> np.ndarray:
@@ -22,19 +22,28 @@ def orders(key, num_heads: int, permutations: int) -> np.ndarray:
 
 
 def sampled_shapley(
-    value_fn: mixes.ValueFn,
+    value_fn: mix_game.ValueFn,
     num_heads: int,
     permutations: int,
     key,
     progress: bool = False,
+    antithetic: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(mean (B, H), stderr (B, H)): Shapley values of the game `value_fn` (a (K, H) 0/1
     mask batch -> (B, K) values, e.g. `mix_value_fn`) estimated from `permutations`
     random orders of the `num_heads` heads drawn from the `jax.random` key `key`; stderr is
-    0 with a single order. Evaluates at most permutations (H - 1) + 2 coalitions."""
+    0 with a single order. Evaluates at most permutations (H - 1) + 2 coalitions.
+
+    `antithetic`: the second half of the orders are the first half reversed (an even
+    `permutations`), a head early in one late in the other, and the standard error is
+    over the pairs: for the same evaluations, usually a smaller error."""
     h = checks.positive_int("num_heads", num_heads)
     p = checks.positive_int("permutations", permutations)
-    order = orders(key, h, p)
+    if antithetic and p % 2:
+        raise ValueError(f"permutations must be even with antithetic=True, got {p}")
+    order = orders(key, h, p // 2 if antithetic else p)
+    if antithetic:
+        order = np.concatenate([order, order[:, ::-1]])
     position = np.empty_like(order)
     position[np.arange(p)[:, None], order] = np.arange(h)
     # Prefix k of each order (k = 0..H): the heads at positions before k.
@@ -45,6 +54,8 @@ def sampled_shapley(
     steps = np.diff(v.astype(np.float64), axis=-1)  # B x P x H: step k adds order[:, k]
     marginals = np.empty_like(steps)
     marginals[:, np.arange(p)[:, None], order] = steps
+    if antithetic:  # each pair's mean is one independent draw
+        marginals, p = (marginals[:, : p // 2] + marginals[:, p // 2 :]) / 2, p // 2
     mean = marginals.mean(1)
     stderr = marginals.std(1, ddof=1) / np.sqrt(p) if p > 1 else np.zeros_like(mean)
     return mean.astype(table.dtype), stderr.astype(table.dtype)
@@ -53,7 +64,7 @@ def sampled_shapley(
 def _evaluate(value_fn, masks_KxH: np.ndarray, progress: bool) -> np.ndarray:
     """(B, K): `value_fn` on the masks, in chunks with a progress bar when `progress`."""
     parts = []
-    chunk = mixes.PROGRESS_CHUNK
+    chunk = mix_game.PROGRESS_CHUNK
     with tqdm.tqdm(
         total=len(masks_KxH), desc="coalitions", unit="coalition", disable=not progress
     ) as bar:
@@ -68,10 +79,10 @@ def shapley_values(
     weights_H=None,
     objective: str = "fidelity",
     horizon: int | None = None,
-    walk: str = mixes.WALK,
+    walk: str = mix_game.WALK,
     samples: int | None = None,
     key=None,
-    value_fn: mixes.ValueFn | None = None,
+    value_fn: mix_game.ValueFn | None = None,
     num_heads: int | None = None,
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -82,16 +93,16 @@ def shapley_values(
     if value_fn is None:
         if attn_BxHxTxT is None:
             raise ValueError("shapley_values needs attn_BxHxTxT or value_fn, got neither")
-        value_fn = mixes.mix_value_fn(attn_BxHxTxT, weights_H, objective, horizon, walk)
+        value_fn = mix_game.mix_value_fn(attn_BxHxTxT, weights_H, objective, horizon, walk)
     h = num_heads if num_heads is not None else getattr(value_fn, "num_heads", None)
     if h is None:
         raise ValueError("shapley_values with a value_fn needs num_heads, got None")
-    if samples is None and h > mixes.MAX_EXACT_HEADS:
+    if samples is None and h > mix_game.MAX_EXACT_HEADS:
         raise ValueError(
-            f"samples must be given for more than {mixes.MAX_EXACT_HEADS} heads, got {h} heads"
+            f"samples must be given for more than {mix_game.MAX_EXACT_HEADS} heads, got {h} heads"
         )
     if samples is None:
-        table = mixes.values(value_fn=value_fn, num_heads=h, progress=progress)
+        table = mix_game.values(value_fn=value_fn, num_heads=h, progress=progress)
         phi = np.asarray(game.shapley(table))
         return phi, np.zeros_like(phi)
     key = jax.random.PRNGKey(0) if key is None else key

@@ -61,3 +61,13 @@ def test_one_order_has_no_spread():
     )
     np.testing.assert_array_equal(stderr, 0)
     assert mean.shape == (1, 3)
+
+
+def test_antithetic_orders_agree_with_exact():
+    attn = graphs.random_causal(3, (1, 6), 10)
+    fn = coalitions.mix_value_fn(attn, horizon=40)
+    exact = np.asarray(coalitions.shapley(coalitions.values(value_fn=fn)))
+    mean, stderr = coalitions.sampled_shapley(fn, 6, 100, jax.random.PRNGKey(4), antithetic=True)
+    np.testing.assert_array_less(np.abs(mean - exact), 4 * stderr + 1e-6)
+    with pytest.raises(ValueError, match="permutations must be even"):
+        coalitions.sampled_shapley(fn, 6, 3, jax.random.PRNGKey(4), antithetic=True)

@@ -151,3 +151,14 @@ def test_the_table_and_the_mask_batches_agree():
         np.testing.assert_allclose(
             fn.every_coalition(), fn(coalitions.coalition_masks(5)), rtol=1e-6, atol=1e-7
         )
+
+
+@pytest.mark.float64
+def test_float64_attention_gives_float64_values_of_each_mix():
+    attn = graphs.random_causal(8, (2, 3), 7, dtype=np.float64)
+    v = coalitions.values(attn, objective="hitting_time", horizon=40)
+    assert v.dtype == np.float64
+    for c in range(1, 8):
+        members = [h for h in range(3) if c >> h & 1]
+        want = metrics.hitting_time(graphs.combine_heads(attn[:, members]), 40, "reference")
+        np.testing.assert_allclose(v[:, c], want, rtol=1e-12)

@@ -9,7 +9,9 @@ A coalition's mix renormalises the head weights over its members: C_S = sum_{h i
 A_h / sum_{h in S} w_h (uniform over the members when no weights are given). The mixes of
 a block of coalitions are ONE product, (normalised mask rows) @ (heads), formed and
 measured in cache (`kernel`); calls come in a few shapes (a power of two of blocks), so
-each objective compiles a few times per layer shape.
+each objective compiles a few times per layer shape. The table of every coalition
+(`values`) forms each mix as the sum of two parts of its index instead (one add per
+entry), in calls of one shape.
 
 The empty coalition mixes nothing, and neither does a coalition whose members all weigh 0:
 it counts as the identity operator, every token keeping its own state (the kernels pad
@@ -117,11 +119,9 @@ class MixGame:
         bar = tqdm.tqdm(total=2**h, desc="coalitions", unit="coalition", disable=not progress)
         with bar:
             for first in range(0, highs, count):
-                parts.append(
-                    kernel.measure_coalitions(self.attn, w, first, count, low, **self.settings)
-                )
+                part = kernel.measure_coalitions(self.attn, w, first, count, low, **self.settings)
+                parts.append(np.asarray(part))
                 bar.update(count << low)
-                parts[-1] = np.asarray(parts[-1])
         out = np.concatenate(parts, axis=-1)
         weightless = self.weights @ game.coalition_masks(h).T <= 0
         return np.where(weightless, self.empty, out).astype(self.attn.dtype)
