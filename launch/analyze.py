@@ -8,6 +8,7 @@ python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=512 --m
 python launch/analyze.py --model='runs/pythia/step*' --text_file=notes.txt --out=out/series
 python launch/analyze.py --model='runs/pythia/step*' --corpus=docs.jsonl --tokens=512 --out=out/s
 python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=512 --mesh=data:2,model:4
+python launch/analyze.py --model=model.gguf --corpus=docs.jsonl --tokens=128 --coalitions
 
 --model is a folder (config.json, *.safetensors, tokenizer.json), a name in the local
 Hugging Face cache, or a GGUF file (llama.cpp, Ollama blobs); nothing is downloaded.
@@ -16,8 +17,11 @@ record per model in series.jsonl, a report against the checkpoint, and a rerun s
 is recorded (for a corpus, each model's windows resume too). --mesh spreads the weights
 over data x model devices (heads and MLP features along model, windows along data). With
 --optimal_weights the optimum is cross-fitted: searched on windows (or sequences) outside
-each of --folds folds and measured on the fold, beside its in-sample value. A bad flag or
-input is one line on stderr and exit status 2.
+each of --folds folds and measured on the fold, beside its in-sample value. With
+--coalitions every coalition of each layer's heads is a game, on fidelity (its mix) and on
+the loss (the model with the layer's other heads masked, on --coalition_windows windows):
+Shapley values, pair and triple dividends, pairwise interaction. A bad flag or input is
+one line on stderr and exit status 2.
 """
 
 from pathlib import Path
@@ -61,7 +65,26 @@ FOLDS = flags.DEFINE_integer("folds", 2, "Folds the optimal weights are cross-fi
 SINK_TOKENS = flags.DEFINE_integer(
     "sink_tokens", 0, "Also measure the graph without the first k tokens (0: off)."
 )
-CORPUS_ONLY = ("tokens", "max_windows", "batch_size", "pruning", "search_windows")
+COALITIONS = flags.DEFINE_bool(
+    "coalitions", False, "Every coalition of each layer's heads as a game (fidelity, loss)."
+)
+COALITION_WINDOWS = flags.DEFINE_integer(
+    "coalition_windows", 8, "Windows the loss game is played on (--corpus --coalitions; 0: none)."
+)
+EXACT_HEADS = flags.DEFINE_integer(
+    "exact_coalition_heads", 10, "Up to this many heads every coalition is valued; else sampled."
+)
+PERMUTATIONS = flags.DEFINE_integer(
+    "permutations", 32, "Sampled head orders for Shapley values beyond --exact_coalition_heads."
+)
+CORPUS_ONLY = (
+    "tokens",
+    "max_windows",
+    "batch_size",
+    "pruning",
+    "search_windows",
+    "coalition_windows",
+)
 
 
 def spec() -> measure.MeasureSpec:
@@ -74,6 +97,9 @@ def spec() -> measure.MeasureSpec:
         optimal_weights=OPTIMAL.value,
         sink_tokens=SINK_TOKENS.value,
         folds=FOLDS.value,
+        coalitions=COALITIONS.value,
+        exact_coalition_heads=EXACT_HEADS.value,
+        permutations=PERMUTATIONS.value,
     )
 
 
@@ -127,6 +153,7 @@ def analyse_corpus() -> list:
         batch_size=BATCH.value,
         pruning=PRUNING.value,
         search_windows=SEARCH_WINDOWS.value,
+        coalition_windows=COALITION_WINDOWS.value,
     )
     models = series.expand(MODEL.value)
     if len(models) > 1:

@@ -2,6 +2,7 @@
 
 python launch/evaluate.py --runs=runs/ablation [--steps=all]
 python launch/evaluate.py --reference=path/to/reference --out=out/reference
+python launch/evaluate.py --runs=runs/ablation --coalitions   # + the heads' coalitions
 """
 
 import json
@@ -16,11 +17,14 @@ RUNS = flags.DEFINE_string("runs", None, "Folder holding runs (config.json + che
 STEPS = flags.DEFINE_enum("steps", "latest", ["latest", "all"], "Which saved steps.")
 REFERENCE = flags.DEFINE_string("reference", None, "Folder of <H>_heads_<task>.npz|.pt files.")
 OUT = flags.DEFINE_string("out", None, "Report folder (default: <runs>/report).")
+COALITIONS = flags.DEFINE_bool(
+    "coalitions", False, "Every coalition of each layer's heads as a game (fidelity, loss)."
+)
 flags.mark_flags_as_required([])
 
 
 def evaluate_runs(root: Path) -> int:
-    new, failures = evaluate.evaluate_tree(root, STEPS.value)
+    new, failures = evaluate.evaluate_tree(root, STEPS.value, coalitions=COALITIONS.value)
     problems: list[str] = []
     records = evaluate.read_records(root / evaluate.RECORDS_FILE, problems)
     for problem in problems:
@@ -44,7 +48,8 @@ def evaluate_reference(folder: Path) -> int:
     evaluate.reference_files(folder)  # a bad --reference is refused before --out is made
     out = Path(OUT.value or "out/reference")
     with locks.lock(out):  # one process per report folder, as for --runs
-        records, failures = evaluate.evaluate_reference_folder(folder)
+        spec = evaluate.EvalSpec(coalitions=COALITIONS.value)
+        records, failures = evaluate.evaluate_reference_folder(folder, spec)
         print(f"evaluated {len(records)} checkpoint(s), failed {len(failures)}")
         if records:
             lines = "".join(f"{json.dumps(r)}\n" for r in records)

@@ -202,6 +202,7 @@ def test_analyze_corpus_flags_reach_their_own_corpus_spec_fields(corpus_runs):
             "pruning_points": 11,
             "search_windows": 5,
             "seed": 0,
+            "coalition_windows": 8,
         }
 
 
@@ -268,10 +269,11 @@ root = Path(sys.argv[2])
 calls = []
 fake_evaluate = types.SimpleNamespace(
     RECORDS_FILE="records.jsonl",
-    evaluate_tree=lambda root, steps: (["new"], [("run-b", "boom")]),
+    evaluate_tree=lambda root, steps, coalitions=False: (["new"], [("run-b", "boom")]),
     read_records=lambda path, problems: [{"r": 1}, {"r": 2}, {"r": 3}],
-    evaluate_reference_folder=lambda folder: ([{"r": 1}], []),
+    evaluate_reference_folder=lambda folder, spec=None: ([{"r": 1}], []),
     reference_files=lambda folder: [],
+    EvalSpec=lambda **fields: fields,
 )
 def write_report(records, out, failures, runs_root=None):
     calls.append(str(out))
@@ -287,11 +289,12 @@ ref_status = mod["evaluate_reference"](root)
 flags.FLAGS.unparse_flags()
 flags.FLAGS(["evaluate.py", f"--runs={root}", f"--out={root / 'elsewhere'}"])
 mod["evaluate_runs"](root)
-fake_evaluate.evaluate_reference_folder = lambda folder: ([{"r": 1}], [("ref-x", "bad")])
+fake_evaluate.evaluate_reference_folder = lambda folder, spec=None: (
+    [{"r": 1}], [("ref-x", "bad")])
 flags.FLAGS.unparse_flags()
 flags.FLAGS(["evaluate.py", f"--reference={root}", f"--out={root / 'ref-failed'}"])
 failed_status = mod["evaluate_reference"](root)
-fake_evaluate.evaluate_tree = lambda root, steps: ([], [])
+fake_evaluate.evaluate_tree = lambda root, steps, coalitions=False: ([], [])
 flags.FLAGS.unparse_flags()
 flags.FLAGS(["evaluate.py", f"--runs={root}", f"--out={root / 'rerun'}"])
 rerun_status = mod["evaluate_runs"](root)

@@ -10,6 +10,8 @@ windows when there is one; `statistics`) of every metric of every head and mix, 
 of windows where each mix beats its best head and the gain's mean and interval, beside
 uniform causal attention of the same length. With `pruning`, the
 model's loss and next-token accuracy as heads are removed in each order, with areas.
+With `spec.coalitions`, every layer's heads as a game on fidelity (every window) and on
+the loss (the first `coalition_windows` windows), with intervals over windows.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ import numpy as np
 import tqdm
 
 from beyondpar import measure, pretrained
-from beyondpar.analysis import loss_pruning, optimum, statistics, text, views, windowing
+from beyondpar.analysis import (
+    coalition_summary,
+    loss_pruning,
+    optimum,
+    statistics,
+    text,
+    views,
+    windowing,
+)
 from beyondpar.base import checks, files, locks, settings
 from beyondpar.measure import record
 
@@ -43,10 +53,12 @@ class CorpusSpec:
     pruning_points: int = 11
     search_windows: int = 8
     seed: int = 0
+    coalition_windows: int = 8
 
     def __post_init__(self):
         for name in ("batch_size", "pruning_windows", "pruning_points", "search_windows"):
             checks.positive_int(f"--{name}", getattr(self, name))
+        checks.non_negative_int("--coalition_windows", self.coalition_windows)
 
 
 def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progress=True, mesh=None):
@@ -77,10 +89,28 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
             summary["pruning"] = loss_pruning.corpus_curves(
                 module, params, windows, cspec, spec, progress
             )
+        if spec.coalitions:
+            summary["coalitions"] = coalitions(
+                module, params, windows, records, cspec, spec, progress
+            )
         files.write_json(out_dir / SUMMARY_FILE, summary)
         shown = views.corpus_views(module, params, tokenizer, windows, spec, found)
         files.write_json(out_dir / views.FILE, {views.KEY: shown})
     return summary, windows
+
+
+def coalitions(module, params, windows, records, cspec, spec, progress=True) -> dict:
+    """Per layer, the fidelity game over every window and the loss game on the first
+    `cspec.coalition_windows` windows (0: none; it runs the model 2^H times per window
+    and layer), with intervals over windows."""
+    layers = [int(k) for k in records[0]["layers"]]
+    rows = {layer: [r["layers"][str(layer)] for r in records] for layer in layers}
+    fidelity = coalition_summary.fidelity_games(rows)
+    tokens = np.asarray(windows.tokens[: cspec.coalition_windows])
+    loss = {}
+    if len(tokens):
+        loss = coalition_summary.loss_games(module, params, tokens, layers, spec, progress)
+    return coalition_summary.summarize(fidelity, loss, cspec.seed)
 
 
 def _windows_done(module, params, windows, cspec, spec, found, out_dir, progress) -> list[dict]:
@@ -197,6 +227,7 @@ _FREE = (
     "corpus_spec.pruning_windows",
     "corpus_spec.pruning_points",
     "corpus_spec.max_windows",
+    "corpus_spec.coalition_windows",
 )
 
 
@@ -205,16 +236,38 @@ def _check_settings(out_dir: Path, wanted: dict) -> None:
     same record format. Settings written before the model's fingerprint was recorded take
     the model's as theirs."""
     path = out_dir / SETTINGS_FILE
+    saved = None
     if path.exists():
-        _check_format(out_dir, files.read_json(path).get("record_format", 1))
+        saved = _with_added_fields(files.read_json(path))
+        _check_format(out_dir, saved.get("record_format", 1))
     settings.guard(
         path,
         wanted,
         f"{out_dir} holds a corpus analysis with other settings",
         "use another --out, or the old settings",
         free=lambda field: field in _FREE,
+        saved=saved,
         defaults={"model_sha256": wanted["model_sha256"]},
     )
+
+
+# Fields added to the settings after folders were written: such a folder was measured
+# with their defaults (no coalitions).
+_ADDED = {
+    "spec": ("coalitions", "exact_coalition_heads", "permutations", "coalition_seed"),
+    "corpus_spec": ("coalition_windows",),
+}
+
+
+def _with_added_fields(saved: dict) -> dict:
+    """Saved settings with the defaults of the fields written before they existed."""
+    out = dict(saved)
+    for group, names in _ADDED.items():
+        kind = measure.MeasureSpec if group == "spec" else CorpusSpec
+        defaults = {f.name: f.default for f in dataclasses.fields(kind) if f.name in names}
+        if isinstance(out.get(group), dict):
+            out[group] = {**defaults, **out[group]}
+    return out
 
 
 def _check_format(out_dir: Path, found) -> None:

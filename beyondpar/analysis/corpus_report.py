@@ -15,7 +15,7 @@ import numpy as np
 from beyondpar.analysis import pages, views
 from beyondpar.base import files, locks
 from beyondpar.measure import record as schema
-from beyondpar.reports import figures, html, numbering, tables
+from beyondpar.reports import coalitions, figures, html, numbering, tables
 
 FIDELITY, MEDIAN, P10 = schema.FIDELITY, schema.MEDIAN, schema.P10
 HITTING = schema.HITTING_NORMALIZED
@@ -78,6 +78,8 @@ def markdown(summary: dict) -> str:
         lines += ["", f"### Layer {numbering.number(layer)}", "", *_head_table(d, base)]
     if "pruning" in summary:
         lines += ["", *_pruning_table(summary["pruning"])]
+    if "coalitions" in summary:
+        lines += _coalition_lines(summary)
     return "\n".join(lines) + "\n"
 
 
@@ -286,6 +288,20 @@ def pruning_panels(summary: dict) -> list:
     return [("next-token loss", curves)]
 
 
+def _coalition_lines(summary: dict) -> list[str]:
+    """The coalitions section, with the windows each game was played on."""
+    games = summary["coalitions"]
+    played = min(summary["corpus_spec"]["coalition_windows"], summary["num_windows"])
+    loss = f"loss games on the first {played}" if played else "no loss games"
+    return [
+        "",
+        *coalitions.section(games, coalitions.figure_files(games)),
+        "",
+        f"Fidelity games on all {summary['num_windows']} windows, {loss}; 95% bootstrap "
+        "intervals over those windows.",
+    ]
+
+
 def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
     """report.md, index.html and the PNG plots; returns their paths. The page shows the
     windows' attention that the analysis left in views.json, when it did. The folder is
@@ -297,6 +313,7 @@ def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:
         plots["pruning.png"] = lambda s, plt: figures.pruning(pruning_panels(s), plt, title)
     plt = files.pyplot()
     drawn = {name: lambda plot=plot: plot(summary, plt) for name, plot in plots.items()}
+    drawn.update(coalitions.draw(summary.get("coalitions", {}), plt))
     with locks.lock(out_dir):
         shown = out_dir / views.FILE
         page = pages.corpus_page(

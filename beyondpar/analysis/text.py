@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from beyondpar import graphs, metrics, pretrained
-from beyondpar.analysis import views
+from beyondpar.analysis import coalition_summary, views
 from beyondpar.base import files
 from beyondpar.base.timing import Timer
 from beyondpar.measure import MeasureSpec, baselines, measure_layer
@@ -174,6 +174,11 @@ def text_record(path_or_name, text: str, spec: MeasureSpec, dtype=None, mesh=Non
             module, params, np.asarray([ids]), [labels], spec.horizon, layers=spec.layers
         )
     shown[0]["name"] = "text"
+    if spec.coalitions:
+        with timer.part("coalitions: loss"):
+            record["coalitions"] = coalition_summary.of_tokens(
+                module, params, np.asarray([ids]), record["layers"], spec, 0
+            )
     return {
         "source": str(path_or_name),
         "model_type": type(module.config).__name__,
@@ -205,6 +210,9 @@ def attention_record(path, spec: MeasureSpec) -> dict:
     except ValueError as err:
         raise ValueError(f"attention file {path}: {err}") from err
     batch = attn[None] if attn.ndim == 4 else attn
+    if spec.coalitions:  # no model: the fidelity game only
+        games = coalition_summary.batch_games(record["layers"])
+        record["coalitions"] = coalition_summary.summarize(games, {}, 0)
     return {
         "source": str(path),
         "num_layers": batch.shape[1],

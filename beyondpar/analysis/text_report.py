@@ -13,7 +13,7 @@ import numpy as np
 from beyondpar.analysis import pages, views
 from beyondpar.base import files, locks
 from beyondpar.measure import record as schema
-from beyondpar.reports import figures, html, numbering, tables
+from beyondpar.reports import coalitions, figures, html, numbering, tables
 
 FIDELITY, MEDIAN, P10 = schema.FIDELITY, schema.MEDIAN, schema.P10
 BEST_HEAD_FIDELITY, DIVERSITY = schema.BEST_HEAD_FIDELITY, schema.DIVERSITY
@@ -64,15 +64,19 @@ def _m(x) -> float:
     return float(np.mean(x))
 
 
+def _sink_note(k: int) -> str:
+    if not k:
+        return "Sink mass: mean attention on the first token."
+    return (
+        f"Every metric is also computed without the first {k} token(s) (attention sinks), "
+        "each row renormalised over the remaining keys: the tables marked 'without sink'."
+    )
+
+
 def markdown(record: dict) -> str:
     spec = record["spec"]
     k = spec.get("sink_tokens", 0)
-    sink_note = (
-        f"Every metric is also computed without the first {k} token(s) (attention sinks), "
-        "each row renormalised over the remaining keys: the tables marked 'without sink'."
-        if k
-        else "Sink mass: mean attention on the first token."
-    )
+    sink_note = _sink_note(k)
     lines = [
         f"# Attention analysis: {record['source']}",
         "",
@@ -119,6 +123,7 @@ def markdown(record: dict) -> str:
     if any("pairwise_synergy" in d for d in record["layers"].values()):
         lines += ["", "![pairwise synergy](pairwise_synergy.png)"]
     lines += ["", "![per-head fidelity](fidelity_heads.png)"]
+    lines += coalition_lines(record)
     timings = record.get("timings_s", {})
     if timings:
         lines += ["", "## Time (s)", "", "| part | seconds |", "|---|---:|"]
@@ -266,6 +271,14 @@ def pairwise_by_layer(record: dict) -> dict:
     }
 
 
+def coalition_lines(record: dict) -> list[str]:
+    """The coalitions section, when the record has the heads' games."""
+    if "coalitions" not in record:
+        return []
+    games = record["coalitions"]
+    return ["", *coalitions.section(games, coalitions.figure_files(games))]
+
+
 def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
     """report.md, analysis.json, index.html and the PNG plots; returns their paths. The
     record's views (attention of the text) go to index.html only. The folder is
@@ -279,6 +292,7 @@ def write(record: dict, out_dir: str | os.PathLike) -> list[Path]:
         plots["pairwise_synergy.png"] = lambda r, plt: figures.pairwise(pairwise_by_layer(r), plt)
     plt = files.pyplot()
     drawn = {name: lambda plot=plot: plot(record, plt) for name, plot in plots.items()}
+    drawn.update(coalitions.draw(record.get("coalitions", {}), plt))
     kept = {k: v for k, v in record.items() if k != views.KEY}
     with locks.lock(out_dir):
         written = [

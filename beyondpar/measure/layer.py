@@ -21,7 +21,7 @@ import numpy as np
 from beyondpar import graphs, metrics, synergy, weighting
 from beyondpar.base import checks
 from beyondpar.base.timing import Timer
-from beyondpar.measure import record
+from beyondpar.measure import coalition_game, record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +40,16 @@ class MeasureSpec:
     optimal_weights: bool = False
     sink_tokens: int = 0
     folds: int = 2
+    coalitions: bool = False
+    exact_coalition_heads: int = 10
+    permutations: int = 32
+    coalition_seed: int = 0
 
     def __post_init__(self):
         checks.non_negative_int("--sink_tokens", self.sink_tokens)
         checks.positive_int("--folds", self.folds)
+        checks.positive_int("--exact_coalition_heads", self.exact_coalition_heads)
+        checks.positive_int("--permutations", self.permutations)
         checks.unit_interval("--residual", self.residual)
 
     def check_length(self, num_tokens: int) -> None:
@@ -128,10 +134,13 @@ def measure_layer(
     causal = metrics.is_causal(attn)
     out = _analyze_graph(attn, weights_H, spec, timer, extra or {}, causal)
     out["sink_mass"] = np.asarray(graphs.sink_mass(attn, max(spec.sink_tokens, 1)))
+    if spec.coalitions and attn.shape[1] > 1:  # of the full graph only
+        with timer.part("coalitions"):
+            out[record.COALITIONS] = coalition_fields(attn, weights_H, spec)
     if spec.sink_tokens:
         spec.check_length(attn.shape[-1])
         dropped = graphs.drop_sink_tokens(attn, spec.sink_tokens)
-        inner = dataclasses.replace(spec, sink_tokens=0)
+        inner = dataclasses.replace(spec, sink_tokens=0, coalitions=False)
         out[record.WITHOUT_SINK] = _analyze_graph(
             dropped, weights_H, inner, timer, extra_without_sink or {}, causal
         )
@@ -199,6 +208,19 @@ def _analyze_graph(
         with timer.part("pairwise synergy"):
             out["pairwise_synergy"] = np.asarray(synergy.pairwise_synergy(attn, spec.horizon))
     return out
+
+
+def coalition_fields(attn_BxHxTxT, weights_H, spec: MeasureSpec) -> dict:
+    """The fidelity game of the heads' coalitions, mixed with the learned weights (uniform
+    without them), as `spec` asks (exact or sampled)."""
+    return coalition_game.fidelity_fields(
+        attn_BxHxTxT,
+        weights_H,
+        spec.horizon,
+        spec.exact_coalition_heads,
+        spec.permutations,
+        jax.random.PRNGKey(spec.coalition_seed),
+    )
 
 
 def _shares(share_BxT, node_fidelity_BxT) -> dict:

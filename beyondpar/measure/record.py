@@ -14,6 +14,11 @@ layer's record is a dict:
     LAYER_SCALARS   (B,) each                see FIELDS
     sink_mass       (B, H)                   see FIELDS
     pairwise_synergy (B, H, H)               only when asked (spec.pairwise)
+    coalitions      {field: (B, ...)}        only when asked (spec.coalitions): the heads'
+                                             coalitions as a cooperative game, COALITION;
+                                             fields ending in _fidelity here, those ending
+                                             in _loss added by a workflow that runs the
+                                             model (the loss a coalition restores)
     optimal         the optimum's search     only when searched here (spec.optimal_weights)
     without_sink    the same record on the graph without the first k tokens
                     (spec.sink_tokens = k > 0)
@@ -22,6 +27,7 @@ layer's record is a dict:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 FORMAT = 2  # the version of the record written to JSON: 1 had no "format" key
 
@@ -68,6 +74,36 @@ LAYER = (
 )
 SINK_MASS = Field("sink_mass", "fraction", "each head's mean attention on the first k tokens")
 
+# The coalitions of a layer's heads as a cooperative game, on two values: `fidelity`, the
+# minimax fidelity of the coalition's mix (weights renormalised over its members; empty:
+# 0), and `loss`, the loss the coalition restores when the layer's other heads are masked
+# (L(every head of the layer masked) - L(only the coalition kept)). Pairs and triples are
+# listed in `itertools.combinations(range(H), k)` order (`coalition_members`).
+OBJECTIVES = ("fidelity", "loss")
+OBJECTIVE_UNITS = {"fidelity": "fraction", "loss": "nats"}
+_COALITION_DOCS = (
+    ("shapley", "(B, H) each head's Shapley value"),
+    ("shapley_stderr", "(B, H) its standard error (0 when every coalition is valued)"),
+    ("interaction", "(B, H, H) pairwise Shapley interaction index (diagonal: Shapley)"),
+    ("pair_dividends", "(B, H(H-1)/2) Harsanyi dividend of every pair"),
+    ("triple_dividends", "(B, C(H, 3)) Harsanyi dividend of every triple"),
+    ("negative_pair_share", "(B,) share of pairs with a negative dividend"),
+    ("negative_triple_share", "(B,) share of triples with a negative dividend"),
+)
+COALITION = tuple(
+    Field(
+        f"{name}_{objective}",
+        "fraction" if name.startswith("negative") else OBJECTIVE_UNITS[objective],
+        f"{doc}, on the {objective} value",
+    )
+    for objective in OBJECTIVES
+    for name, doc in _COALITION_DOCS
+)
+COALITIONS = "coalitions"
+# Valued by sampled permutations (too many heads for every coalition): the dividends and
+# the interaction are absent, the Shapley values carry their standard errors.
+COALITION_SAMPLED = ("shapley", "shapley_stderr")
+
 # Names the reports read one by one (a name, never a position in the tuples below).
 FIDELITY, MEDIAN, P10 = "fidelity", "fidelity_median", "fidelity_p10"
 HITTING_NORMALIZED = "hitting_time_normalized"
@@ -77,7 +113,8 @@ CROSS_HEAD_SHARE = "cross_head_share_mean"
 OPERATOR_FIELDS = tuple(f.name for f in OPERATOR)
 MIX_FIELDS = (*OPERATOR_FIELDS, GAIN.name)
 LAYER_SCALARS = tuple(f.name for f in LAYER)
-FIELDS = {f.name: f for f in (*OPERATOR, GAIN, *LAYER, SINK_MASS)}
+COALITION_FIELDS = tuple(f.name for f in COALITION)
+FIELDS = {f.name: f for f in (*OPERATOR, GAIN, *LAYER, SINK_MASS, *COALITION)}
 assert {FIDELITY, MEDIAN, P10, HITTING_NORMALIZED, BEST_HEAD_FIDELITY, DIVERSITY} <= set(FIELDS)
 
 LEARNED, UNIFORM, OPTIMAL = "learned", "uniform", "optimal"
@@ -90,6 +127,20 @@ WITHOUT_SINK = "without_sink"
 # Entries that are not one number per sequence: pairwise synergy (H x H, for the one-text
 # report) and the optimum's search record (per fold).
 NOT_PER_SEQUENCE = ("pairwise_synergy", OPTIMAL)
+
+
+def coalition_field(name: str, objective: str) -> str:
+    """The record's name of a coalition quantity (`shapley`, `pair_dividends`, ...) on an
+    objective (`fidelity` or `loss`)."""
+    field = f"{name}_{objective}"
+    if field not in COALITION_FIELDS:
+        raise ValueError(f"coalition field must be one of {COALITION_FIELDS}, got {field!r}")
+    return field
+
+
+def coalition_members(num_heads: int, size: int) -> list[tuple[int, ...]]:
+    """The heads of each entry of the `size`-head dividends (2: pairs, 3: triples)."""
+    return list(itertools.combinations(range(num_heads), size))
 
 
 def unit_of(name: str) -> str:

@@ -56,3 +56,28 @@ def pruning(panels: Sequence[tuple[str, Mapping]], plt, title: str):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def interaction(mats: Mapping, plt, label: str, title: str | None = None):
+    """{0-based layer index: H x H matrix} of each pair's Shapley interaction (in the
+    report's unit, `label` on the colour bar), on one colour scale symmetric about zero;
+    heads numbered from 1. NaN entries (the diagonal, say) are left blank."""
+    layers = list(mats)
+    grid = [np.asarray(mats[k], np.float64) for k in layers]
+    cols = min(COLUMNS, len(layers))
+    rows = -(-len(layers) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    bound = max(max(float(np.nanmax(np.abs(m), initial=0.0)) for m in grid), 1e-9)
+    for i, (ax, layer, mat) in enumerate(zip(axes.flat, layers, grid, strict=False)):
+        image = ax.imshow(mat, cmap="RdBu", vmin=-bound, vmax=bound)
+        ticks = head_ticks(len(mat))
+        ax.set_xticks(ticks, [str(h + 1) for h in ticks])
+        ax.set_yticks(ticks, [str(h + 1) for h in ticks])
+        ylabel = "head" if i % cols == 0 else ""
+        ax.set(title=f"layer {numbering.number(layer)}", xlabel="head", ylabel=ylabel)
+    for ax in list(axes.flat)[len(layers) :]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes.ravel().tolist(), label=label, shrink=0.8)
+    if title:
+        fig.suptitle(title)
+    return fig

@@ -49,6 +49,7 @@ def base_config() -> ml_collections.ConfigDict:
     # What evaluation of the run's checkpoints measures; optimal_weights and pruning switch
     # off the costlier analyses (the optimal-weight search and the pruning curves); the
     # optimal weights are scored on `folds` folds of the sequences, each searched on the rest.
+    # coalitions: every coalition of each layer's heads as a game (fidelity and loss).
     c.evaluation = ml_collections.ConfigDict(
         dict(
             num_sequences=50,
@@ -60,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
             optimal_weights=True,
             pruning=True,
             folds=2,
+            coalitions=False,
         )
     )
     return c
@@ -194,7 +196,7 @@ def validate_evaluation(evaluation: ml_collections.ConfigDict) -> None:
         checks.positive_int(f"evaluation.{name}", e[name])
     checks.open_unit_interval("evaluation.eps", e.eps)
     checks.one_of("evaluation.walk", e.walk, metrics.WALKS)
-    for name in ("optimal_weights", "pruning"):
+    for name in ("optimal_weights", "pruning", "coalitions"):
         checks.boolean(f"evaluation.{name}", e[name])
 
 

@@ -24,7 +24,7 @@ from beyondpar import batches, checkpoints, measure, metrics, pruning, synergy, 
 from beyondpar import model as model_lib
 from beyondpar.base import checks, files, locks, parallel
 from beyondpar.measure import record
-from beyondpar.study import config_lib, pruning_curves
+from beyondpar.study import coalition_record, config_lib, pruning_curves
 from beyondpar.study import workdir as workdir_lib
 
 RECORDS_FILE = "evaluation.jsonl"
@@ -51,6 +51,7 @@ class EvalSpec:
     optimal_weights: bool = True
     pruning: bool = True
     folds: int = 2
+    coalitions: bool = False
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> EvalSpec:
@@ -106,14 +107,21 @@ def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> di
 
 
 def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
-    """(per-sequence metrics, attention (N, L, H, T, T), learned weights (L, H))."""
+    """(per-sequence metrics, attention (N, L, H, T, T), learned weights (L, H), the
+    fidelity game's COALITION fields (N, L, ...) when `spec.coalitions`)."""
     params = jax.device_put(params, parallel.replicated(parallel.data_mesh(jax.local_devices())))
     # Sequences spread over the local devices: the forward pass and the metric kernels
     # each work on their share without copies between devices.
     inputs = parallel.split_over_devices(examples.inputs)
     logits, attn, weights = forward(module, params, inputs)
     optimal = optimal_mixes(attn, weights, spec)
-    mspec = measure.MeasureSpec(horizon=spec.horizon, max_steps=spec.max_steps, eps=spec.eps)
+    mspec = measure.MeasureSpec(
+        horizon=spec.horizon,
+        max_steps=spec.max_steps,
+        eps=spec.eps,
+        coalitions=spec.coalitions,
+        coalition_seed=spec.seed,
+    )
     # Every (sequence, layer) is one set of heads: all layers measured in one call, each
     # with its own layer's weights.
     n, num_layers = attn.shape[:2]
@@ -124,7 +132,11 @@ def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
     out = {k: v.reshape(n, num_layers, *v.shape[1:]) for k, v in columns(found, spec.walk).items()}
     out.update(_weights_columns(weights, optimal, n))
     out.update(_accuracies(logits, examples))
-    return out, attn, weights
+    games = {
+        k: v.reshape(n, num_layers, *v.shape[1:])
+        for k, v in found.get(record.COALITIONS, {}).items()
+    }
+    return out, attn, weights, games
 
 
 def columns(layer: dict, walk: str) -> dict:
@@ -235,8 +247,12 @@ def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
         "walk": spec.walk,
         "evaluation": dataclasses.asdict(spec),
     }
-    values, attn, weights = _per_sequence(module, params, examples, spec)
+    values, attn, weights, games = _per_sequence(module, params, examples, spec)
     record["metrics"] = summarize(values)
+    if games:
+        record["coalitions"] = coalition_record.layer_games(
+            module, params, examples, games, spec.seed
+        )
     record["attention_necessity"] = pruning.attention_necessity(module, params, examples)
     if spec.pruning and cfg.num_heads > 1:
         record["pruning"] = pruning_curves.pruning_curves(
@@ -253,13 +269,18 @@ def read_config(run_dir: str | os.PathLike) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(workdir_lib.read_config(run_dir))
 
 
-def evaluate_checkpoint(run_dir: str | os.PathLike, step: int | None = None, root=None) -> dict:
-    """Record of a run's checkpoint at `step` (latest by default)."""
+def evaluate_checkpoint(
+    run_dir: str | os.PathLike, step: int | None = None, root=None, coalitions: bool = False
+) -> dict:
+    """Record of a run's checkpoint at `step` (latest by default); `coalitions` measures
+    the heads' coalitions whatever the run's `evaluation.coalitions` says."""
     run_dir = Path(run_dir)
     config = read_config(run_dir)
     step, state = checkpoints.load(run_dir / workdir_lib.CHECKPOINT_DIR, step)
     module = model_lib.Transformer(config_lib.model_config(config))
     spec = EvalSpec.from_config(config)
+    if coalitions:
+        spec = dataclasses.replace(spec, coalitions=True)
     name = run_name(run_dir, root)
     return evaluate_params(
         module,
@@ -345,8 +366,11 @@ def check_steps(steps: str) -> None:
         raise ValueError(f"steps must be 'latest' or 'all', got {steps!r}")
 
 
-def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool = True):
-    """Evaluate every run under `root`; append records to root/evaluation.jsonl.
+def evaluate_tree(
+    root: str | os.PathLike, steps: str = "latest", progress: bool = True, coalitions=False
+):
+    """Evaluate every run under `root`; append records to root/evaluation.jsonl
+    (`coalitions`: with the heads' coalitions, see `evaluate_checkpoint`).
 
     (run, step) pairs already recorded are skipped, so an interrupted evaluation resumes.
     Returns (new records, failures as (run/step, message)); a failed checkpoint does not
@@ -365,10 +389,10 @@ def evaluate_tree(root: str | os.PathLike, steps: str = "latest", progress: bool
             f"{workdir_lib.CHECKPOINT_DIR}/"
         )
     with locks.lock(root):
-        return _evaluate_runs(root, runs, steps, progress)
+        return _evaluate_runs(root, runs, steps, progress, coalitions)
 
 
-def _evaluate_runs(root: Path, runs: list[Path], steps: str, progress: bool):
+def _evaluate_runs(root: Path, runs: list[Path], steps: str, progress: bool, coalitions: bool):
     out = root / RECORDS_FILE
     done = {(r["run"], r["step"]) for r in read_records(out)}
     todo = [
@@ -380,7 +404,7 @@ def _evaluate_runs(root: Path, runs: list[Path], steps: str, progress: bool):
         try:
             if step is None:
                 raise FileNotFoundError("no checkpoint saved")
-            record = evaluate_checkpoint(run, step, root)
+            record = evaluate_checkpoint(run, step, root, coalitions)
         except Exception as err:  # noqa: BLE001 - reported by name, the rest go on
             failures.append((name, f"{type(err).__name__}: {err}".splitlines()[0]))
             tqdm.tqdm.write(f"skipped {name}: {failures[-1][1]}")

@@ -17,8 +17,8 @@ import matplotlib.ticker
 import numpy as np
 
 from beyondpar.base import files
+from beyondpar.reports import coalitions, html, numbering, tables
 from beyondpar.reports import figures as report_figures
-from beyondpar.reports import html, numbering, tables
 from beyondpar.study import report_page, synergy_report
 
 # Per-layer metrics of a record and their units; records written before a metric existed
@@ -134,6 +134,7 @@ def markdown(records: list[dict]) -> str:
         by_heads = {h: cells[(task, h)] for h in heads}
         lines += _task_section(task, heads, by_heads, needs.get(task), runs)
     lines += _synergy_sections(runs)
+    lines += _coalition_sections(runs)
     lines += ["", *_accuracy_table(runs)]
     return "\n".join(lines) + "\n"
 
@@ -188,6 +189,23 @@ def _synergy_sections(runs: list[dict]) -> list[str]:
             *pruned,
         ]
     return lines
+
+
+def _coalition_sections(runs: list[dict]) -> list[str]:
+    """Per run evaluated with `evaluation.coalitions`: its heads' games, per layer, with
+    95% normal intervals over the evaluation sequences."""
+    lines = []
+    for r in runs:
+        if "coalitions" in r:
+            games, stem = r["coalitions"], f"coalitions_{_safe(r['run'])}"
+            heading = f"Coalitions of heads: {r['run']}"
+            lines += ["", *coalitions.section(games, coalitions.figure_files(games, stem), heading)]
+    return lines
+
+
+def _safe(run: str) -> str:
+    """A run's name as part of a file name."""
+    return run.replace("/", "_")
 
 
 def _accuracy_table(runs: list[dict]) -> list[str]:
@@ -452,7 +470,9 @@ def figures(records: list[dict]) -> dict:
     if len(synergy_report.diversity_points(runs)[0]):
         out["diversity.png"] = lambda: synergy_report.plot_diversity(runs, plt)
     for r in runs:
-        safe = r["run"].replace("/", "_")
+        safe = _safe(r["run"])
+        if "coalitions" in r:
+            out.update(coalitions.draw(r["coalitions"], plt, f"coalitions_{safe}", r["run"]))
         if "pairwise_synergy" in r["metrics"] and r["heads"] > 1:
             out[f"synergy_{safe}.png"] = lambda r=r: report_figures.pairwise(
                 synergy_report.pairwise_by_layer(r), plt, f"pairwise synergy: {r['run']}"
