@@ -220,3 +220,10 @@ def test_the_public_api_is_where_users_look():
     ]
     assert not missing, missing
     assert pretrained.gguf_file.GgufFile.tokenizer
+
+
+def test_test_files_have_unique_names():
+    """Test folders hold no __init__.py, so pytest imports each test file by its base name:
+    two files of one name in different folders stop the whole suite at collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert not {n for n in names if names.count(n) > 1}
