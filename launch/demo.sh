@@ -20,8 +20,8 @@ python launch/ablate.py --config=configs/lm_ablation.py:seeds=1 --workdir="$out/
   --config.overrides.optim__warmup_steps=10 --config.overrides.eval_every_steps=50 \
   --config.overrides.log_every_steps=50 --config.overrides.checkpoint_every_steps=100
 echo
-echo "report:    $out/ablation/report/report.md (+ results.csv, results.json, *.png)"
+echo "report:    $out/ablation/report/report.md (+ results.csv, results.json, *.png, index.html)"
 echo "records:   $out/ablation/evaluation.jsonl"
-echo "example 2: $out/example2/"
-echo "real model: $out/smollm2/report.md (SmolLM2-135M on the founding documents)"
+echo "example 2: $out/example2/ (+ index.html)"
+echo "real model: $out/smollm2/report.md (+ index.html; SmolLM2-135M on the founding documents)"
 echo "language:  $out/lm/report/report.md (1 and 4 heads at equal parameters)"

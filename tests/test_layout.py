@@ -186,6 +186,7 @@ def test_the_public_api_is_where_users_look():
     """The names DESIGN.md's public API lists, at their documented paths."""
     from beyondpar import (
         checkpoints,
+        coalitions,
         graphs,
         measure,
         metrics,
@@ -195,6 +196,7 @@ def test_the_public_api_is_where_users_look():
         synergy,
         tasks,
     )
+    from beyondpar.lm import data as lm_data
 
     names = {
         graphs: "combine_heads head_importance dag_operator rollout rollout_sink sink_mass "
@@ -209,9 +211,19 @@ def test_the_public_api_is_where_users_look():
         tasks: "make_examples ATTENTION_TASKS Examples",
         pruning: "gradient_importance fidelity_order attention_necessity ORDERS orders",
         measure: "measure_layer MeasureSpec baselines record",
+        coalitions: "values shapley harsanyi interaction zeta mix_value_fn sampled_shapley "
+        "shapley_values",
+        lm_data: "load default_data_config check_vocab bits_per_byte TextData",
     }
     missing = [
         f"{m.__name__}.{n}" for m, ns in names.items() for n in ns.split() if not hasattr(m, n)
     ]
     assert not missing, missing
     assert pretrained.gguf_file.GgufFile.tokenizer
+
+
+def test_test_files_have_unique_names():
+    """Test folders hold no __init__.py, so pytest imports each test file by its base name:
+    two files of one name in different folders stop the whole suite at collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert not {n for n in names if names.count(n) > 1}
