@@ -293,3 +293,11 @@ def test_pooled_view_marks_the_block_holding_the_worst_token(shown):
     pooled = packing.pooled_attention(ATTENTION[key], POOL)[2]
     lower = np.tril_indices(len(pooled))
     assert z[lower] == pytest.approx(pooled[lower], abs=2 / 255)
+
+
+def test_page_axis_labels_show_token_texts_as_text(shown):
+    page, _ = shown
+    choose(page, 0, 0)
+    for div in ("attention", "flow"):
+        ticks = page.eval_on_selector_all(f"#{div} .xtick text", "s => s.map(x => x.textContent)")
+        assert ticks == LABELS  # '<s>' and '<b>' are not read as Plotly's markup
