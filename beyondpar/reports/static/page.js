@@ -230,7 +230,12 @@
 
   function short(label) {
     const text = JSON.stringify(label).slice(1, -1);
-    return text.length > 12 ? text.slice(0, 11) + "…" : text;
+    return plain(text.length > 12 ? text.slice(0, 11) + "…" : text);
+  }
+
+  // Plotly reads tags such as <b> or <s> in its labels: a token's text is shown as text.
+  function plain(text) {
+    return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
   function logTicks() {
@@ -262,7 +267,7 @@
       type: "heatmap", z: logs, x: idx, y: idx, customdata: raw, colorscale: "Viridis",
       zmin: LOG_FLOOR, zmax: 0,
       colorbar: Object.assign({ title: { text: "attention probability (log scale)" } }, logTicks()),
-      text: idx.map((i) => idx.map((j) => view.labels[i] + " → " + view.labels[j])),
+      text: idx.map((i) => idx.map((j) => plain(view.labels[i] + " → " + view.labels[j]))),
       hovertemplate: "query %{y} reads key %{x}<br>%{text}<br>probability %{customdata:.4f}<extra></extra>",
     };
     const size = Math.min(720, Math.max(360, 9 * idx.length + 200));
@@ -285,7 +290,7 @@
     Object.entries(data.mixes).forEach(([name, f]) => series.push(["mix: " + name, f.values, f.worst_token, f.worst_value]));
     const traces = [];
     series.forEach(([name, values, worst, value]) => {
-      traces.push({ type: "scatter", mode: "lines", name: name, x: idx, y: values.map((v) => 100 * v), text: view.labels,
+      traces.push({ type: "scatter", mode: "lines", name: name, x: idx, y: values.map((v) => 100 * v), text: view.labels.map(plain),
         hovertemplate: "%{x} %{text}: %{y:.3g}%<extra>" + name + "</extra>" });
       traces.push({ type: "scatter", mode: "markers", showlegend: false, name: name + ", worst token",
         x: [Math.floor(worst / view.pool)], y: [100 * value], marker: { symbol: "x", size: 11, color: "black" },
