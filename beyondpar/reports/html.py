@@ -8,6 +8,7 @@ record; this module knows nothing of records. Its keys, all optional but `title`
     title, notes         the heading and paragraphs under it
     fields               [{name, label, unit, scale, display_unit}]: the layer table's
                          columns (`scale` 100 shows a fraction in percent)
+    row_label            the layer table's first column heading ("operator" unless given)
     layers               [{key, number, label?, rows, coalitions?}]: rows are
                          {name, kind: "mix" | "head", head?, values: {field: stat}},
                          a stat {mean, low?, high?} in the record's own units;
@@ -15,7 +16,9 @@ record; this module knows nothing of records. Its keys, all optional but `title`
     views                [{name, labels, pool, layers: {key: layer view}}]: a text's or
                          window's attention and flow to the sink (`analysis.views`)
     study                {head_counts, series: [{name, unit, heads, mean, std}],
-                          curves: [{name, step, loss}]}
+                          curves: [{name, step, loss}],
+                          charts?: [{title, x: "heads" | "step", y, scale,
+                                     lines: [{name, x, mean, low, high}]}]}
 """
 
 from __future__ import annotations

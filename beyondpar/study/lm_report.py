@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from beyondpar.base import files
-from beyondpar.reports import tables
-from beyondpar.study import lm_stats
+from beyondpar.reports import html, tables
+from beyondpar.study import lm_report_page, lm_stats
 from beyondpar.study.lm_stats import BPB_KEY, GRAPHS, LOSS_KEY, LOSSES, OPTIMAL_WINS
 
 PERCENT = set(GRAPHS)
@@ -230,11 +230,12 @@ def results(runs: list[dict]) -> dict:
 def write_report(
     runs: list[dict], out_dir: str | os.PathLike, failures: list[tuple[str, str]] = ()
 ) -> list[Path]:
-    """report.md, results.json and the plots; returns their paths."""
+    """report.md, results.json, index.html and the plots; returns their paths."""
     out_dir = Path(out_dir)
     written = [
         files.write_text(out_dir / "report.md", markdown(runs, failures)),
         files.write_json(out_dir / "results.json", _json_safe(results(runs))),
+        html.write(out_dir, lm_report_page.page(runs)),
     ]
     return written + files.write_figures(out_dir, figures(runs))
 

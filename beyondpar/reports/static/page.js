@@ -80,7 +80,7 @@
       cell.textContent = text;
       head.appendChild(cell);
     };
-    th("operator");
+    th(page.row_label || "operator");
     fields.forEach((f) => th(f.label + (f.display_unit ? " (" + f.display_unit + ")" : "")));
     const body = table.createTBody();
     layer.rows.forEach((row) => {
@@ -102,7 +102,8 @@
         }
       });
     });
-    $("layer-title").textContent = layerName() + ", " + headName();
+    const headed = headRows(layer).length > 0;
+    $("layer-title").textContent = layerName() + (headed ? ", " + headName() : "");
   }
 
   function statOf(row, name) {
@@ -120,7 +121,8 @@
   }
 
   function drawOverview() {
-    if (!layers.length) return;
+    $("overview").hidden = !layers.some((l) => headRows(l).length);
+    if ($("overview").hidden) return;
     const numbers = layers.map((l) => l.number);
     const names = layers.map((l) => l.label || String(l.number));
     const rowsAt = [...layers.keys()];
@@ -172,8 +174,9 @@
   }
 
   function drawHeads() {
-    if (!layers.length) return;
-    const rows = headRows(layers[state.layer]);
+    const rows = layers.length ? headRows(layers[state.layer]) : [];
+    $("heads").hidden = !rows.length;
+    if (!rows.length) return;
     const charted = ["fidelity", "hitting_time_normalized", "hitting_time", "sink_mass"];
     const panels = fields.filter((f) => charted.includes(f.name))
       .map((f) => [f.name, f.label + (f.display_unit ? " (" + f.display_unit + ")" : ""), f.scale]);
@@ -380,6 +383,8 @@
   function drawStudy() {
     const study = page.study;
     if (!study) return;
+    drawCharts(study.charts || []);
+    if (!study.series.length) return;
     const traces = [];
     const layout = { grid: { rows: 1, columns: 2, pattern: "independent" }, height: 380, margin: { t: 50 },
       title: { text: "Measures against head count (mean over seeds ± std)" },
@@ -403,6 +408,30 @@
       title: { text: "Training loss against step" }, height: 360,
       xaxis: { title: { text: "step" } }, yaxis: { title: { text: "loss (nats per token)" }, type: "log" },
     }, CONFIG);
+  }
+
+  // study.charts: [{title, x: "heads" | "step", y (axis unit), scale, lines: [{name, x,
+  // mean, low, high}]}], a chart each, with 95% interval bars where low is not null.
+  function drawCharts(charts) {
+    charts.forEach((c) => {
+      const div = document.createElement("div");
+      div.className = "study-chart";
+      $("study-section").appendChild(div);
+      const traces = c.lines.map((l) => ({
+        type: "scatter", mode: "lines+markers", name: l.name, x: l.x,
+        y: l.mean.map((v) => (v === null ? null : c.scale * v)),
+        error_y: { type: "data", symmetric: false, visible: l.low.some((v) => v !== null),
+          array: l.mean.map((v, i) => (l.high[i] === null ? 0 : c.scale * (l.high[i] - v))),
+          arrayminus: l.mean.map((v, i) => (l.low[i] === null ? 0 : c.scale * (v - l.low[i]))) },
+      }));
+      const heads = c.x === "heads";
+      Plotly.newPlot(div, traces, {
+        title: { text: c.title }, height: 340, margin: { t: 50 }, showlegend: true,
+        xaxis: heads ? { title: { text: "heads" }, type: "log", tickvals: page.study.head_counts }
+          : { title: { text: "step" } },
+        yaxis: { title: { text: c.y } },
+      }, CONFIG);
+    });
   }
 
   function redrawLayer() {
@@ -434,7 +463,8 @@
       state.view = Number(e.target.value);
       redrawLayer();
     });
-    $("controls").hidden = !layers.length;
+    // A lone entry with no heads (the language study's table) has nothing to choose.
+    $("controls").hidden = !layers.length || (layers.length < 2 && !headRows(layers[0]).length);
     $("layers-section").hidden = !layers.length;
     drawTable();
     // The rest after the first heatmap is on screen.
