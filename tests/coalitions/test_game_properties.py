@@ -142,20 +142,23 @@ def test_empty_coalition_and_weightless_head_take_the_no_propagation_value():
         np.testing.assert_array_equal(phi[:, 1], 0.0)
 
 
-def _additive_game(h):
-    """A game with pair terms: v(S) = sum_{i in S} a_i + sum_{i<j in S} b_ij (B = 2)."""
+def _game_with_triple(h):
+    """A game with pair terms and one triple: v(S) = sum_{i in S} a_i + sum_{i<j in S} b_ij
+    + e [heads 0, 1, 2 in S] (B = 2); the triple keeps antithetic pairs from being exact."""
     rng = np.random.default_rng(h)
     a, b = rng.normal(size=(2, h)), np.triu(rng.normal(size=(2, h, h)), 1)
+    e = rng.normal(size=(2, 1)) * 3
 
     def value_fn(masks_KxH):
         m = np.asarray(masks_KxH, np.float64)
-        return (m @ a.T).T + np.einsum("ki,bij,kj->bk", m, b, m)
+        triple = np.prod(m[:, :3], -1)[None]
+        return (m @ a.T).T + np.einsum("ki,bij,kj->bk", m, b, m) + e * triple
 
     return value_fn
 
 
 def test_sixteen_heads_is_exact_and_seventeen_is_refused():
-    value_fn = _additive_game(16)
+    value_fn = _game_with_triple(16)
     table = coalitions.values(value_fn=value_fn, num_heads=16)
     assert table.shape == (2, 2**16)
     phi, err = coalitions.shapley_values(value_fn=value_fn, num_heads=16)
@@ -164,7 +167,7 @@ def test_sixteen_heads_is_exact_and_seventeen_is_refused():
     with pytest.raises(ValueError, match="at most 16"):
         mix_game.check_exact(17)
     with pytest.raises(ValueError, match="samples"):
-        coalitions.shapley_values(value_fn=_additive_game(17), num_heads=17)
+        coalitions.shapley_values(value_fn=_game_with_triple(17), num_heads=17)
 
 
 def _expected_sample(value_fn, order, antithetic):
@@ -188,7 +191,7 @@ def _expected_sample(value_fn, order, antithetic):
 @pytest.mark.parametrize("antithetic", [False, True])
 def test_sampled_shapley_is_the_mean_and_stderr_of_each_orders_marginals(antithetic):
     h, p, key = 5, 12, jax.random.PRNGKey(3)
-    value_fn = _additive_game(h)
+    value_fn = _game_with_triple(h)
     order = coalitions.orders(key, h, p // 2 if antithetic else p)
     assert len({tuple(o) for o in order}) > 1  # independent orders, not one repeated
     if antithetic:
@@ -202,7 +205,7 @@ def test_sampled_shapley_is_the_mean_and_stderr_of_each_orders_marginals(antithe
 
 
 def test_shapley_values_samples_with_the_given_key():
-    value_fn, key = _additive_game(4), jax.random.PRNGKey(7)
+    value_fn, key = _game_with_triple(4), jax.random.PRNGKey(7)
     got = coalitions.shapley_values(value_fn=value_fn, num_heads=4, samples=6, key=key)
     want = coalitions.sampled_shapley(value_fn, 4, 6, key)
     np.testing.assert_array_equal(got[0], want[0])
