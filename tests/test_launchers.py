@@ -66,6 +66,9 @@ COMMAND_LINES = {
         "--folds=3",
         "--nopairwise",
         "--optimal_weights",
+        "--coalitions",
+        "--exact_coalition_heads=6",
+        "--permutations=12",
     ],
     "pruning_on_text": ["--model=m", "--text=x", "--pruning"],
     "batch_on_text_file": ["--model=m", "--text_file=t.txt", "--batch_size=4"],
@@ -99,7 +102,7 @@ def analyze(tmp_path_factory):
 def test_analyze_defaults_are_the_documented_spec(analyze):
     """Without walk flags, the spec is the documented one: horizon K=100, a 100-step cap,
     residual share 1/2, every layer, pairwise synergy on, no weight search, no sink
-    tokens dropped, 2 folds."""
+    tokens dropped, 2 folds, no coalitions (exact up to 10 heads, else 32 orders)."""
     outcome = analyze[0]["defaults"]
     assert outcome["what"] == "attention"
     assert outcome["spec"] == {
@@ -112,6 +115,10 @@ def test_analyze_defaults_are_the_documented_spec(analyze):
         "optimal_weights": False,
         "sink_tokens": 0,
         "folds": 2,
+        "coalitions": False,
+        "exact_coalition_heads": 10,
+        "permutations": 32,
+        "coalition_seed": 0,
     }
 
 
@@ -131,6 +138,10 @@ def test_analyze_each_walk_flag_reaches_its_own_field(analyze):
         "optimal_weights": True,
         "sink_tokens": 1,
         "folds": 3,
+        "coalitions": True,
+        "exact_coalition_heads": 6,
+        "permutations": 12,
+        "coalition_seed": 0,  # no flag: the measurement's default
     }
 
 

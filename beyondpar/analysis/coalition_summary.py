@@ -3,7 +3,8 @@ the per-layer measurement of every window) and the loss game (the model under he
 on the first windows), summarised per layer with intervals over windows.
 
 Every interval of this summary comes from `intervals` below, the one place that names
-the statistics used."""
+the statistics used: the corpus bootstrap, over documents when the windows' documents
+are known (windows of one document are not independent), as every corpus statistic."""
 
 from __future__ import annotations
 
@@ -14,10 +15,30 @@ from beyondpar.measure import MeasureSpec, coalition_game, record
 from beyondpar.pruning import coalition_loss
 
 
-def intervals(seed: int):
+def intervals(seed: int, documents=None, positions=None):
     """The interval over windows of every summary entry: {key: W or W x K values} ->
-    {key: {"mean", "low", "high"}}."""
-    return lambda blocks: statistics.intervals(blocks, seed)
+    {key: {"mean", "low", "high"}}, resampling the windows' `documents` (one id a window,
+    in `positions` order; None: unknown) as `statistics.intervals` does. The games may
+    cover only the first windows: their documents are the first ones."""
+
+    def found(blocks: dict) -> dict:
+        count = len(next(iter(blocks.values())))
+        return statistics.intervals(
+            blocks, seed, _first(documents, count), _first(positions, count)
+        )
+
+    return found
+
+
+def _first(ids, count: int):
+    return None if ids is None else list(ids)[:count]
+
+
+def resampling(records: list[dict], played: int) -> dict:
+    """How `intervals` resamples the games on the first `played` of the windows whose
+    windows.jsonl `records` are given (statistics' description, with its sentence)."""
+    documents, positions = statistics.window_documents(records[:played])
+    return statistics.resampling(played, documents, positions).as_dict()
 
 
 def loss_spec(spec: MeasureSpec) -> coalition_loss.LossGameSpec:
@@ -50,14 +71,17 @@ def fidelity_games(layer_rows: dict) -> dict:
     return out
 
 
-def summarize(fidelity: dict, loss: dict, seed: int) -> dict:
+def summarize(fidelity: dict, loss: dict, seed: int, records: list[dict] | None = None) -> dict:
     """{layer (JSON key): {"fidelity": summary, "loss": summary}} (each a
-    `coalition_game.summarize`, the loss where it was measured)."""
+    `coalition_game.summarize`, the loss where it was measured); intervals over the
+    documents of the windows' `records` (windows.jsonl; None: windows independent)."""
+    documents, positions = statistics.window_documents(records) if records else (None, None)
+    over = intervals(seed, documents, positions)
     out = {}
     for layer, fields in fidelity.items():
-        entry = {"fidelity": coalition_game.summarize(fields, "fidelity", intervals(seed))}
+        entry = {"fidelity": coalition_game.summarize(fields, "fidelity", over)}
         if layer in loss:
-            entry["loss"] = coalition_game.summarize(loss[layer], "loss", intervals(seed))
+            entry["loss"] = coalition_game.summarize(loss[layer], "loss", over)
         out[str(layer)] = entry
     return out
 

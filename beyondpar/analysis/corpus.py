@@ -93,10 +93,21 @@ def run(model, corpus_path, cspec: CorpusSpec, spec, out_dir, dtype=None, progre
             summary["coalitions"] = coalitions(
                 module, params, windows, records, cspec, spec, progress
             )
+            summary["coalition_intervals"] = coalition_intervals(records, cspec)
         files.write_json(out_dir / SUMMARY_FILE, summary)
         shown = views.corpus_views(module, params, tokenizer, windows, spec, found)
         files.write_json(out_dir / views.FILE, {views.KEY: shown})
     return summary, windows
+
+
+def coalition_intervals(records: list[dict], cspec) -> dict:
+    """How the coalition intervals resample: {"fidelity": ..., "loss": ...} over the
+    windows each game was played on (`statistics.Resampling.as_dict`)."""
+    played = min(cspec.coalition_windows, len(records))
+    out = {"fidelity": coalition_summary.resampling(records, len(records))}
+    if played:
+        out["loss"] = coalition_summary.resampling(records, played)
+    return out
 
 
 def coalitions(module, params, windows, records, cspec, spec, progress=True) -> dict:
@@ -110,7 +121,7 @@ def coalitions(module, params, windows, records, cspec, spec, progress=True) -> 
     loss = {}
     if len(tokens):
         loss = coalition_summary.loss_games(module, params, tokens, layers, spec, progress)
-    return coalition_summary.summarize(fidelity, loss, cspec.seed)
+    return coalition_summary.summarize(fidelity, loss, cspec.seed, records)
 
 
 def _windows_done(module, params, windows, cspec, spec, found, out_dir, progress) -> list[dict]:

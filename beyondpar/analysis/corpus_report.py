@@ -293,13 +293,18 @@ def _coalition_lines(summary: dict) -> list[str]:
     games = summary["coalitions"]
     played = min(summary["corpus_spec"]["coalition_windows"], summary["num_windows"])
     loss = f"loss games on the first {played}" if played else "no loss games"
-    return [
+    found = summary.get("coalition_intervals", {})
+    text = lambda game: found.get(game, {}).get("text", _WINDOWS_ALONE)
+    lines = [
         "",
         *coalitions.section(games, coalitions.figure_files(games)),
         "",
-        f"Fidelity games on all {summary['num_windows']} windows, {loss}; 95% bootstrap "
-        "intervals over those windows.",
+        f"Fidelity games on all {summary['num_windows']} windows, {loss}. 95% intervals "
+        f"of the fidelity games: {text('fidelity')}",
     ]
+    if played:
+        lines[-1] += f" Of the loss games: {text('loss')}"
+    return lines
 
 
 def write(summary: dict, out_dir: str | os.PathLike) -> list[Path]:

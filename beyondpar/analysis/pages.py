@@ -1,7 +1,8 @@
 """A text analysis record or a corpus summary -> the dict `reports.html` draws as
 index.html: per layer a row per mix and per head with the record's own numbers (means,
 and intervals where the summary has them), the views of a few texts or windows
-(`analysis.views`), and coalition values when the record carries them."""
+(`analysis.views`), and each layer's coalition values where the analysis played the heads'
+games (the record's or summary's `coalitions`: {layer: {"fidelity": ...}})."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ COLUMNS = (
     (schema.SINK_MASS.name, "sink mass"),
 )
 SHOWN_UNITS = {"fraction": (100, "%"), "steps": (1, "steps"), "tv": (1, "TV")}
-SHAPLEY, INTERACTION = "shapley_fidelity", "interaction_fidelity"
+# The page's names of the fidelity game's values, as the record names the fields.
+SHAPLEY = schema.coalition_field("shapley", schema.FIDELITY)
+INTERACTION = schema.coalition_field("interaction", schema.FIDELITY)
 MIX_ORDER = (schema.LEARNED, schema.UNIFORM, schema.OPTIMAL)  # JSON sorts them by name
 HELD_OUT = {schema.OPTIMAL: "optimal, held out"}  # a corpus optimum is always cross-fitted
 _K = {name for name, _ in COLUMNS}
@@ -95,30 +98,31 @@ def text_rows(d: dict) -> list[dict]:
     return rows
 
 
-def coalitions(d: dict) -> dict | None:
-    """A layer's Shapley values (H,) and pair interactions (H, H) of minimax fidelity, mean
-    over sequences or the summary's mean; None when the record has none."""
-    found = d.get("coalitions") or {}
-    if SHAPLEY not in found:
+def coalitions(games: dict) -> dict | None:
+    """A layer's Shapley values (H,) and pair interactions (H, H) of minimax fidelity from
+    its entry of the `coalitions` summary (`analysis.coalition_summary.summarize`): the
+    means over sequences or windows, as report.md shows them; None when the layer has
+    no fidelity game. Sampled games have no interaction."""
+    game = (games or {}).get(schema.FIDELITY)
+    if game is None:
         return None
-    out = {}
-    for key, rank in ((SHAPLEY, 1), (INTERACTION, 2)):
-        if key not in found:
-            continue
-        value = found[key]
-        value = np.asarray(value["mean"] if isinstance(value, dict) else value, np.float64)
-        out[key] = (value.mean(0) if value.ndim > rank else value).tolist()
+    out = {SHAPLEY: [float(v) for v in game["shapley"]["mean"]]}
+    if "interaction" in game:
+        out[INTERACTION] = np.asarray(game["interaction"], np.float64).tolist()
     return out
 
 
-def layers(by_layer: dict, rows_of) -> list[dict]:
+def layers(by_layer: dict, rows_of, games: dict | None = None) -> list[dict]:
+    """The page's layers, each with its coalition values where `games` (the `coalitions`
+    summary, {layer key: ...}) has the layer."""
+    games = games or {}
     out = []
     # A summary read back from JSON has its layer keys sorted as text ("10" before "2").
     for key, d in sorted(by_layer.items(), key=lambda item: int(item[0])):
         entry = {"key": str(key), "number": numbering.number(key), "rows": rows_of(d)}
-        found = coalitions(d)
+        found = coalitions(games.get(str(key)))
         if found is not None:
-            entry["coalitions"] = found
+            entry[schema.COALITIONS] = found
         out.append(entry)
     return out
 
@@ -141,7 +145,7 @@ def text_page(record: dict, views: list | None = None) -> dict:
         f"{record['num_layers']} layers x {record['num_heads']} heads. Values: mean over "
         "sequences; fidelity in %, hitting time in steps (see report.md).",
     ]
-    layer_list = layers(record["layers"], text_rows)
+    layer_list = layers(record["layers"], text_rows, record.get(schema.COALITIONS))
     return assemble(f"Attention analysis: {record['source']}", notes, layer_list, views or [])
 
 
@@ -153,5 +157,5 @@ def corpus_page(summary: dict, views: list | None = None) -> dict:
         f"{summary['tokens_per_window']} tokens. Values: mean over windows [95% bootstrap "
         "interval]; fidelity in %, hitting time in steps (see report.md).",
     ]
-    layer_list = layers(summary["layers"], corpus_rows)
+    layer_list = layers(summary["layers"], corpus_rows, summary.get(schema.COALITIONS))
     return assemble(f"Corpus analysis: {summary['source']}", notes, layer_list, views or [])

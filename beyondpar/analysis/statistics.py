@@ -233,8 +233,9 @@ def intervals(
     return out
 
 
-def _documents(records: list[dict]) -> tuple[list | None, list | None]:
-    """The windows' documents and positions in them, None where a record lacks them."""
+def window_documents(records: list[dict]) -> tuple[list | None, list | None]:
+    """The windows' documents and positions in them (from their windows.jsonl records),
+    None where a record lacks them."""
     documents = [r.get("document") for r in records]
     positions = [r.get("position") for r in records]
     if any(d is None for d in documents):
@@ -246,7 +247,7 @@ def summarize(records: list[dict], seed: int = 0) -> dict:
     """Per layer: every field of every head and mix (mean, 95% interval over windows,
     resampled by their `document`s, in order of `position`), best head, gains with the
     share of windows each mix wins, sink mass, diversity; and how it was resampled."""
-    documents, positions = _documents(records)
+    documents, positions = window_documents(records)
     layers = {
         layer: _summarize_layer([r["layers"][layer] for r in records], seed, documents, positions)
         for layer in records[0]["layers"]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from beyondpar import measure, pretrained, pruning
+from beyondpar.analysis import coalition_summary, loss_pruning, windowing
 from beyondpar.analysis import corpus as corpus_lib
-from beyondpar.analysis import loss_pruning, windowing
 from beyondpar.analysis import text as text_lib
 from beyondpar.measure import record
 from helpers.launchers import analyze_cli
@@ -79,6 +79,29 @@ def test_report_rows_are_the_summarys_values(analysed):
     assert cells[1:] == want
     assert (out / "coalitions_interaction_loss.png").exists()
     assert "Fidelity games on all 4 windows, loss games on the first 2" in "\n".join(report)
+    found = summary["coalition_intervals"]
+    assert found["fidelity"]["windows"] == 4 and found["loss"]["windows"] == 2
+    assert found["fidelity"]["text"] in "\n".join(report)
+
+
+def test_intervals_resample_documents_not_windows():
+    """Windows of one document alike, documents differing: resampling documents gives a
+    wider interval than treating the windows as independent."""
+    documents = np.repeat(np.arange(6), 4)  # 6 documents of 4 windows each
+    shapley = np.stack([documents * 0.1, -documents * 0.1], axis=1)  # (W, H)
+    fields = {
+        record.coalition_field("shapley", "fidelity"): shapley,
+        record.coalition_field("shapley_stderr", "fidelity"): np.zeros_like(shapley),
+    }
+    records = [{"document": int(d), "position": i % 4} for i, d in enumerate(documents)]
+    by_document = coalition_summary.summarize({0: fields}, {}, 0, records)
+    by_window = coalition_summary.summarize({0: fields}, {}, 0)
+    width = lambda s: np.subtract(s["high"], s["low"])
+    clustered = by_document["0"]["fidelity"]["shapley"]
+    alone = by_window["0"]["fidelity"]["shapley"]
+    np.testing.assert_allclose(clustered["mean"], alone["mean"])
+    assert (width(clustered) > 1.5 * width(alone)).all()
+    assert coalition_summary.resampling(records, 8)["units"] == 2  # the first 2 documents
 
 
 def test_a_folder_written_before_coalitions_existed_reads_as_without_them(tmp_path):

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from beyondpar.analysis import pages, views
+from beyondpar.analysis import coalition_summary, pages, views
 from beyondpar.reports import html, packing
 
 
@@ -135,11 +135,14 @@ def test_text_rows_are_means_over_sequences_and_coalitions_are_passed_on():
         "sink_mass": [[0.5, 0.5], [0.7, 0.3]],
         "coalitions": {
             "shapley_fidelity": [[0.1, 0.2], [0.3, 0.4]],
+            "shapley_stderr_fidelity": [[0.0, 0.0], [0.0, 0.0]],
             "interaction_fidelity": [[[0, 1], [1, 0]], [[0, 3], [3, 0]]],
         },
     }
+    games = coalition_summary.summarize(coalition_summary.batch_games({"0": layer}), {}, 0)
     record = {"source": "m", "num_sequences": 2, "seq_len": 4, "num_layers": 1, "num_heads": 2}
-    page = pages.text_page({**record, "layers": {"0": layer}}, views=[{"name": "text"}])
+    record.update(layers={"0": layer}, coalitions=games)  # as analysis.json has them
+    page = pages.text_page(record, views=[{"name": "text"}])
     rows = {r["name"]: r["values"] for r in page["layers"][0]["rows"]}
     assert rows["mix: uniform"]["fidelity"]["mean"] == pytest.approx(0.3)
     assert rows["head 1"]["fidelity"]["mean"] == pytest.approx(0.4)

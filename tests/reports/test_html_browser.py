@@ -3,6 +3,7 @@ no console error and no failed request, the layer and head controls redraw the t
 the record's own numbers, the attention heatmap is drawn within 2 s, and the page is not
 blank. Skips, saying why, where Chromium or Playwright is missing (CI installs both)."""
 
+import dataclasses
 import io
 import json
 import os
@@ -53,7 +54,7 @@ def browser():
 def corpus_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus-page")
     cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=4, search_windows=1)
-    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
+    spec = dataclasses.replace(SPEC, optimal_weights=True, coalitions=True)
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
     corpus_report.write(summary, out)
     return out
@@ -63,7 +64,8 @@ def corpus_folder(tmp_path_factory):
 def text_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("text-page")
     text = TEXT.read_text()[:40]
-    text_report.write(text_lib.text_record(HF / "llama-tiny", text, SPEC), out)
+    spec = dataclasses.replace(SPEC, coalitions=True)
+    text_report.write(text_lib.text_record(HF / "llama-tiny", text, spec), out)
     return out
 
 
@@ -234,16 +236,19 @@ def test_study_page_shows_each_runs_layers_and_its_loss(study_page, study_folder
 
 def coalition_page(folder: Path) -> Path:
     """A page of one 3-head layer whose record carries coalition values, and no views."""
-    layer = {
-        "heads": {"fidelity": [[0.1, 0.2, 0.3]]},
-        "mixes": {"uniform": {"fidelity": [0.4]}},
-        "coalitions": {
-            "shapley_fidelity": [[0.05, 0.1, 0.25]],
-            "interaction_fidelity": [[[0.0, 0.02, -0.01], [0.02, 0.0, 0.03], [-0.01, 0.03, 0.0]]],
-        },
-    }
+    layer = {"heads": {"fidelity": [[0.1, 0.2, 0.3]]}, "mixes": {"uniform": {"fidelity": [0.4]}}}
+    interaction = [[0.0, 0.02, -0.01], [0.02, 0.0, 0.03], [-0.01, 0.03, 0.0]]
+    shapley = {"mean": [0.05, 0.1, 0.25], "low": [0.0, 0.05, 0.2], "high": [0.1, 0.15, 0.3]}
+    games = {"0": {"fidelity": {"shapley": shapley, "interaction": interaction}}}
     record = {"source": "s", "num_sequences": 1, "seq_len": 4, "num_layers": 1, "num_heads": 3}
-    return html.write(folder, pages.text_page({**record, "layers": {"0": layer}}))
+    page = pages.text_page({**record, "layers": {"0": layer}, "coalitions": games})
+    return html.write(folder, page)
+
+
+def shown_shapley(page) -> list[float]:
+    """The Shapley values the page's bar chart draws (in the record's units)."""
+    drawn = page.evaluate("document.getElementById('coalitions-shapley').data[0].y")
+    return [v / 100 for v in drawn]
 
 
 def test_coalition_values_are_drawn_when_the_record_has_them(browser, tmp_path):
@@ -254,5 +259,28 @@ def test_coalition_values_are_drawn_when_the_record_has_them(browser, tmp_path):
     assert bars.count() == 3
     assert page.locator("#coalitions-interaction .heatmaplayer").count() == 1
     assert opened_page.cells("head 2")["fidelity"] == 0.3
+    assert shown_shapley(page) == pytest.approx([0.05, 0.1, 0.25])
     page.close()
     assert not opened_page.problems, opened_page.problems
+
+
+def test_corpus_page_draws_the_summarys_coalitions(corpus_page, corpus_folder):
+    summary = json.loads((corpus_folder / "corpus.json").read_text())
+    page = corpus_page.page
+    for layer in ("0", "1"):
+        page.select_option("#layer", layer)
+        assert page.is_visible("#coalitions-section")
+        want = summary["coalitions"][layer]["fidelity"]["shapley"]["mean"]
+        assert shown_shapley(page) == pytest.approx(want, rel=1e-6, abs=1e-9)
+        assert page.locator("#coalitions-interaction .heatmaplayer").count() == 1
+
+
+def test_text_page_draws_the_records_coalitions(text_page, text_folder):
+    record = json.loads((text_folder / "analysis.json").read_text())
+    page = text_page.page
+    page.select_option("#layer", "1")
+    assert page.is_visible("#coalitions-section")
+    want = record["coalitions"]["1"]["fidelity"]["shapley"]["mean"]
+    assert shown_shapley(page) == pytest.approx(want, rel=1e-6, abs=1e-9)
+    raw = record["layers"]["1"]["coalitions"]["shapley_fidelity"]
+    assert shown_shapley(page) == pytest.approx(np.mean(raw, 0), rel=1e-5, abs=1e-7)
