@@ -53,10 +53,12 @@ def loss_answer(summary: dict) -> str:
     unclear = [h for h in paired if h not in lower + higher]
     cells = summary["cells"][BPB_KEY]
     best = min(cells, key=lambda h: cells[h]["mean"])
-    tail = (
-        f" The lowest mean is at {best} head(s): {cells[best]['mean']:.4f} bits/byte against "
-        f"{cells[1]['mean']:.4f} for 1 head."
-    )
+    tail = f" The lowest mean is at 1 head: {cells[1]['mean']:.4f} bits/byte."
+    if best != 1:
+        tail = (
+            f" The lowest mean is at {best} heads: {cells[best]['mean']:.4f} bits/byte against "
+            f"{cells[1]['mean']:.4f} for 1 head."
+        )
     if all(s["n"] < 2 for s in paired.values()):
         diffs = ", ".join(f"{s['mean']:+.4f} at H = {h}" for h, s in paired.items())
         return (
@@ -72,7 +74,7 @@ def loss_answer(summary: dict) -> str:
     else:
         parts = [("lower", lower), ("higher", higher), ("not clearly different", unclear)]
         listed = "; ".join(f"{word} at H = {_heads(hs)}" for word, hs in parts if hs)
-        verdict = f"Partly: against 1 head the loss is {listed}"
+        verdict = f"{'Partly' if lower else 'No'}: against 1 head the loss is {listed}"
     return f"{LOSS_QUESTION} {verdict} (bits per byte, paired by seed, 95% intervals).{tail}"
 
 

@@ -161,3 +161,21 @@ def test_write_report_writes_the_report_json_and_plots(tmp_path):
     assert {"report.md", "results.json", "loss_vs_heads.png", "graphs_vs_step.png"} <= written
     saved = json.loads((tmp_path / "report" / "results.json").read_text())
     assert saved["paired_to_1_head"]["eval/bits_per_byte"]["4"]["n"] == 2
+
+
+def test_no_lower_loss_at_any_head_count_is_a_no_even_where_some_are_unclear(tmp_path):
+    """Higher at some head counts and not clearly different at the others answers No (the
+    loss does not fall anywhere), and the lowest mean at 1 head is said without comparing
+    1 head with itself."""
+    runs = write_runs(tmp_path, loss_sign=1)
+    for run in runs:  # 2 heads: paired differences of mean zero (+1, 0, -1 thousandths)
+        if run["heads"] in (1, 2):
+            shift = 0.0 if run["heads"] == 1 else 0.001 * (1, -1, 0)[run["seed"] % 3]
+            for values in run["evals"].values():
+                values["eval/bits_per_byte"] = 2.0 + 0.01 * run["seed"] + shift
+    summary = lm_stats.summarize(runs)
+    answer = lm_report.loss_answer(summary)
+    assert answer.startswith(lm_report.LOSS_QUESTION + " No: against 1 head the loss is"), answer
+    assert "not clearly different at H = 2" in answer, answer
+    bits = summary["cells"]["eval/bits_per_byte"][1]["mean"]
+    assert answer.endswith(f"The lowest mean is at 1 head: {bits:.4f} bits/byte."), answer
