@@ -160,7 +160,7 @@ def _layer_table(summary: dict, suffix: str, base: dict) -> list[str]:
     rows = []
     for layer, full in summary["layers"].items():
         d = pick(full)
-        cells = [str(d["best_head"]), _ci(d[BEST_HEAD_FIDELITY])]
+        cells = [str(numbering.head_number(d["best_head"])), _ci(d[BEST_HEAD_FIDELITY])]
         for m in mixes:
             mix = d["mixes"][m]
             cells += [_ci(mix[FIDELITY]), _ci(mix[GAIN]), f"{100 * mix['wins_share']:.0f}%"]
@@ -189,7 +189,7 @@ def _head_table(d: dict, base: dict) -> list[str]:
     heads = d["heads"]
     for h in range(len(heads[FIDELITY]["mean"])):
         stat = {f: _at(v, h) for f, v in heads.items()}
-        lines.append(row(f"head {h}", stat, f"{d[SINK_MASS]['mean'][h]:.3f}"))
+        lines.append(row(numbering.head_name(h), stat, f"{d[SINK_MASS]['mean'][h]:.3f}"))
     percent = [f"{100 * base[f]:.3f}" for f in (FIDELITY, MEDIAN, P10)]
     lines.append(tables.row(["baseline: uniform causal", *percent, f"{base[HITTING]:.2f}", "-"]))
     return lines

@@ -77,7 +77,7 @@ def corpus_rows(d: dict) -> list[dict]:
         values = {
             f: html.stat(s["mean"][h], s["low"][h], s["high"][h]) for f, s in per_head.items()
         }
-        rows.append({"name": f"head {h}", "kind": "head", "head": h, "values": values})
+        rows.append({"name": numbering.head_name(h), "kind": "head", "head": h, "values": values})
     return rows
 
 
@@ -94,7 +94,7 @@ def text_rows(d: dict) -> list[dict]:
         per_head[schema.SINK_MASS.name] = np.asarray(d[schema.SINK_MASS.name])
     for h in range(per_head[schema.FIDELITY].shape[-1]):
         values = {f: html.stat(np.mean(v[..., h])) for f, v in per_head.items()}
-        rows.append({"name": f"head {h}", "kind": "head", "head": h, "values": values})
+        rows.append({"name": numbering.head_name(h), "kind": "head", "head": h, "values": values})
     return rows
 
 

@@ -222,7 +222,7 @@ def markdown(records: list[dict], what: str = "one text") -> str:
         "# Series analysis",
         "",
         f"{len(records)} model(s), {what}; per-layer values are means over {over}. "
-        + numbering.note("series.jsonl", f"each model's {each}")
+        + numbering.note("series.jsonl", f"each model's {each}", heads=False)
         + " Each model's full report is in its own folder.",
         "",
         "| checkpoint | network fidelity (%) |",

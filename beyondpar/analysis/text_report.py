@@ -190,7 +190,7 @@ def _layer_cells(d: dict, full: dict) -> list[str]:
     learned = mixes.get(schema.LEARNED, mixes[schema.UNIFORM])
     uniform = mixes[schema.UNIFORM]
     return [
-        str(int(np.bincount(np.asarray(d["best_head"])).argmax())),
+        str(numbering.head_number(np.bincount(np.asarray(d["best_head"])).argmax())),
         f"{100 * _m(d[BEST_HEAD_FIDELITY]):.3f}",
         f"{100 * _m(learned[FIDELITY]):.3f}",
         f"{100 * _m(uniform[FIDELITY]):.3f}",
@@ -219,7 +219,8 @@ def _head_table(d: dict) -> list[str]:
     sink = d.get(SINK_MASS)
     for h in range(np.asarray(heads[FIDELITY]).shape[-1]):
         mass = "-" if sink is None else f"{_m(np.asarray(sink)[:, h]):.3f}"
-        lines.append(row(f"head {h}", {k: np.asarray(v)[:, h] for k, v in heads.items()}, mass))
+        per_head = {k: np.asarray(v)[:, h] for k, v in heads.items()}
+        lines.append(row(numbering.head_name(h), per_head, mass))
     return lines
 
 
@@ -255,6 +256,7 @@ def plot_head_fidelity(record: dict, plt):
     fig, ax = plt.subplots(figsize=(0.5 * grid.shape[1] + 3, 0.4 * len(layers) + 2))
     image = ax.imshow(grid, aspect="auto", cmap="viridis")
     ax.set_yticks(range(len(layers)), [str(numbering.number(k)) for k in layers])
+    figures.label_heads(ax.xaxis, grid.shape[1])
     ax.set(xlabel="head", ylabel="layer", title="minimax fidelity per head (%)")
     fig.colorbar(image, ax=ax)
     fig.tight_layout()

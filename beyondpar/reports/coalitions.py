@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from beyondpar.reports import figures as report_figures
-from beyondpar.reports import tables
+from beyondpar.reports import numbering, tables
 
 # objective: (title, scale, unit) as the report prints its values.
 OBJECTIVES = {
@@ -28,7 +28,7 @@ SHARES = (
     ("negative_pair_share", "negative pairs (%)"),
     ("negative_triple_share", "negative triples (%)"),
 )
-HEAD_NOTE = "Heads are numbered from 1: head k is entry k-1 of the JSON's per-head lists."
+HEAD_NOTE = numbering.head_note()
 
 
 def interval(stat: Mapping, scale: float = 1.0, digits: int = 3) -> str:
@@ -39,7 +39,7 @@ def interval(stat: Mapping, scale: float = 1.0, digits: int = 3) -> str:
 
 def members(heads) -> str:
     """Heads of a coalition numbered from 1: `2+5+7`."""
-    return "+".join(str(h + 1) for h in heads)
+    return "+".join(str(numbering.head_number(h)) for h in heads)
 
 
 def shapley_cells(summary: Mapping, scale: float) -> list[str]:
@@ -71,7 +71,7 @@ def section(
             continue
         num_heads = len(next(iter(rows.values()))["shapley"]["mean"])
         lines += ["", f"### Shapley values on the {title} ({unit})", ""]
-        heads = [f"head {h + 1}" for h in range(num_heads)]
+        heads = [numbering.head_name(h) for h in range(num_heads)]
         lines += tables.layer_table(heads, [(k, shapley_cells(s, scale)) for k, s in rows.items()])
         if any("strongest_positive_pair" in s for s in rows.values()):
             lines += ["", f"### Harsanyi dividends on the {title} ({unit})", ""]

@@ -1,6 +1,6 @@
 """The figures both workflows draw: pairwise synergy heatmaps, one per layer, and pruning
 curves, a line per order. Each takes plain arrays and returns a matplotlib figure; layers
-are titled by their report number (`numbering`)."""
+are titled and heads ticked by their report numbers (`numbering`: both from 1)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,23 @@ MAX_HEAD_LABELS = 10  # per axis of a 3-inch heatmap: more run into each other
 
 
 def head_ticks(num_heads: int) -> range:
-    """Every head up to `MAX_HEAD_LABELS` heads, else every k-th from head 0, so that the
-    labels of 16 or 32 heads do not run into each other."""
+    """0-based indices of the heads to label: every head up to `MAX_HEAD_LABELS` heads,
+    else every k-th from the first, so that the labels of 16 or 32 heads do not run into
+    each other."""
     return range(0, num_heads, max(1, -(-num_heads // MAX_HEAD_LABELS)))
+
+
+def label_heads(axis, num_heads: int) -> None:
+    """Tick a matplotlib axis (`ax.xaxis`, `ax.yaxis`) whose positions are 0-based head
+    indices with the heads' report numbers (`numbering.head_number`: from 1)."""
+    ticks = head_ticks(num_heads)
+    axis.set_ticks(list(ticks), [str(numbering.head_number(h)) for h in ticks])
 
 
 def pairwise(mats_pp: Mapping, plt, title: str | None = None):
     """{0-based layer index: H x H matrix} of each 50/50 pair's fidelity minus its better
-    head's (percentage points), on one colour scale symmetric about zero."""
+    head's (percentage points), on one colour scale symmetric about zero; heads numbered
+    from 1."""
     layers = list(mats_pp)
     mats = [np.asarray(mats_pp[k], np.float64) for k in layers]
     cols = min(COLUMNS, len(layers))
@@ -31,8 +40,8 @@ def pairwise(mats_pp: Mapping, plt, title: str | None = None):
     bound = max(max(float(np.abs(m).max()) for m in mats), 1e-9)
     for i, (ax, layer, mat) in enumerate(zip(axes.flat, layers, mats, strict=False)):
         image = ax.imshow(mat, cmap="RdBu", vmin=-bound, vmax=bound)
-        ax.set_xticks(head_ticks(len(mat)))
-        ax.set_yticks(head_ticks(len(mat)))
+        label_heads(ax.xaxis, len(mat))
+        label_heads(ax.yaxis, len(mat))
         ylabel = "head" if i % cols == 0 else ""
         ax.set(title=f"layer {numbering.number(layer)}", xlabel="head", ylabel=ylabel)
     for ax in list(axes.flat)[len(layers) :]:
@@ -70,9 +79,8 @@ def interaction(mats: Mapping, plt, label: str, title: str | None = None):
     bound = max(max(float(np.nanmax(np.abs(m), initial=0.0)) for m in grid), 1e-9)
     for i, (ax, layer, mat) in enumerate(zip(axes.flat, layers, grid, strict=False)):
         image = ax.imshow(mat, cmap="RdBu", vmin=-bound, vmax=bound)
-        ticks = head_ticks(len(mat))
-        ax.set_xticks(ticks, [str(h + 1) for h in ticks])
-        ax.set_yticks(ticks, [str(h + 1) for h in ticks])
+        label_heads(ax.xaxis, len(mat))
+        label_heads(ax.yaxis, len(mat))
         ylabel = "head" if i % cols == 0 else ""
         ax.set(title=f"layer {numbering.number(layer)}", xlabel="head", ylabel=ylabel)
     for ax in list(axes.flat)[len(layers) :]:

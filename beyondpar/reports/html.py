@@ -11,6 +11,8 @@ record; this module knows nothing of records. Its keys, all optional but `title`
     row_label            the layer table's first column heading ("operator" unless given)
     layers               [{key, number, label?, rows, coalitions?}]: rows are
                          {name, kind: "mix" | "head", head?, values: {field: stat}},
+                         head the 0-based index (the page shows it from 1, as
+                         `numbering.head_number` does; name as `numbering.head_name`),
                          a stat {mean, low?, high?} in the record's own units;
                          coalitions {shapley_fidelity (H,), interaction_fidelity (H, H)}
     views                [{name, labels, pool, layers: {key: layer view}}]: a text's or
@@ -19,6 +21,9 @@ record; this module knows nothing of records. Its keys, all optional but `title`
                           curves: [{name, step, loss}],
                           charts?: [{title, x: "heads" | "step", y, scale,
                                      lines: [{name, x, mean, low, high}]}]}
+
+`page_html` adds `levels` (the attention bytes' scale) and `first_head`
+(`numbering.FIRST_HEAD`: the number the page shows for head index 0).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 from beyondpar.base import files
+from beyondpar.reports import numbering
 
 FILE = "index.html"
 PLOTLY = "plotly-cartesian.min.js"
@@ -120,7 +126,7 @@ def page_html(page: dict) -> str:
     if page.get("study"):
         study = '<h2>Study</h2><div id="study-heads"></div><div id="study-loss"></div>'
     body = BODY.format(title=html.escape(page["title"]), notes=notes, study=study)
-    data = inline_json({**page, "levels": LEVELS})
+    data = inline_json({**page, "levels": LEVELS, "first_head": numbering.FIRST_HEAD})
     return "\n".join(
         [
             "<!DOCTYPE html>",

@@ -57,7 +57,8 @@ def run_layers(r: dict) -> list[dict]:
         ]
         for h in range(r["heads"] if "fidelity_per_head" in m else 0):
             per_head = values(m, ("fidelity_per_head", "hitting_time_per_head"), layer, h)
-            rows.append({"name": f"head {h}", "kind": "head", "head": h, "values": per_head})
+            name = numbering.head_name(h)
+            rows.append({"name": name, "kind": "head", "head": h, "values": per_head})
         label = f"{r['run']}, layer {numbering.number(layer)}"
         key = f"{r['run']}/{layer}"
         out.append({"key": key, "number": numbering.number(layer), "label": label, "rows": rows})
@@ -106,8 +107,9 @@ def page(runs: list[dict], cells: dict, records: list[dict], runs_root=None) -> 
     return {
         "title": "Study: mixing time and minimax fidelity against head count",
         "notes": [
-            "Layers are numbered from 1, as in report.md. Each run's latest evaluated step; "
-            "values are means over the evaluation sequences (results.json has their std).",
+            f"Layers are numbered from 1, as in report.md. {numbering.head_note()} Each "
+            "run's latest evaluated step; values are means over the evaluation sequences "
+            "(results.json has their std).",
         ],
         "fields": FIELDS,
         "layers": [entry for r in runs for entry in run_layers(r)],

@@ -14,7 +14,7 @@ import numpy as np
 
 from beyondpar import graphs, metrics
 from beyondpar.base import files
-from beyondpar.reports import html, packing
+from beyondpar.reports import html, numbering, packing
 
 NODES = ("u", "v", "w", "tau")
 HEAD_EDGES = {
@@ -86,7 +86,7 @@ def page(result: dict, steps: int = STEPS) -> dict:
     }
     rows = [{"name": "mix: 0.5 / 0.5", "kind": "mix", "values": row("mixed")}]
     rows += [
-        {"name": name.replace("head", "head "), "kind": "head", "head": h, "values": row(name)}
+        {"name": numbering.head_name(h), "kind": "head", "head": h, "values": row(name)}
         for h, name in enumerate(HEAD_EDGES)
     ]
     phi = lambda name: [result[name]["node_fidelity"][n] for n in NODES]

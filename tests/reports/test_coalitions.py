@@ -42,6 +42,13 @@ def test_rows_are_the_summarys_values_numbered_from_one():
     fid = games["0"]["fidelity"]
     shapley = table(lines, "### Shapley values on the minimax fidelity of the coalition's mix (pp)")
     assert set(shapley) == {"1", "5"}
+    assert lines[2] == (
+        "Heads are numbered from 1: head h is index h-1 of each per-head list in the JSON "
+        "outputs."
+    )
+    heading = "### Shapley values on the minimax fidelity of the coalition's mix (pp)"
+    columns = lines[lines.index(heading) + 2]
+    assert columns == "| layer | head 1 | head 2 | head 3 |"  # the summary's indices 0, 1, 2
     for h in range(3):
         m, lo, hi = (100 * fid["shapley"][k][h] for k in ("mean", "low", "high"))
         assert shapley["1"][h] == f"{m:.3f} [{lo:.3f}, {hi:.3f}]"

@@ -24,6 +24,7 @@ def test_a_page_is_one_file_with_its_scripts_and_data_inline(tmp_path):
     assert path.name == "index.html"
     assert "plotly.js (cartesian - minified) v3.7.0" in text
     assert page_data(text)["title"] == "a </script> title"
+    assert page_data(text)["first_head"] == 1  # the page shows head index h as h + 1
     assert "&lt;b&gt;note&lt;/b&gt;" in text
     # Nothing is fetched: no script, style sheet or image comes from elsewhere.
     assert not re.search(r"<(script|link|img)[^>]*(src|href)=", text)
@@ -112,8 +113,10 @@ def test_corpus_rows_are_the_summarys_numbers_in_layer_order():
     assert [entry["number"] for entry in page["layers"]] == [1, 3, 11]
     rows = {r["name"]: r for r in page["layers"][2]["rows"]}
     want = {"mean": 0.3, "low": 0.29, "high": 0.32}
-    assert rows["head 1"]["values"]["fidelity"] == pytest.approx(want)
-    assert rows["head 0"]["values"]["sink_mass"]["mean"] == 0.4
+    # Heads are shown from 1 (head index 1 is "head 2"), their index stays 0-based.
+    assert rows["head 2"]["values"]["fidelity"] == pytest.approx(want)
+    assert [rows[f"head {h}"]["head"] for h in (1, 2)] == [0, 1]
+    assert rows["head 1"]["values"]["sink_mass"]["mean"] == 0.4
     assert rows["mix: learned"]["values"]["wins_share"] == {"mean": 0.75}
     fields = {f["name"]: f for f in page["fields"]}
     assert list(fields) == [
@@ -145,8 +148,9 @@ def test_text_rows_are_means_over_sequences_and_coalitions_are_passed_on():
     page = pages.text_page(record, views=[{"name": "text"}])
     rows = {r["name"]: r["values"] for r in page["layers"][0]["rows"]}
     assert rows["mix: uniform"]["fidelity"]["mean"] == pytest.approx(0.3)
-    assert rows["head 1"]["fidelity"]["mean"] == pytest.approx(0.4)
-    assert rows["head 0"]["sink_mass"]["mean"] == pytest.approx(0.6)
+    assert rows["head 2"]["fidelity"]["mean"] == pytest.approx(0.4)  # index 1
+    assert rows["head 1"]["sink_mass"]["mean"] == pytest.approx(0.6)  # index 0
+    assert "head 0" not in rows
     found = page["layers"][0]["coalitions"]
     assert found["shapley_fidelity"] == pytest.approx([0.2, 0.3])
     assert found["interaction_fidelity"] == [[0, 2], [2, 0]]

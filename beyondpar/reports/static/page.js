@@ -9,6 +9,9 @@
   const MAX_LABELS = 40; // tick labels per axis: every k-th beyond this
   const LOG_FLOOR = -4; // log10 of the smallest probability or share a colour tells apart
 
+  // Heads are 0-based in the data (row.head, state.head, the views' lists) and shown from
+  // page.first_head (1: beyondpar/reports/numbering.py) in every label, tick and hover.
+  const FIRST_HEAD = page.first_head === undefined ? 1 : page.first_head;
   const fields = page.fields || [];
   const layers = page.layers || [];
   const views = page.views || [];
@@ -33,9 +36,13 @@
     return l.label || "layer " + l.number;
   }
 
+  function headNumber(h) {
+    return h + FIRST_HEAD;
+  }
+
   function headName() {
     const row = headRows(layers[state.layer])[state.head];
-    return row ? row.name : "head " + state.head;
+    return row ? row.name : "head " + headNumber(state.head);
   }
 
   function headRows(layer) {
@@ -135,7 +142,7 @@
     const step = layers.length > 30 ? 2 : 1;
     const shownAt = rowsAt.filter((i) => i % step === 0);
     const heat = {
-      type: "heatmap", z: z, x: [...Array(width).keys()], y: rowsAt, colorscale: "Viridis",
+      type: "heatmap", z: z, x: [...Array(width).keys()].map(headNumber), y: rowsAt, colorscale: "Viridis",
       text: layers.map((l) => Array(width).fill(l.label || "layer " + l.number)),
       colorbar: { title: { text: "minimax fidelity (%)" } },
       hovertemplate: "%{text}, head %{x}: %{z:.3f}%<extra></extra>",
@@ -146,7 +153,7 @@
       yaxis: { title: { text: page.study ? "" : "layer" }, autorange: "reversed", tickvals: shownAt,
         ticktext: shownAt.map((i) => names[i]), automargin: true },
       height: Math.max(320, 16 * layers.length + 140), margin: { t: 50 },
-    }, CONFIG).then((div) => div.on("plotly_click", (ev) => choose(ev.points[0].y, ev.points[0].x)));
+    }, CONFIG).then((div) => div.on("plotly_click", (ev) => choose(ev.points[0].y, ev.points[0].x - FIRST_HEAD)));
     drawMixesByLayer(numbers);
   }
 
@@ -184,7 +191,7 @@
     const traces = shown.map((p, i) => {
       const stats = rows.map((r) => statOf(r, p[0]));
       return {
-        type: "bar", name: p[1], x: rows.map((r) => r.head), xaxis: "x" + (i ? i + 1 : ""),
+        type: "bar", name: p[1], x: rows.map((r) => headNumber(r.head)), xaxis: "x" + (i ? i + 1 : ""),
         yaxis: "y" + (i ? i + 1 : ""), y: stats.map((s) => (s ? p[2] * s.mean : null)),
         error_y: errorBars(stats, p[2]),
         marker: { color: rows.map((r) => (r.head === state.head ? "#d62728" : "#1f77b4")) },
@@ -367,13 +374,14 @@
     $("coalitions-section").hidden = !c;
     if (!c) return;
     const heads = c.shapley_fidelity.map((_, h) => h);
-    Plotly.react($("coalitions-shapley"), [{ type: "bar", x: heads, y: c.shapley_fidelity.map((v) => 100 * v),
+    const numbers = heads.map(headNumber);
+    Plotly.react($("coalitions-shapley"), [{ type: "bar", x: numbers, y: c.shapley_fidelity.map((v) => 100 * v),
       marker: { color: heads.map((h) => (h === state.head ? "#d62728" : "#1f77b4")) } }], {
       title: { text: "Shapley value of each head (minimax fidelity)" }, height: 320,
       xaxis: { title: { text: "head" }, dtick: 1 }, yaxis: { title: { text: "Shapley value (pp of fidelity)" } },
     }, CONFIG);
     if (!c.interaction_fidelity) return;
-    Plotly.react($("coalitions-interaction"), [{ type: "heatmap", x: heads, y: heads, colorscale: "RdBu", zmid: 0,
+    Plotly.react($("coalitions-interaction"), [{ type: "heatmap", x: numbers, y: numbers, colorscale: "RdBu", zmid: 0,
       z: c.interaction_fidelity.map((r) => r.map((v) => 100 * v)), colorbar: { title: { text: "interaction (pp)" } } }], {
       title: { text: "Pair interaction of the heads (minimax fidelity)" }, height: 380,
       xaxis: { title: { text: "head" }, dtick: 1 }, yaxis: { title: { text: "head" }, dtick: 1, autorange: "reversed" },
