@@ -112,7 +112,7 @@ def test_layer_rows_give_mean_low_high_in_percent_with_mixes_in_report_order(sum
     assert header.index("uniform (%)") < header.index("optimal, held out (%)")
     rows = cells(report, "## Layers\n")
     assert rows["2"] == [
-        "2",
+        "3",  # the summary's best head is index 2: head 3, numbered from 1
         "26.000 [25.000, 28.000]",
         "31.000 [30.000, 33.000]",
         "5.000 [4.000, 7.000]",
@@ -133,7 +133,8 @@ def test_layers_are_numbered_from_one_and_the_top_says_how_keys_map(summary):
     report = corpus_report.markdown(summary)
     assert report.splitlines()[2] == (
         "Layers are numbered from 1, as in the paper: layer k in this report is key k-1 in "
-        "corpus.json and windows.jsonl."
+        "corpus.json and windows.jsonl. Heads are numbered from 1: head h is index h-1 of "
+        "each per-head list in the JSON outputs."
     )
     assert list(cells(report, "## Layers\n"))[:2] == ["1", "2"]
     assert "### Layer 1\n" in report and "### Layer 2\n" in report
@@ -154,7 +155,8 @@ def test_head_table_gives_hitting_time_in_steps_and_the_baseline_in_percent(summ
     """Fidelities in percent with intervals, hitting time unscaled in steps, each head's
     sink mass from its own entry, and the baseline row in the same units."""
     rows = cells(corpus_report.markdown(summary), "### Layer 2")
-    assert rows["head 2"] == [
+    assert [name for name in rows if name.startswith("head")] == ["head 1", "head 2", "head 3"]
+    assert rows["head 3"] == [  # index 2
         "26.000 [25.000, 28.000]",
         "30.000 [29.000, 32.000]",
         "27.000 [26.000, 29.000]",
@@ -188,7 +190,7 @@ def test_table_without_sink_has_its_own_baseline_and_values(summary):
     report = corpus_report.markdown(summary)
     rows = cells(report, "## Layers without the first 1 token(s)")
     assert rows["baseline: uniform causal"][:3] == ["-", "-", "7.500"]
-    assert rows["2"][:3] == ["2", "31.000 [30.000, 33.000]", "36.000 [35.000, 38.000]"]
+    assert rows["2"][:3] == ["3", "31.000 [30.000, 33.000]", "36.000 [35.000, 38.000]"]
     assert rows["2"][-1] == "0.300"
     assert cells(report, "## Layers\n")["baseline: uniform causal"][2] == "6.250"
 

@@ -31,6 +31,7 @@ def test_layer_columns_follow_layer_numbers_not_their_spelling():
         "Layers are numbered from 1, as in the paper: layer k in this report is key k-1 in "
         "series.jsonl and each model's analysis.json." in report
     )
+    assert "Heads are numbered" not in report  # the series shows no head
     assert rows[2][1:] == [f"{k / 100:.4g}" for k in range(12)]
     assert rows[3][1:] == ["-"] * 10 + ["0.5", "-"]
 

@@ -9,7 +9,7 @@ import pytest
 from beyondpar import graphs, measure
 from beyondpar.analysis import text as text_lib
 from beyondpar.analysis import text_report
-from beyondpar.base import locks
+from beyondpar.base import files, locks
 
 T = 8
 
@@ -28,8 +28,9 @@ def table_rows(report: str, heading: str) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def parked():
-    """Two sequences of one layer: head 1 reads every earlier token evenly, heads 0 and 2
-    only their own token, so head 1 is every sequence's best head."""
+    """Two sequences of one layer: head index 1 reads every earlier token evenly, indices 0
+    and 2 only their own token, so index 1 (head 2 in the report) is every sequence's best
+    head."""
     uniform = np.asarray(graphs.uniform_causal(T))
     heads = np.stack([np.eye(T), uniform, np.eye(T)]).astype(np.float32)
     attn = np.stack([heads, heads])[:, None]  # B x L x H x T x T
@@ -37,10 +38,11 @@ def parked():
     return record(spec, attn)
 
 
-def test_layer_row_names_the_most_frequent_best_head(parked):
+def test_layer_row_names_the_most_frequent_best_head_numbered_from_one(parked):
+    """The record's best head is index 1; the report numbers heads from 1, so "2"."""
     assert parked["layers"][0]["best_head"].tolist() == [1, 1]
     row = table_rows(text_report.markdown(parked), "## Layers")["1"]
-    assert row[0] == "1"
+    assert row[0] == "2"
 
 
 def test_layers_are_numbered_from_one_and_the_top_says_how_keys_map(parked):
@@ -50,7 +52,8 @@ def test_layers_are_numbered_from_one_and_the_top_says_how_keys_map(parked):
     report = text_report.markdown({**parked, "layers": {0: layer, 7: layer}})
     assert report.splitlines()[2] == (
         "Layers are numbered from 1, as in the paper: layer k in this report is key k-1 in "
-        "analysis.json and the `--layers` flag."
+        "analysis.json and the `--layers` flag. Heads are numbered from 1: head h is index "
+        "h-1 of each per-head list in the JSON outputs."
     )
     assert list(table_rows(report, "## Layers"))[:2] == ["1", "8"]
     assert "### Layer 1\n" in report and "### Layer 8\n" in report
@@ -61,7 +64,9 @@ def test_head_rows_give_hitting_time_on_each_walk_in_its_column(parked):
     heads = parked["layers"][0]["heads"]
     ref, norm = heads["hitting_time_reference"][:, 1], heads["hitting_time_normalized"][:, 1]
     assert abs(np.mean(ref) - np.mean(norm)) > 0.01  # the walks differ on this head
-    row = table_rows(text_report.markdown(parked), "### Layer 1")["head 1"]
+    rows = table_rows(text_report.markdown(parked), "### Layer 1")
+    assert [name for name in rows if name.startswith("head")] == ["head 1", "head 2", "head 3"]
+    row = rows["head 2"]  # index 1
     assert row[3:5] == [f"{np.mean(ref):.2f}", f"{np.mean(norm):.2f}"]
 
 
@@ -111,8 +116,9 @@ def test_baseline_row_gives_fidelity_median_and_p10_each_in_its_column(parked):
 
 
 def test_best_head_is_the_one_most_sequences_pick_not_the_first_sequences():
-    """Sequence 0 reads evenly only with head 0, sequences 1 and 2 only with head 2: the
-    layer row names head 2, the best head of two sequences out of three."""
+    """Sequence 0 reads evenly only with head index 0, sequences 1 and 2 only with index 2:
+    the layer row names index 2 (head 3 in the report), the best head of two sequences out
+    of three."""
     uniform = np.asarray(graphs.uniform_causal(T))
     eye = np.eye(T)
     first = np.stack([uniform, eye, eye])
@@ -121,7 +127,7 @@ def test_best_head_is_the_one_most_sequences_pick_not_the_first_sequences():
     spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
     rec = record(spec, attn)
     assert rec["layers"][0]["best_head"].tolist() == [0, 2, 2]
-    assert table_rows(text_report.markdown(rec), "## Layers")["1"][0] == "2"
+    assert table_rows(text_report.markdown(rec), "## Layers")["1"][0] == "3"
 
 
 def test_table_without_sink_has_its_own_baseline_and_values():
@@ -193,3 +199,19 @@ def test_a_rerun_without_pairwise_synergy_removes_the_old_plot(parked, tmp_path)
     second = sorted(p.name for p in text_report.write(parked, tmp_path))
     assert "pairwise_synergy.png" not in second
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*second, locks.LOCK_FILE])
+
+
+def test_per_head_fidelity_plot_numbers_heads_and_layers_from_one(parked):
+    """The heatmap's columns are the record's head indices 0, 1, 2, ticked 1, 2, 3; its
+    brightest column is index 1, the even-reading head, ticked "2"."""
+    plt = files.pyplot()
+    fig = text_report.plot_head_fidelity(parked, plt)
+    try:
+        ax = fig.axes[0]
+        assert [t.get_text() for t in ax.xaxis.get_ticklabels()] == ["1", "2", "3"]
+        assert list(ax.get_xticks()) == [0, 1, 2]
+        assert [t.get_text() for t in ax.yaxis.get_ticklabels()] == ["1"]
+        grid = ax.images[0].get_array()
+        assert int(np.argmax(grid[0])) == 1
+    finally:
+        plt.close(fig)

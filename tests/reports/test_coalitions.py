@@ -43,8 +43,7 @@ def test_rows_are_the_summarys_values_numbered_from_one():
     shapley = table(lines, "### Shapley values on the minimax fidelity of the coalition's mix (pp)")
     assert set(shapley) == {"1", "5"}
     assert lines[2] == (
-        "Heads are numbered from 1: head h is index h-1 of each per-head list in the JSON "
-        "outputs."
+        "Heads are numbered from 1: head h is index h-1 of each per-head list in the JSON outputs."
     )
     heading = "### Shapley values on the minimax fidelity of the coalition's mix (pp)"
     columns = lines[lines.index(heading) + 2]

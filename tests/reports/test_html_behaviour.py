@@ -143,7 +143,8 @@ def test_corpus_layers_are_numbered_from_one_with_intervals_in_order():
         ("10", 11),
     ]
     rows = {row["name"]: row for row in page["layers"][1]["rows"]}
-    assert rows["head 2"]["values"]["fidelity"] == pytest.approx(
+    assert (rows["head 3"]["head"], "head 0" in rows) == (2, False)  # index 2, shown from 1
+    assert rows["head 3"]["values"]["fidelity"] == pytest.approx(
         {"mean": 0.4, "low": 0.39, "high": 0.42}
     )
     assert rows["mix: uniform"]["values"]["fidelity"] == pytest.approx(
@@ -155,7 +156,7 @@ def test_text_rows_take_each_heads_column():
     fid = np.array([[0.1, 0.2, 0.3], [0.3, 0.4, 0.5]])  # (sequences, heads)
     layer = {"mixes": {"learned": {"fidelity": [0.5, 0.7]}}, "heads": {"fidelity": fid.tolist()}}
     rows = {row["name"]: row["values"] for row in pages.text_rows(layer)}
-    assert [rows[f"head {h}"]["fidelity"]["mean"] for h in range(3)] == pytest.approx(
+    assert [rows[f"head {h}"]["fidelity"]["mean"] for h in (1, 2, 3)] == pytest.approx(
         [0.2, 0.3, 0.4]
     )
 
@@ -234,9 +235,46 @@ def test_page_cells_show_the_mean_and_its_interval_in_percent(shown):
     page, _ = shown
     choose(page, 1, 2)
     assert page.eval_on_selector("#layer", "s => s.selectedOptions[0].textContent") == "layer 3"
-    cell = '#layer-table tr[data-row="head 2"] td[data-field="fidelity"]'
+    cell = '#layer-table tr[data-row="head 3"] td[data-field="fidelity"]'  # index 2
     assert page.text_content(cell) == "40.000 [39.000, 42.000]"
-    assert page.text_content("#layer-title") == "layer 3, head 2"
+    assert page.text_content("#layer-title") == "layer 3, head 3"
+
+
+def tick_texts(page, selector: str) -> list[str]:
+    return page.eval_on_selector_all(selector, "ts => ts.map(t => t.textContent)")
+
+
+def test_page_shows_heads_from_one_and_keeps_their_indices_inside(shown):
+    """Head index h reads h + 1 in the head control, the heads' bar charts and the overview
+    heatmap (its data, its tick labels and its hover), while the control's values and the
+    drawn attention stay 0-based; a click on the overview's head 3 chooses index 2."""
+    page, _ = shown
+    choose(page, 0, 0)
+    options = page.eval_on_selector_all(
+        "#head option", "os => os.map(o => [o.value, o.textContent])"
+    )
+    assert options == [["0", "head 1"], ["1", "head 2"], ["2", "head 3"]]
+    numbers = [1, 2, 3]
+    assert plotted(page, "heads", "data[0].x") == numbers
+    assert tick_texts(page, "#heads .xtick text") == ["1", "2", "3"]
+    assert plotted(page, "overview", "data[0].x") == numbers
+    assert tick_texts(page, "#overview .xtick text") == ["1", "2", "3"]
+    page.evaluate(
+        "document.getElementById('overview').emit('plotly_click', {points: [{x: 3, y: 1}]})"
+    )
+    page.wait_for_selector('#attention[data-drawn="2/2/0"]')  # layer key 2, head index 2
+    assert page.input_value("#head") == "2"
+    assert page.text_content("#layer-title") == "layer 3, head 3"
+    assert page.text_content("#attention .gtitle").startswith("head 3, layer 3:")
+    page.locator("#overview").scroll_into_view_if_needed()
+    box = page.eval_on_selector(
+        "#overview",
+        "gd => { const r = gd.getBoundingClientRect(), x = gd._fullLayout.xaxis,"
+        " y = gd._fullLayout.yaxis;"
+        " return [r.left + x._offset + x.l2p(3), r.top + y._offset + y.l2p(1)]; }",
+    )
+    page.mouse.move(*box)  # over the cell of head 3 in layer 3
+    assert page.text_content("#overview .hovertext").startswith("layer 3, head 3: ")
 
 
 def test_page_heatmap_is_the_chosen_layers_and_heads_attention(shown):

@@ -148,23 +148,23 @@ def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
     summary = json.loads((corpus_folder / "corpus.json").read_text())
     page = corpus_page.page
     page.select_option("#layer", "1")  # the second layer: key "1"
-    page.select_option("#head", "2")
+    page.select_option("#head", "2")  # index 2, shown as head 3
     layer = summary["layers"]["1"]
-    got = corpus_page.cells("head 2")
+    got = corpus_page.cells("head 3")
     assert got["fidelity"] == layer["heads"]["fidelity"]["mean"][2]
     assert got["sink_mass"] == layer["sink_mass"]["mean"][2]
     assert got["hitting_time_normalized"] == layer["heads"]["hitting_time_normalized"]["mean"][2]
     low = page.get_attribute(
-        '#layer-table tr[data-row="head 2"] td[data-field="fidelity"]', "data-low"
+        '#layer-table tr[data-row="head 3"] td[data-field="fidelity"]', "data-low"
     )
     assert float(low) == layer["heads"]["fidelity"]["low"][2]
     for mix, row in (("learned",) * 2, ("uniform",) * 2, ("optimal", "optimal, held out")):
         cells = corpus_page.cells(f"mix: {row}")
         assert cells["fidelity"] == layer["mixes"][mix]["fidelity"]["mean"]
         assert cells["gain"] == layer["mixes"][mix]["gain"]["mean"]
-    assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 2"
+    assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 3"
     page.wait_for_selector('#attention[data-drawn="1/2/0"]')
-    assert "head 2, layer 2" in page.text_content("#attention .gtitle")
+    assert "head 3, layer 2" in page.text_content("#attention .gtitle")
 
 
 def test_keyboard_moves_the_head_and_the_flow_marks_the_worst_token(corpus_page, corpus_folder):
@@ -173,7 +173,7 @@ def test_keyboard_moves_the_head_and_the_flow_marks_the_worst_token(corpus_page,
     page.focus("#head")
     page.keyboard.press("ArrowDown")
     assert page.input_value("#head") == "1"
-    assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 1"
+    assert page.get_attribute("#layer-table tr.chosen", "data-row") == "head 2"
     heads = views[0]["layers"]["0"]["heads"]
     strip = '#flow-tokens [data-operator="head"] span'
     worst = page.eval_on_selector_all(strip, "s => s.findIndex(x => x.className === 'worst')")
@@ -192,7 +192,7 @@ def test_text_page_shows_the_records_means(text_page, text_folder):
     page.select_option("#layer", "1")
     page.select_option("#head", "3")
     layer = record["layers"]["1"]
-    got = text_page.cells("head 3")
+    got = text_page.cells("head 4")  # index 3
     assert got["fidelity"] == pytest.approx(np.mean(np.asarray(layer["heads"]["fidelity"])[:, 3]))
     learned = text_page.cells("mix: learned")
     assert learned["fidelity"] == pytest.approx(np.mean(layer["mixes"]["learned"]["fidelity"]))
@@ -229,7 +229,8 @@ def test_study_page_shows_each_runs_layers_and_its_loss(study_page, study_folder
     learned = study_page.cells("mix: learned")
     assert learned["fidelity"] == row["fidelity_fraction_mean"]
     assert learned["hitting_time"] == row["hitting_time_steps_mean"]
-    assert study_page.cells("head 1")["fidelity"] > 0
+    assert study_page.cells("head 2")["fidelity"] > 0  # index 1
+    assert page.text_content("#layer-title") == "copy-h2, layer 2, head 2"
     assert page.locator("#study-heads .scatterlayer .trace").count() > 0
     assert page.locator("#study-loss .scatterlayer .trace").count() == 1
 
@@ -258,8 +259,22 @@ def test_coalition_values_are_drawn_when_the_record_has_them(browser, tmp_path):
     bars = page.locator("#coalitions-shapley .bars .point")
     assert bars.count() == 3
     assert page.locator("#coalitions-interaction .heatmaplayer").count() == 1
-    assert opened_page.cells("head 2")["fidelity"] == 0.3
+    assert opened_page.cells("head 3")["fidelity"] == 0.3  # index 2
     assert shown_shapley(page) == pytest.approx([0.05, 0.1, 0.25])
+    # Heads read 1, 2, 3 on the Shapley bars and on both axes of the interaction map.
+    assert page.evaluate("document.getElementById('coalitions-shapley').data[0].x") == [1, 2, 3]
+    shapley_ticks = "#coalitions-shapley .xtick text"
+    assert page.eval_on_selector_all(shapley_ticks, "ts => ts.map(t => t.textContent)") == [
+        "1",
+        "2",
+        "3",
+    ]
+    for axis in ("x", "y"):
+        drawn = page.evaluate(f"document.getElementById('coalitions-interaction').data[0].{axis}")
+        assert drawn == [1, 2, 3]
+        ticks = f"#coalitions-interaction .{axis}tick text"
+        shown = page.eval_on_selector_all(ticks, "ts => ts.map(t => t.textContent)")
+        assert sorted(shown) == ["1", "2", "3"]  # the y axis runs top to bottom
     page.close()
     assert not opened_page.problems, opened_page.problems
 

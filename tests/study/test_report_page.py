@@ -42,11 +42,16 @@ def test_layers_are_each_runs_mixes_and_heads(records):
     page = report_page.page(runs, report.aggregate(records), records)
     labels = [entry["label"] for entry in page["layers"]]
     assert labels[:3] == ["h1-s0, layer 1", "h1-s0, layer 2", "h4-s0, layer 1"]
-    rows = {r["name"]: r["values"] for r in page["layers"][3]["rows"]}  # h4-s0, layer 2
+    entry = page["layers"][3]["rows"]  # h4-s0, layer 2
+    rows = {r["name"]: r["values"] for r in entry}
+    heads = [(r["name"], r["head"]) for r in entry if r["kind"] == "head"]
+    assert heads == [("head 1", 0), ("head 2", 1), ("head 3", 2), ("head 4", 3)]
     assert rows["mix: learned"][html.FIDELITY]["mean"] == pytest.approx(0.5)
     assert rows["mix: uniform"][html.FIDELITY]["mean"] == pytest.approx(0.4 / 3)
     assert "mix: optimal, held out" not in rows  # the records have no optimum
-    assert rows["head 2"] == {html.FIDELITY: {"mean": 0.38}, "hitting_time": {"mean": 9.0}}
+    # Index 2 (0.4 - 0.02, 7 + 2 steps) is shown as head 3.
+    assert rows["head 3"] == {html.FIDELITY: {"mean": 0.38}, "hitting_time": {"mean": 9.0}}
+    assert "Heads are numbered from 1: head h is index h-1" in page["notes"][0]
 
 
 def test_series_are_the_aggregated_cells_and_loss_comes_from_metrics_jsonl(records, tmp_path):
