@@ -20,3 +20,18 @@ def tiny_config(steps=150, **optim):
     config.evaluation.update(heldout_windows=16, graph_windows=4, graph_tokens=16, horizon=20)
     config.evaluation.max_steps = 20
     return config
+
+
+def two_process_config(corpus):
+    """The tiny model on the corpus at `corpus` for 4 steps of batch 8, evaluated once
+    (at the end), a checkpoint at step 2 and at the end: a two-process run's test."""
+    config = tiny_config(steps=4, warmup_steps=2)
+    config.data.path = str(corpus)
+    config.optim.batch_size = 8
+    config.log_every_steps = 2
+    config.eval_every_steps = 4
+    config.checkpoint_every_steps = 2
+    # A fifth of a small corpus held out; 5 windows: padded to 6 to split over 2 devices.
+    config.data.heldout_fraction = 0.2
+    config.evaluation.update(heldout_windows=5, graph_windows=2, graph_tokens=16)
+    return config
