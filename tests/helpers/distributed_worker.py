@@ -1,23 +1,59 @@
-"""One process of a two-process training run (started by tests/study/test_train.py for a
-task, tests/lm/test_lm_train_processes.py for a language model).
+"""Two-process training runs on one machine: `start` launches this file twice (processes
+0 and 1 of a `jax.distributed` run on localhost, one CPU device each) and `finish` waits
+for both. Each process runs `main`:
 
   distributed_worker.py PORT PROCESS_ID WORKDIR                    # the smoke task
-  distributed_worker.py PORT PROCESS_ID WORKDIR text CORPUS RECORD  # a tiny language model
+  distributed_worker.py PORT PROCESS_ID WORKDIR text CORPUS RECORDS  # a tiny language model
 
-A text run also writes RECORD: the training windows this process loaded at each step.
+A text run also writes RECORDS/windows-PROCESS_ID.json: the training windows this process
+loaded at each step.
 """
 
 import json
+import os
+import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import jax
 
-jax.config.update("jax_num_cpu_devices", 1)
+from beyondpar.lm import data as data_lib
+from beyondpar.study import runs
+from configs import smoke
+from helpers.lm_training import two_process_config
 
-from beyondpar.lm import data as data_lib  # noqa: E402
-from beyondpar.study import runs  # noqa: E402
-from configs import smoke  # noqa: E402
-from helpers.lm_training import two_process_config  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(workdir, *args) -> list[subprocess.Popen]:
+    """Processes 0 and 1 of a run in `workdir` (`args`: as `main`'s after the workdir)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}  # as here
+    command = [sys.executable, __file__, str(port)]
+    return [
+        subprocess.Popen(
+            [*command, str(i), str(workdir), *map(str, args)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[str]:
+    """Each process's output, once both have ended; both must have succeeded."""
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    return outs
 
 
 def task_config():
@@ -42,6 +78,7 @@ def record_windows(loaded: list) -> None:
 
 
 def main(port: str, process_id: str, workdir: str, kind: str = "task", *text_args) -> None:
+    jax.config.update("jax_num_cpu_devices", 1)
     config = two_process_config(text_args[0]) if kind == "text" else task_config()
     config.distributed.update(
         coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=int(process_id)
@@ -51,8 +88,7 @@ def main(port: str, process_id: str, workdir: str, kind: str = "task", *text_arg
     runs.train_and_evaluate(config, workdir)
     assert jax.process_count() == 2 and jax.device_count() == 2
     if kind == "text":
-        with open(text_args[1], "w") as f:
-            json.dump(loaded, f)
+        Path(text_args[1], f"windows-{process_id}.json").write_text(json.dumps(loaded))
 
 
 if __name__ == "__main__":
