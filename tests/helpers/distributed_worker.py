@@ -5,8 +5,8 @@ for both. Each process runs `main`:
   distributed_worker.py PORT PROCESS_ID WORKDIR                    # the smoke task
   distributed_worker.py PORT PROCESS_ID WORKDIR text CORPUS RECORDS  # a tiny language model
 
-A text run also writes RECORDS/windows-PROCESS_ID.json: the training windows this process
-loaded at each step.
+A text run also writes RECORDS/record-PROCESS_ID.json: the training windows this process
+loaded at each step, and the steps of the metrics lines and TensorBoard scalars it wrote.
 """
 
 import json
@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 
 import jax
+import tensorboardX
 
+from beyondpar.base import files
 from beyondpar.lm import data as data_lib
 from beyondpar.study import runs
 from configs import smoke
@@ -62,19 +64,36 @@ def task_config():
     return config
 
 
-def record_windows(loaded: list) -> None:
-    """Wrap `TextData.train_windows` so that every call is kept in `loaded`."""
-    real = data_lib.TextData.train_windows
+def record(seen: dict) -> None:
+    """Keep in `seen` the training windows this process loads at each step (a wrapped
+    `TextData.train_windows`) and the steps of the metrics lines and TensorBoard scalars
+    it writes (wrapped writes to the files themselves)."""
+    seen.update(windows=[], metrics=[], events=[])
+    load, line, scalar = (
+        data_lib.TextData.train_windows,
+        files.append_json_line,
+        tensorboardX.SummaryWriter.add_scalar,
+    )
 
-    def recording(self, step, batch_size, seq_len, process_index=0, process_count=1):
-        picked = real(self, step, batch_size, seq_len, process_index, process_count)
-        loaded.append(
+    def loading(self, step, batch_size, seq_len, process_index=0, process_count=1):
+        picked = load(self, step, batch_size, seq_len, process_index, process_count)
+        seen["windows"].append(
             dict(step=step, process_index=process_index, process_count=process_count)
             | dict(windows=[int(w) for w in picked])
         )
         return picked
 
-    data_lib.TextData.train_windows = recording
+    def writing_line(path, values):
+        seen["metrics"].append(values["step"])
+        return line(path, values)
+
+    def writing_scalar(self, tag, value, global_step=None, *args, **kwargs):
+        seen["events"].append(global_step)
+        return scalar(self, tag, value, global_step, *args, **kwargs)
+
+    data_lib.TextData.train_windows = loading
+    files.append_json_line = writing_line
+    tensorboardX.SummaryWriter.add_scalar = writing_scalar
 
 
 def main(port: str, process_id: str, workdir: str, kind: str = "task", *text_args) -> None:
@@ -83,12 +102,12 @@ def main(port: str, process_id: str, workdir: str, kind: str = "task", *text_arg
     config.distributed.update(
         coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=int(process_id)
     )
-    loaded = []
-    record_windows(loaded)
+    seen = {}
+    record(seen)
     runs.train_and_evaluate(config, workdir)
     assert jax.process_count() == 2 and jax.device_count() == 2
     if kind == "text":
-        Path(text_args[1], f"windows-{process_id}.json").write_text(json.dumps(loaded))
+        Path(text_args[1], f"record-{process_id}.json").write_text(json.dumps(seen))
 
 
 if __name__ == "__main__":

@@ -23,9 +23,11 @@ def tiny_config(steps=150, **optim):
 
 
 def two_process_config(corpus):
-    """The tiny model on the corpus at `corpus` for 4 steps of batch 8, evaluated once
-    (at the end), a checkpoint at step 2 and at the end: a two-process run's test."""
+    """The tiny model with one head (no optimal-weight search to compile) on the corpus
+    at `corpus`, 4 steps of batch 8, evaluated once (at the end), checkpoints at steps 2
+    and 4: a two-process run (tests/lm/test_lm_train_processes.py) kept short."""
     config = tiny_config(steps=4, warmup_steps=2)
+    config.model.num_heads = 1
     config.data.path = str(corpus)
     config.optim.batch_size = 8
     config.log_every_steps = 2

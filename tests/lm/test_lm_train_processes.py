@@ -18,21 +18,23 @@ from beyondpar.study import runs
 from helpers import distributed_worker, lm_corpus
 from helpers.lm_training import two_process_config
 
-STEPS, BATCH, HALF = 4, 8, 4
+STEPS, BATCH = 4, 8
+HALF = BATCH // 2  # rows per process
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The two-process run (`two`, each process's loaded windows and output) and the
-    one-process run (`one`: this process, four devices), which trains while they do."""
+    """The two-process run (`two`; `seen`: what each process loaded and wrote; `outs`:
+    what each printed) and the one-process run (`one`: this process, four devices),
+    which trains while they do."""
     root = tmp_path_factory.mktemp("lm_processes")
     corpus = lm_corpus.write_folder(root / "corpus", lm_corpus.documents())
     procs = distributed_worker.start(root / "two", "text", corpus, root)
     runs.train_and_evaluate(two_process_config(corpus), str(root / "one"))
     outs = distributed_worker.finish(procs)
-    loaded = [json.loads((root / f"windows-{i}.json").read_text()) for i in (0, 1)]
+    seen = [json.loads((root / f"record-{i}.json").read_text()) for i in (0, 1)]
     return types.SimpleNamespace(
-        two=root / "two", one=root / "one", corpus=corpus, loaded=loaded, outs=outs
+        two=root / "two", one=root / "one", corpus=corpus, seen=seen, outs=outs
     )
 
 
@@ -69,9 +71,10 @@ def test_lm_train_each_process_loads_its_half_of_every_global_batch(run):
     config = two_process_config(run.corpus)
     text = data_lib.load(config.data, config.seed, cache_dir=str(run.one))
     order = text.order(BATCH, config.seq_len)
-    assert [[r["step"] for r in rows] for rows in run.loaded] == [list(range(STEPS))] * 2
+    loaded = [s["windows"] for s in run.seen]
+    assert [[r["step"] for r in rows] for rows in loaded] == [list(range(STEPS))] * 2
     for step in range(STEPS):
-        rows = [run.loaded[p][step] for p in (0, 1)]
+        rows = [loaded[p][step] for p in (0, 1)]
         assert [(r["process_index"], r["process_count"]) for r in rows] == [(0, 2), (1, 2)]
         first, second = (np.asarray(r["windows"]) for r in rows)
         whole = order[step]
@@ -81,12 +84,16 @@ def test_lm_train_each_process_loads_its_half_of_every_global_batch(run):
 
 
 def test_lm_train_only_process_0_writes_the_runs_files(run):
-    two, outs = run.two, run.outs
+    """Process 0 writes every metrics line and TensorBoard scalar, once; process 1 none
+    (both take part in the checkpoints, which read back above)."""
+    two, seen = run.two, run.seen
+    assert [s["metrics"] for s in seen] == [[2, 4], []]
+    assert sorted(set(seen[0]["events"])) == [2, 4] and seen[1]["events"] == []
     assert len(list(two.glob("events.out.tfevents.*"))) == 1
     acc = event_accumulator.EventAccumulator(str(two))
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/loss")] == [2, 4]
     assert [e.step for e in acc.Scalars("eval/loss")] == [4]
     assert checkpoints.list_steps(two / "checkpoints") == [2, 4]
-    assert "trained a cpu language model" in outs[0]
-    assert "trained a" not in outs[1]
+    assert "trained a cpu language model" in run.outs[0]
+    assert "trained a" not in run.outs[1]
