@@ -1,7 +1,8 @@
 """Language-model training over two processes (`jax.distributed` on localhost, one CPU
 device each): the parameters, held-out loss and logs of one process with the same global
 batch, each process reading its own half of every batch, and process 0 alone writing
-the run's files."""
+the run's files. One module-scoped run of about 40 s of CPU time, so every test here is
+marked slow, as the task study's two-process test is."""
 
 import json
 import types
@@ -20,6 +21,7 @@ from helpers.lm_training import two_process_config
 
 STEPS, BATCH = 4, 8
 HALF = BATCH // 2  # rows per process
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
