@@ -22,6 +22,7 @@ import tensorboardX
 from beyondpar.base import files
 from beyondpar.lm import data as data_lib
 from beyondpar.study import runs
+from beyondpar.study.workdir import METRICS_FILE
 from configs import smoke
 from helpers.lm_training import two_process_config
 
@@ -53,7 +54,13 @@ def start(workdir, *args) -> list[subprocess.Popen]:
 
 def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[str]:
     """Each process's output, once both have ended; both must have succeeded."""
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:  # none left running past a timeout
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     return outs
 
@@ -84,7 +91,8 @@ def record(seen: dict) -> None:
         return picked
 
     def writing_line(path, values):
-        seen["metrics"].append(values["step"])
+        if Path(path).name == METRICS_FILE:
+            seen["metrics"].append(values["step"])
         return line(path, values)
 
     def writing_scalar(self, tag, value, global_step=None, *args, **kwargs):
@@ -103,7 +111,8 @@ def main(port: str, process_id: str, workdir: str, kind: str = "task", *text_arg
         coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=int(process_id)
     )
     seen = {}
-    record(seen)
+    if kind == "text":
+        record(seen)
     runs.train_and_evaluate(config, workdir)
     assert jax.process_count() == 2 and jax.device_count() == 2
     if kind == "text":

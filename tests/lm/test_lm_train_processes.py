@@ -32,8 +32,10 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm_processes")
     corpus = lm_corpus.write_folder(root / "corpus", lm_corpus.documents())
     procs = distributed_worker.start(root / "two", "text", corpus, root)
-    runs.train_and_evaluate(two_process_config(corpus), str(root / "one"))
-    outs = distributed_worker.finish(procs)
+    try:
+        runs.train_and_evaluate(two_process_config(corpus), str(root / "one"))
+    finally:
+        outs = distributed_worker.finish(procs)
     seen = [json.loads((root / f"record-{i}.json").read_text()) for i in (0, 1)]
     return types.SimpleNamespace(
         two=root / "two", one=root / "one", corpus=corpus, seen=seen, outs=outs
