@@ -1,5 +1,6 @@
 """A language-model config small enough for tests: 2 layers of d 32 on 32 bytes, 150 steps
-of batch 16 on the default corpus (tests/lm/test_lm_train.py, and the process it kills)."""
+of batch 16 on the default corpus (tests/lm/test_lm_train.py, and the process it kills),
+and a 4-step variant for two processes (tests/lm/test_lm_train_processes.py)."""
 
 from configs import lm
 
