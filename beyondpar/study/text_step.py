@@ -118,11 +118,13 @@ def window_nats(module, params, windows_BxT1, dtype=jnp.float32):
 
 @functools.lru_cache(maxsize=16)
 def jitted_window_nats(module, mesh, dtype_name: str):
-    """(params, windows) -> `window_nats`, the windows split over `data`."""
+    """(params, windows) -> `window_nats`, the windows split over `data` and the nats
+    gathered onto every device: in a multi-process run each process then reads them all
+    (a result left split would span devices no one process can fetch)."""
     dtype = jnp.dtype(dtype_name)
     repl, data = parallel.replicated(mesh), parallel.batch_sharded(mesh)
     return jax.jit(
         lambda params, windows: window_nats(module, params, windows, dtype),
         in_shardings=(repl, data),
-        out_shardings=data,
+        out_shardings=repl,
     )

@@ -1,5 +1,6 @@
 """A language-model config small enough for tests: 2 layers of d 32 on 32 bytes, 150 steps
-of batch 16 on the default corpus (tests/lm/test_lm_train.py, and the process it kills)."""
+of batch 16 on the default corpus (tests/lm/test_lm_train.py, and the process it kills),
+and a 4-step variant for two processes (tests/lm/test_lm_train_processes.py)."""
 
 from configs import lm
 
@@ -19,4 +20,21 @@ def tiny_config(steps=150, **optim):
     config.progress_bar = False
     config.evaluation.update(heldout_windows=16, graph_windows=4, graph_tokens=16, horizon=20)
     config.evaluation.max_steps = 20
+    return config
+
+
+def two_process_config(corpus):
+    """The tiny model with one head (no optimal-weight search to compile) on the corpus
+    at `corpus`, 4 steps of batch 8, evaluated once (at the end), checkpoints at steps 2
+    and 4: a two-process run (tests/lm/test_lm_train_processes.py) kept short."""
+    config = tiny_config(steps=4, warmup_steps=2)
+    config.model.num_heads = 1
+    config.data.path = str(corpus)
+    config.optim.batch_size = 8
+    config.log_every_steps = 2
+    config.eval_every_steps = 4
+    config.checkpoint_every_steps = 2
+    # A fifth of a small corpus held out; 5 windows: padded to 6 to split over 2 devices.
+    config.data.heldout_fraction = 0.2
+    config.evaluation.update(heldout_windows=5, graph_windows=2, graph_tokens=16)
     return config

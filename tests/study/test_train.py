@@ -1,9 +1,7 @@
 """Training: data parallelism, processes, resumption, failure and configs."""
 
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +17,7 @@ from beyondpar import model as model_lib
 from beyondpar.base import parallel
 from beyondpar.study import config_lib, train
 from configs import cpu, paper, smoke
+from helpers import distributed_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,34 +164,10 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
     assert checkpoints.list_steps(tmp_path / "checkpoints") == [8, 16]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
-    port, workdir = free_port(), tmp_path / "two"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}  # compiled as here
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "tests" / "helpers" / "distributed_worker.py"),
-                str(port),
-                str(i),
-                str(workdir),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in (0, 1)
-    ]
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    workdir = tmp_path / "two"
+    distributed_worker.finish(distributed_worker.start(workdir))
     config = smoke.get_config()
     config.optim.num_epochs = 1
     train.train_and_evaluate(config, str(tmp_path / "one"))
