@@ -5,11 +5,11 @@ pooled beyond `BUDGET_BYTES`)."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
-from beyondpar import graphs, metrics, pretrained
+from beyondpar import pretrained
 from beyondpar.analysis import optimum
+from beyondpar.measure import flow
 from beyondpar.reports import packing
 
 FILE = "views.json"  # beside a corpus summary
@@ -21,13 +21,8 @@ MAX_VIEWS = 4
 def layer_view(attn_HxTxT, mixes: dict, horizon: int, pool: int) -> dict:
     """A layer's attention (pooled, encoded) and the flow of each head and each mix
     {name: weights (H,)}."""
-    attn = jnp.asarray(attn_HxTxT, jnp.float32)
-    heads = np.asarray(metrics.node_fidelity(attn, horizon))
-    mixed = {
-        name: np.asarray(metrics.node_fidelity(graphs.combine_heads(attn, jnp.asarray(w)), horizon))
-        for name, w in mixes.items()
-    }
-    return packing.layer(np.asarray(attn), heads, mixed, pool)
+    heads, mixed = flow.layer_flows(attn_HxTxT, mixes, horizon)
+    return packing.layer(np.asarray(attn_HxTxT, np.float32), heads, mixed, pool)
 
 
 def count(num_windows: int, num_layers: int, num_heads: int, tokens: int) -> int:

@@ -16,7 +16,10 @@ record; this module knows nothing of records. Its keys, all optional but `title`
                          a stat {mean, low?, high?} in the record's own units;
                          coalitions {shapley_fidelity (H,), interaction_fidelity (H, H)}
     views                [{name, labels, pool, layers: {key: layer view}}]: a text's or
-                         window's attention and flow to the sink (`analysis.views`)
+                         window's attention and flow to the sink (`analysis.views`,
+                         `study.attention_view`), under the keys of `layers`; a view
+                         lacking the chosen layer gives way to the first that has it
+                         (a study's views hold a run each and follow the layer chosen)
     study                {head_counts, series: [{name, unit, heads, mean, std}],
                           curves: [{name, step, loss}],
                           charts?: [{title, x: "heads" | "step", y, scale,
@@ -42,7 +45,7 @@ FILE = "index.html"
 PLOTLY = "plotly-cartesian.min.js"
 SCRIPT = "page.js"
 FIDELITY = "fidelity"  # the field the overview and the heads' charts draw
-LEVELS = 255  # attention bytes: probability = (byte / LEVELS)^2 (see `analysis.views`)
+LEVELS = 255  # attention bytes: probability = (byte / LEVELS)^2 (see `packing`)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px;

@@ -1,12 +1,13 @@
 """The attention and flow a report page draws, in the few bytes a page can hold.
 
 Attention is causal, so only the cells on and below the diagonal are stored, one byte
-each (the square root of the probability, so that small weights keep some resolution),
-gzipped; a sequence longer than fits a byte budget is shown in blocks of `pool` tokens (a
-block of keys sums its attention, a block of queries averages it; a block's flow is its
-worst token's); every flow value keeps 3 significant digits, and the worst-served token
-of each operator is kept exactly. Plain arrays in, JSON-able values out: any workflow
-computes the numbers, this module only packs them for `reports.html`.
+each (the square root of the probability, so that small weights keep some resolution:
+a probability p comes back within `max_error(p)`), gzipped; a sequence longer than fits
+a byte budget is shown in blocks of `pool` tokens (a block of keys sums its attention, a
+block of queries averages it; a block's flow is its worst token's); every flow value
+keeps 3 significant digits, and the worst-served token of each operator is kept exactly.
+Plain arrays in, JSON-able values out: any workflow computes the numbers, this module
+only packs them for `reports.html`.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ def decode(text: str, shape) -> np.ndarray:
     rows, cols = np.tril_indices(n)
     out[..., rows, cols] = (q.astype(np.float64) / LEVELS) ** 2
     return out
+
+
+def max_error(p):
+    """How far `decode` may put a probability p from its value: the square root is rounded
+    to 1/(2 LEVELS), so |p' - p| = |s' - s| (s' + s) <= (sqrt(p) + 1/(4 LEVELS)) / LEVELS."""
+    return (np.sqrt(np.clip(p, 0.0, 1.0)) + 0.25 / LEVELS) / LEVELS
 
 
 def block_min(values_xT, pool: int) -> np.ndarray:

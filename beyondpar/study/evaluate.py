@@ -24,7 +24,7 @@ from beyondpar import batches, checkpoints, measure, metrics, pruning, synergy, 
 from beyondpar import model as model_lib
 from beyondpar.base import checks, files, locks, parallel
 from beyondpar.measure import record
-from beyondpar.study import coalition_record, config_lib, pruning_curves
+from beyondpar.study import attention_view, coalition_record, config_lib, pruning_curves
 from beyondpar.study import workdir as workdir_lib
 
 RECORDS_FILE = "evaluation.jsonl"
@@ -205,6 +205,16 @@ def _weights_columns(weights, optimal: dict, n: int) -> dict:
     return out
 
 
+def _view_mixes(columns: dict) -> dict:
+    """The mixes the page draws beside the attention, per sequence (N, L, H): the learned
+    weights and the held-out optimum of fidelity when searched."""
+    out = {record.LEARNED: columns["head_weights"]}
+    held_out = _OPTIMAL_WEIGHTS[record.OPTIMAL]
+    if held_out in columns:
+        out[record.OPTIMAL] = columns[held_out]
+    return out
+
+
 def _accuracies(logits, examples: tasks.Examples) -> dict:
     """Per sequence, on the host (float64): accuracy at every position and on the
     predictable ones."""
@@ -249,6 +259,9 @@ def evaluate_params(module, params, examples, spec: EvalSpec, **info) -> dict:
     }
     values, attn, weights, games = _per_sequence(module, params, examples, spec)
     record["metrics"] = summarize(values)
+    record[attention_view.KEY] = attention_view.first_sequence(
+        attn, examples.inputs, _view_mixes(values), spec.horizon
+    )
     if games:
         record["coalitions"] = coalition_record.layer_games(
             module, params, examples, games, spec.seed

@@ -1,8 +1,10 @@
 """Evaluation records -> the dict `reports.html` draws as the study's index.html: a layer
 entry per (run, layer) of each run's latest step, with its mixes and heads (the records'
 means over sequences), the measures against head count (mean over seeds ± std, as in
-report.md), and each run's training loss against step from its metrics.jsonl. It takes
-what `study.report` has already aggregated, so that the report can call it."""
+report.md), each run's training loss against step from its metrics.jsonl, and, where the
+record carries it (`attention_view`), the attention of its first evaluation sequence and
+every token's flow to the sink, drawn as the analyses' pages draw theirs. It takes what
+`study.report` has already aggregated, so that the report can call it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 
 from beyondpar.base import files
 from beyondpar.reports import html, numbering
+from beyondpar.study import attention_view
 from beyondpar.study.workdir import METRICS_FILE
 
 LOSS = "train/loss"
@@ -45,6 +48,11 @@ def values(metrics: dict, names: tuple, layer: int, head: int | None = None) -> 
     return {k: html.stat(v) for k, v in found.items() if v is not None}
 
 
+def layer_key(run: str, layer) -> str:
+    """The page's key of a run's layer (0-based, an int or its JSON string)."""
+    return f"{run}/{int(layer)}"
+
+
 def run_layers(r: dict) -> list[dict]:
     """A run's latest record as one layer entry per layer."""
     m = r["metrics"]
@@ -60,8 +68,22 @@ def run_layers(r: dict) -> list[dict]:
             name = numbering.head_name(h)
             rows.append({"name": name, "kind": "head", "head": h, "values": per_head})
         label = f"{r['run']}, layer {numbering.number(layer)}"
-        key = f"{r['run']}/{layer}"
+        key = layer_key(r["run"], layer)
         out.append({"key": key, "number": numbering.number(layer), "label": label, "rows": rows})
+    return out
+
+
+def views(runs: list[dict]) -> list[dict]:
+    """A view per run whose record carries its attention, its layers under the keys of the
+    run's layer entries: choosing a run's layer on the page shows its view."""
+    out = []
+    for r in runs:
+        view = r.get(attention_view.KEY)
+        if view is None:  # a record written before evaluations kept attention
+            continue
+        layers = {layer_key(r["run"], k): v for k, v in view["layers"].items()}
+        name = f"{attention_view.NAME} of {r['run']}"
+        out.append({"name": name, "labels": view["labels"], "pool": view["pool"], "layers": layers})
     return out
 
 
@@ -104,14 +126,22 @@ def page(runs: list[dict], cells: dict, records: list[dict], runs_root=None) -> 
         "series": series(cells),
         "curves": loss_curves(records, runs_root),
     }
+    shown = views(runs)
+    note = (
+        f"Layers are numbered from 1, as in report.md. {numbering.head_note()} Each "
+        "run's latest evaluated step; values are means over the evaluation sequences "
+        "(results.json has their std)."
+    )
+    if shown:
+        note += (
+            f" Attention and flow to the sink: {attention_view.NAME} of each run (token "
+            "ids on the axes)."
+        )
     return {
         "title": "Study: mixing time and minimax fidelity against head count",
-        "notes": [
-            f"Layers are numbered from 1, as in report.md. {numbering.head_note()} Each "
-            "run's latest evaluated step; values are means over the evaluation sequences "
-            "(results.json has their std).",
-        ],
+        "notes": [note],
         "fields": FIELDS,
         "layers": [entry for r in runs for entry in run_layers(r)],
+        "views": shown,
         "study": study,
     }

@@ -63,7 +63,7 @@
   function fillSelects() {
     layers.forEach((l, i) => option($("layer"), i, l.label || "layer " + l.number));
     views.forEach((v, i) => option($("view"), i, v.name));
-    $("view-control").hidden = views.length < 2;
+    $("view-control").hidden = views.length < 2 || Boolean(page.study); // a study's follow the layer
     fillHeads();
   }
 
@@ -254,9 +254,19 @@
     return { tickvals: vals, ticktext: vals.map((e) => String(Math.pow(10, e))) };
   }
 
+  // The chosen view's entry for the chosen layer. A study's views each hold one run's
+  // layers: when the chosen view lacks the layer, the view that holds it is chosen.
   function viewLayer() {
+    const key = layers.length ? layers[state.layer].key : undefined;
+    if (views[state.view] && !views[state.view].layers[key]) {
+      const found = views.findIndex((v) => v.layers[key]);
+      if (found >= 0) {
+        state.view = found;
+        $("view").value = String(found);
+      }
+    }
     const view = views[state.view];
-    return view ? view.layers[layers[state.layer].key] : undefined;
+    return view ? view.layers[key] : undefined;
   }
 
   let drawn = 0; // the latest attention draw: an earlier one that ends later is dropped

@@ -1,0 +1,89 @@
+"""The attention an evaluation record carries for the study's page: the model's own
+attention on the first evaluation sequence, every layer and head, within the packing's
+stated precision; rows that sum to 1 before packing; each head's and each mix's flow to
+the sink the kernels' value on that sequence; and long sequences pooled to the budget."""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from beyondpar import checkpoints, graphs, metrics
+from beyondpar import model as model_lib
+from beyondpar.reports import packing
+from beyondpar.study import attention_view, config_lib, evaluate
+from beyondpar.study import workdir as workdir_lib
+
+
+@pytest.fixture(scope="module")
+def evaluated(one_epoch_run):
+    """The one-epoch smoke run's record, and its model's attention (1, L, H, T, T) and
+    learned weights (L, H) on the first evaluation sequence."""
+    run = Path(one_epoch_run)
+    record = evaluate.evaluate_checkpoint(run)
+    config = evaluate.read_config(run)
+    _, state = checkpoints.load(run / workdir_lib.CHECKPOINT_DIR)
+    module = model_lib.Transformer(config_lib.model_config(config))
+    inputs = evaluate.eval_examples(config, evaluate.EvalSpec.from_config(config)).inputs
+    _, attn = model_lib.apply_with_attention(module, state["params"], inputs[:1])
+    weights = model_lib.head_importances(module, state["params"])
+    return record, np.asarray(attn, np.float64), np.asarray(weights), np.asarray(inputs[0])
+
+
+def test_record_holds_the_models_attention_on_the_first_sequence(evaluated):
+    record, attn, _, tokens = evaluated
+    view = record[attention_view.KEY]
+    num_layers, num_heads, seq_len = record["layers"], record["heads"], record["seq_len"]
+    assert (view["sequence"], view["pool"]) == (0, 1)
+    assert view["labels"] == [str(int(t)) for t in tokens]
+    assert sorted(view["layers"]) == [str(layer) for layer in range(num_layers)]
+    # Rows are probabilities before packing: each sums to 1, nothing above the diagonal.
+    np.testing.assert_allclose(attn.sum(-1), 1.0, atol=1e-5)
+    assert np.all(np.triu(attn[0], 1) == 0)
+    for layer in range(num_layers):
+        packed = view["layers"][str(layer)]
+        assert packed["shape"] == [num_heads, seq_len, seq_len]
+        drawn = packing.decode(packed["attention"], packed["shape"])
+        want = attn[0, layer]
+        assert np.all(np.abs(drawn - want) <= packing.max_error(want) + 1e-7), layer
+        assert np.abs(drawn.sum(-1) - 1).max() <= packing.max_error(want).sum(-1).max()
+
+
+def test_flows_are_the_kernels_on_that_sequence(evaluated):
+    record, attn, weights, _ = evaluated
+    horizon = record["evaluation"]["horizon"]
+    for layer, packed in record[attention_view.KEY]["layers"].items():
+        a = attn[0, int(layer)].astype(np.float32)  # as the model gives it
+        heads = np.asarray(metrics.node_fidelity(a, horizon), np.float64)
+        # 3 significant digits: within half a unit of the third.
+        np.testing.assert_allclose(packed["heads"]["values"], heads, rtol=5e-3, atol=1e-9)
+        np.testing.assert_array_equal(packed["heads"]["worst_token"], heads.argmin(-1))
+        uniform = np.full(a.shape[0], 1 / a.shape[0], np.float32)
+        assert list(packed["mixes"]) == ["learned", "uniform"]  # no optimum searched
+        for name, w in (("learned", weights[int(layer)]), ("uniform", uniform)):
+            want = metrics.minimax_fidelity(graphs.combine_heads(a, w), horizon)
+            assert packed["mixes"][name]["worst_value"] == pytest.approx(float(want), rel=1e-4)
+
+
+def causal(key, shape):
+    """Random causal attention: rows of a softmax over the keys up to the query."""
+    t = shape[-1]
+    logits = jax.random.normal(key, shape)
+    masked = np.where(np.tril(np.ones((t, t), bool)), np.asarray(logits), -np.inf)
+    return np.asarray(jax.nn.softmax(masked, -1), np.float64)
+
+
+def test_a_sequence_beyond_the_budget_is_pooled_to_fit(monkeypatch):
+    attn = causal(jax.random.PRNGKey(0), (2, 3, 20, 20))  # L=2, H=3, T=20
+    monkeypatch.setattr(attention_view, "BUDGET_BYTES", 6 * packing.triangle(7))
+    weights = {"learned": np.full((2, 3), 1 / 3)}
+    view = attention_view.sequence_view(attn, np.arange(20), weights, horizon=10)
+    assert view["pool"] == 3  # 20 tokens in 7 blocks: 6 maps of 28 cells fit
+    assert view["labels"][:2] == ["0-2 '0'", "3-5 '3'"]
+    for layer, packed in view["layers"].items():
+        assert packed["shape"] == [3, 7, 7]
+        pooled = packing.pooled_attention(attn[int(layer)], 3)
+        np.testing.assert_allclose(pooled.sum(-1), 1.0, atol=1e-6)
+        drawn = packing.decode(packed["attention"], packed["shape"])
+        assert np.all(np.abs(drawn - pooled) <= packing.max_error(pooled) + 1e-7)
