@@ -1,7 +1,8 @@
 """The report pages in a real browser (Chromium, driven by Playwright), opened from disk:
 no console error and no failed request, the layer and head controls redraw the table with
-the record's own numbers, the attention heatmap is drawn within 2 s, and the page is not
-blank. Skips, saying why, where Chromium or Playwright is missing (CI installs both)."""
+the record's own numbers, the attention heatmap is drawn within 2 s (on the study's page,
+each run's recorded attention), and the page is not blank. Skips, saying why, where
+Chromium or Playwright is missing (CI installs both)."""
 
 import dataclasses
 import io
@@ -13,13 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image as PIL_Image
+from study.test_lm_report_page import embedded
+from study.test_report_page import record, with_view
 
 from beyondpar import measure
 from beyondpar.analysis import corpus as corpus_lib
 from beyondpar.analysis import corpus_report, pages, text_report
 from beyondpar.analysis import text as text_lib
-from beyondpar.reports import html
-from beyondpar.study import evaluate, report, worked_example
+from beyondpar.reports import html, packing
+from beyondpar.study import evaluate, report, report_page, worked_example
 from helpers.paths import DATA
 
 CHROMIUM = Path(os.environ.get("BEYONDPAR_CHROMIUM", "/usr/bin/chromium"))  # as launch/test.sh
@@ -233,6 +236,65 @@ def test_study_page_shows_each_runs_layers_and_its_loss(study_page, study_folder
     assert page.text_content("#layer-title") == "copy-h2, layer 2, head 2"
     assert page.locator("#study-heads .scatterlayer .trace").count() > 0
     assert page.locator("#study-loss .scatterlayer .trace").count() == 1
+
+
+def drawn_attention(page) -> np.ndarray:
+    """The probabilities the heatmap draws (its hover data), NaN above the diagonal."""
+    raw = page.evaluate("document.getElementById('attention').data[0].customdata")
+    return np.array([[np.nan if p is None else p for p in row] for row in raw])
+
+
+def assert_drawn_is(page, packed: dict, head: int):
+    """The heatmap shows head `head` of a payload's packed layer, cell for cell."""
+    want = packing.decode(packed["attention"], packed["shape"])[head]
+    drawn = drawn_attention(page)
+    below = np.tril(np.ones(want.shape, bool))
+    np.testing.assert_allclose(drawn[below], want[below], rtol=1e-12, atol=0)
+    assert np.isnan(drawn[~below]).all()
+
+
+def test_study_page_draws_the_chosen_heads_attention_from_its_payload(study_page, study_folder):
+    (view,) = embedded(study_folder)["views"]
+    page = study_page.page
+    assert page.is_hidden("#view-control")  # a study's view follows the chosen run
+    page.select_option("#layer", "1")
+    page.select_option("#head", "1")  # index 1, shown as head 2
+    page.wait_for_selector('#attention[data-drawn="copy-h2/1/1/0"]')
+    packed = view["layers"]["copy-h2/1"]
+    assert_drawn_is(page, packed, 1)
+    title = page.text_content("#attention .gtitle")
+    assert title.startswith("head 2, copy-h2, layer 2: attention of the first evaluation")
+    strip = '#flow-tokens [data-operator="head"] span'
+    shown = page.eval_on_selector_all(strip, "s => s.map(x => +x.dataset.value)")
+    assert shown == packed["heads"]["values"][1]
+    learned = '#flow-tokens [data-operator="learned"] span'
+    shown = page.eval_on_selector_all(learned, "s => s.map(x => +x.dataset.value)")
+    assert shown == packed["mixes"]["learned"]["values"]
+
+
+def test_study_page_shows_the_view_of_the_run_chosen(browser, tmp_path):
+    """Two runs with attention and one whose record has none (written before it was kept)."""
+    (h1, _), (h4, _) = (
+        with_view(record("h1-s0", 1, 0, 0.2), 1),
+        with_view(record("h4-s0", 4, 0, 0.4), 2),
+    )
+    runs = report.latest([h1, h4, record("h4-s1", 4, 1, 0.6)])
+    payload = report_page.page(runs, report.aggregate(runs), runs)
+    opened_page = Opened(browser, html.write(tmp_path, payload))
+    page = opened_page.page
+    page.select_option("#layer", "3")  # h4-s0, layer 2
+    page.select_option("#head", "2")
+    page.wait_for_selector('#attention[data-drawn="h4-s0/1/2/1"]')
+    assert_drawn_is(page, payload["views"][1]["layers"]["h4-s0/1"], 2)
+    page.select_option("#layer", "4")  # h4-s1: no attention recorded
+    assert page.is_hidden("#view-section")
+    assert page.text_content("#layer-title") == "h4-s1, layer 1, head 3"
+    page.select_option("#layer", "0")
+    page.wait_for_selector('#attention[data-drawn="h1-s0/0/0/0"]')
+    assert page.is_visible("#view-section")
+    assert_drawn_is(page, payload["views"][0]["layers"]["h1-s0/0"], 0)
+    page.close()
+    assert not opened_page.problems, opened_page.problems
 
 
 def coalition_page(folder: Path) -> Path:

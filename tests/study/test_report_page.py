@@ -1,13 +1,15 @@
 """The study's index.html data: a layer entry per (run, layer) with the record's own
-means, the measures against head count as report.aggregate gives them, and each run's
-logged loss."""
+means, the measures against head count as report.aggregate gives them, each run's
+logged loss, and a view of each run's attention under its layers' keys where the record
+carries one."""
 
 import json
 
+import numpy as np
 import pytest
 
-from beyondpar.reports import html
-from beyondpar.study import report, report_page
+from beyondpar.reports import html, packing
+from beyondpar.study import attention_view, report, report_page
 
 
 def stat(values):
@@ -67,3 +69,47 @@ def test_series_are_the_aggregated_cells_and_loss_comes_from_metrics_jsonl(recor
     assert first["mean"] == pytest.approx([0.2, 0.5])
     assert first["std"][1] == pytest.approx(0.1 * 2**0.5)  # over the two seeds
     assert study["curves"] == [{"name": "h4-s0", "step": [1, 3], "loss": [2.0, 1.5]}]
+
+
+def causal(seed, layers, heads, t):
+    """Random causal attention (L, H, T, T): each row a softmax over the keys it may read."""
+    logits = np.random.default_rng(seed).normal(size=(layers, heads, t, t))
+    logits[..., ~np.tril(np.ones((t, t), bool))] = -np.inf
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def with_view(r, seed):
+    """A record carrying the packed attention of a sequence of 6 tokens."""
+    attn = causal(seed, r["layers"], r["heads"], 6)
+    weights = np.full((r["layers"], r["heads"]), 1.0)
+    view = attention_view.sequence_view(attn, np.arange(6), {"learned": weights}, 10)
+    return {**r, attention_view.KEY: view}, attn
+
+
+def test_each_run_with_attention_has_a_view_entry_per_layer(records):
+    h1, attn_h1 = with_view(records[0], 1)
+    h4, attn_h4 = with_view(records[1], 2)
+    runs = report.latest([h1, h4, records[2]])  # the last: a record from before views
+    page = report_page.page(runs, report.aggregate(runs), runs)
+    keys = {entry["key"] for entry in page["layers"]}
+    assert [v["name"] for v in page["views"]] == [
+        "the first evaluation sequence of h1-s0",
+        "the first evaluation sequence of h4-s0",
+    ]
+    for view, r, attn in zip(page["views"], (h1, h4), (attn_h1, attn_h4), strict=True):
+        assert sorted(view["layers"]) == [f"{r['run']}/0", f"{r['run']}/1"]
+        assert set(view["layers"]) <= keys  # the page's own layer keys
+        assert (view["labels"], view["pool"]) == ([str(i) for i in range(6)], 1)
+        for layer in range(2):
+            packed = view["layers"][f"{r['run']}/{layer}"]
+            drawn = packing.decode(packed["attention"], packed["shape"])
+            assert np.all(np.abs(drawn - attn[layer]) <= packing.max_error(attn[layer]) + 1e-12)
+            assert list(packed["mixes"]) == ["learned"]
+    assert "Attention and flow to the sink" in page["notes"][0]
+
+
+def test_records_without_attention_give_a_page_without_views(records, tmp_path):
+    page = report_page.page(report.latest(records), report.aggregate(records), records)
+    assert page["views"] == [] and "Attention" not in page["notes"][0]
+    assert html.write(tmp_path, page).is_file()
