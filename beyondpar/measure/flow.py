@@ -13,11 +13,14 @@ from beyondpar import graphs, metrics
 
 def layer_flows(attn_HxTxT, mixes: dict, horizon: int) -> tuple[np.ndarray, dict]:
     """(each head's node fidelity (H, T), {name: the mix's node fidelity (T,)}) of one
-    layer's attention, for mixes {name: head weights (H,)}."""
+    layer's attention, for mixes {name: head weights (H,)}: the heads and the mixes in
+    one kernel call (one compilation per layer shape)."""
     attn = jnp.asarray(attn_HxTxT, jnp.float32)
-    heads = np.asarray(metrics.node_fidelity(attn, horizon))
-    mixed = {
-        name: np.asarray(metrics.node_fidelity(graphs.combine_heads(attn, jnp.asarray(w)), horizon))
-        for name, w in mixes.items()
-    }
-    return heads, mixed
+    names = list(mixes)
+    operators = attn
+    if names:
+        weights = jnp.stack([jnp.asarray(mixes[name], jnp.float32) for name in names])
+        operators = jnp.concatenate([attn, graphs.combine_heads(attn, weights)])
+    phi = np.asarray(metrics.node_fidelity(operators, horizon))
+    num_heads = attn.shape[0]
+    return phi[:num_heads], {name: phi[num_heads + i] for i, name in enumerate(names)}
