@@ -24,14 +24,12 @@ Shapley values, pair and triple dividends, pairwise interaction. A bad flag or i
 one line on stderr and exit status 2.
 """
 
-from pathlib import Path
-
 from absl import flags, logging
 
 from beyondpar import measure
 from beyondpar.analysis import corpus, corpus_report, series, text_report
 from beyondpar.analysis import text as text_lib
-from beyondpar.base import cli, parallel
+from beyondpar.base import cli, files, parallel
 
 MODEL = flags.DEFINE_string("model", None, "Checkpoint folder, cached model name or GGUF file.")
 TEXT = flags.DEFINE_string("text", None, "The text to analyse.")
@@ -130,15 +128,9 @@ def check_flag_rules() -> str:
 
 
 def read_text_file(path: str) -> str:
-    """The file's text; a missing, unreadable or non-UTF-8 file is a ValueError naming it."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"--text_file {path} is not UTF-8 text (byte {err.start}: {err.reason})"
-        ) from err
-    except OSError as err:
-        raise ValueError(f"--text_file {path} cannot be read: {err.strerror}") from err
+    """The --text_file's text (`files.read_utf8`: a missing, binary or non-UTF-8 file is a
+    ValueError naming it)."""
+    return files.read_utf8(path, "--text_file")
 
 
 def mesh():

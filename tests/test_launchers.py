@@ -232,8 +232,12 @@ def test_analyze_text_file_is_read_as_utf8(analyze):
     'ï' is byte 0xEF, not valid UTF-8 there) and a missing file are errors naming them."""
     utf8, latin1, missing = analyze[1]
     assert utf8 == {"text": "naïve café – 東京\n"}
-    assert "is not UTF-8 text (byte 2: invalid continuation byte)" in latin1["error"]
+    assert (
+        "must be UTF-8 text, got byte 0xef at offset 2 (invalid continuation byte)"
+        in latin1["error"]
+    )
     assert "latin1.txt" in latin1["error"]
+    assert "--text_file" in latin1["error"]
     assert "missing.txt cannot be read" in missing["error"]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from beyondpar.base import checks
+from beyondpar.base import checks, files
 
 _BLANK_LINES = re.compile(r"\n[ \t]*\n")
 
@@ -71,11 +71,11 @@ def read_documents(path: str | os.PathLike) -> list[Document]:
         found = _folder_files(path)
         if not found:
             raise ValueError(f"--corpus folder {path} holds no .txt file")
-        docs = [Document(str(p), _read_text(p)) for p in found]
+        docs = [Document(str(p), files.read_utf8(p, "--corpus")) for p in found]
     elif path.suffix == ".jsonl":
         docs = _jsonl_documents(path)
     elif path.suffix == ".txt":
-        parts = _BLANK_LINES.split(_read_text(path))
+        parts = _BLANK_LINES.split(files.read_utf8(path, "--corpus"))
         docs = [Document(str(path), part) for part in parts]
     else:
         raise ValueError(
@@ -92,21 +92,9 @@ def _folder_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix == ".txt" and p.is_file())
 
 
-def _read_text(path: Path) -> str:
-    raw = path.read_bytes()
-    if b"\x00" in raw:
-        raise ValueError(f"--corpus file {path} is binary, not text (it holds NUL bytes)")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"--corpus file {path} is not UTF-8 text (byte {err.start}: {err.reason})"
-        ) from err
-
-
 def _jsonl_documents(path: Path) -> list[Document]:
     docs = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in enumerate(files.read_utf8(path, "--corpus").splitlines(), start=1):
         if not line.strip():
             continue
         try:

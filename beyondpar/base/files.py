@@ -75,6 +75,26 @@ def read_npz(path: str | os.PathLike) -> dict:
             ) from err
 
 
+def read_utf8(path: str | os.PathLike, argument: str) -> str:
+    """The text of a file the user named by `argument` (a flag or config field); a file that
+    is missing, binary or not UTF-8 is a ValueError naming the argument, the file and the
+    first bad byte, so every corpus and text reader says it the same way."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"{argument} {path} cannot be read: {err.strerror}") from err
+    if b"\x00" in raw:
+        raise ValueError(f"{argument} {path} must be text, got binary (it holds NUL bytes)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{argument} {path} must be UTF-8 text, got byte 0x{raw[err.start]:02x} "
+            f"at offset {err.start} ({err.reason})"
+        ) from err
+
+
 def read_json(path: str | os.PathLike) -> dict:
     """The JSON object a file holds; a damaged one (not JSON, or not an object) is a
     ValueError naming the file."""

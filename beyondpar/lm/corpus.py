@@ -40,7 +40,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from beyondpar.base import checks
+from beyondpar.base import checks, files
 
 DEFAULT = ""
 DEFAULT_CAP_BYTES = 4 * 2**20
@@ -125,26 +125,13 @@ def folder_files(folder: Path) -> list[Path]:
 
 
 def _file_documents(path: Path, fmt: str, text_field: str, whole: bool) -> Iterator[Document]:
-    text = read_text(path)
+    text = files.read_utf8(path, "data.path")
     if fmt == "jsonl":
         yield from _json_lines(path, text, text_field)
     elif whole:
         yield Document(str(path), text)
     else:
         yield from (Document(str(path), part) for part in _BLANK_LINES.split(text) if part.strip())
-
-
-def read_text(path: Path) -> str:
-    raw = path.read_bytes()
-    if b"\x00" in raw:
-        raise ValueError(f"data.path file {path} must be text, got binary (it holds NUL bytes)")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"data.path file {path} must be UTF-8 text, got byte 0x{raw[err.start]:02x} "
-            f"at offset {err.start} ({err.reason})"
-        ) from err
 
 
 def _json_lines(path: Path, text: str, field: str) -> Iterator[Document]:
@@ -205,7 +192,7 @@ def _read_default() -> Iterator[Document]:
         used += len(topics[name].encode("utf-8"))
         yield Document(f"pydoc_data/topics.py:{name}", topics[name])
     for path in default_files():
-        text = read_text(path)
+        text = files.read_utf8(path, "data.path")
         used += len(text.encode("utf-8"))
         if used > DEFAULT_CAP_BYTES:
             return
@@ -214,7 +201,7 @@ def _read_default() -> Iterator[Document]:
 
 def _pydoc_topics(path: Path) -> dict[str, str]:
     """The `topics` dict of pydoc_data/topics.py, read without importing it."""
-    for node in ast.parse(read_text(path)).body:
+    for node in ast.parse(files.read_utf8(path, "data.path")).body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
             "topics"
         ]:

@@ -162,8 +162,8 @@ def test_a_folder_named_like_a_text_file_is_not_a_document(tmp_path):
         ("empty.txt", b"\n\n  \n", "holds no document"),
         ("bad.jsonl", b'{"text": "ok"}\n{"text": \n', r"bad.jsonl:2 is not JSON"),
         ("notext.jsonl", b'{"text": "ok"}\n{"body": "x"}\n', r"notext.jsonl:2 must be an object"),
-        ("blob.txt", b"GGUF\x00\x01\x02", "is binary, not text"),
-        ("latin.txt", "caf\xe9".encode("latin-1"), "is not UTF-8 text"),
+        ("blob.txt", b"GGUF\x00\x01\x02", r"--corpus .*blob.txt must be text, got binary"),
+        ("latin.txt", "caf\xe9".encode("latin-1"), "must be UTF-8 text, got byte 0xe9 at offset 3"),
         ("data.csv", b"a,b\n", "must be a .txt file, a .jsonl file or a folder"),
     ],
 )

@@ -237,7 +237,7 @@ def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
     cases = [
         (
             [f"--model={HF / 'gpt2-tiny'}", f"--text_file={latin}"],
-            f"--text_file {latin} is not UTF-8",
+            f"--text_file {latin} must be UTF-8 text, got byte 0xe9",
         ),
         (
             [f"--model={HF / 'gpt2-tiny'}", f"--text_file={tmp_path}"],

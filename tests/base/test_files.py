@@ -180,3 +180,28 @@ def test_an_npz_damaged_inside_or_not_an_npz_at_all_is_named(tmp_path):
         np.save(f, attention)
     with pytest.raises(ValueError, match="single.npz must be an .npz archive, got a single"):
         files.read_npz(tmp_path / "single.npz")
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"ok \xc3\xa9\xe6\x9d\xb1", None),
+        (b"caf\xe9 au lait", r"--corpus .*x.txt must be UTF-8 text, got byte 0xe9 at offset 3 \("),
+        (b"GGUF\x00\x01", r"--corpus .*x.txt must be text, got binary \(it holds NUL bytes\)"),
+    ],
+)
+def test_read_utf8_names_the_argument_the_file_and_the_first_bad_byte(tmp_path, content, message):
+    """One reader for every corpus and text file: a good file's text; a binary or
+    non-UTF-8 one is one line naming the argument, the file and the byte."""
+    path = tmp_path / "x.txt"
+    path.write_bytes(content)
+    if message is None:
+        assert files.read_utf8(path, "--corpus") == "ok é東"
+        return
+    with pytest.raises(ValueError, match=message):
+        files.read_utf8(path, "--corpus")
+
+
+def test_read_utf8_of_a_missing_file_names_it(tmp_path):
+    with pytest.raises(ValueError, match=r"data.path .*gone.txt cannot be read: No such file"):
+        files.read_utf8(tmp_path / "gone.txt", "data.path")
