@@ -227,3 +227,16 @@ def test_test_files_have_unique_names():
     two files of one name in different folders stop the whole suite at collection."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert not {n for n in names if names.count(n) > 1}
+
+
+def test_test_files_share_code_through_helpers_not_each_other():
+    """What two test files share lives in tests/helpers: a test file that imports another
+    runs that file's module-level setup and breaks when it is renamed or moved."""
+    stems = {p.stem for p in (ROOT / "tests").rglob("test_*.py")}
+    found = []
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.split(".")[-1] in stems:
+                    found.append(f"{path.relative_to(ROOT)} imports {node.module}")
+    assert not found, found

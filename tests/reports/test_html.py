@@ -10,11 +10,7 @@ import pytest
 
 from beyondpar.analysis import coalition_summary, pages, views
 from beyondpar.reports import html, packing
-
-
-def page_data(text: str) -> dict:
-    found = re.search(r'<script id="page-data" type="application/json">(.*?)</script>', text, re.S)
-    return json.loads(found.group(1))
+from helpers.browser import page_data
 
 
 def test_a_page_is_one_file_with_its_scripts_and_data_inline(tmp_path):

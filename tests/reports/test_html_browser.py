@@ -7,15 +7,12 @@ Chromium or Playwright is missing (CI installs both)."""
 import dataclasses
 import io
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image as PIL_Image
-from study.test_lm_report_page import embedded
-from study.test_report_page import record, with_view
 
 from beyondpar import measure
 from beyondpar.analysis import corpus as corpus_lib
@@ -23,32 +20,25 @@ from beyondpar.analysis import corpus_report, pages, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.reports import html, packing
 from beyondpar.study import evaluate, report, report_page, worked_example
+from helpers import browser as browser_lib
+from helpers.browser import embedded
 from helpers.paths import DATA
+from helpers.study_records import record, with_view
 
-CHROMIUM = Path(os.environ.get("BEYONDPAR_CHROMIUM", "/usr/bin/chromium"))  # as launch/test.sh
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 HF = DATA / "hf"
 TEXT = DATA / "text" / "declaration.txt"
 SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
 FIRST_HEATMAP_MS = 2000
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
-if shutil.which(str(CHROMIUM)) is None:
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+if browser_lib.missing():
+    pytest.skip(browser_lib.missing(), allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        chromium = browser_lib.launch(p)
         yield chromium
         chromium.close()
 

@@ -3,19 +3,14 @@ numbers of results.json, and in Chromium, opened from disk, its table shows them
 console error."""
 
 import json
-import os
-import re
-import shutil
-from pathlib import Path
 
 import pytest
-from lm.test_lm_report import write_runs
 
 from beyondpar.study import lm_report
 from beyondpar.study.lm_stats import BPB_KEY, LOSS_KEY, OPTIMAL_WINS
-
-CHROMIUM = Path(os.environ.get("BEYONDPAR_CHROMIUM", "/usr/bin/chromium"))  # as launch/test.sh
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+from helpers import browser as browser_lib
+from helpers.browser import embedded
+from helpers.lm_runs import write_runs
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +19,6 @@ def report_dir(tmp_path_factory):
     runs = write_runs(root / "runs", heads=(1, 2, 4), seeds=(0, 1))
     lm_report.write_report(runs, root / "report")
     return root / "report"
-
-
-def embedded(report_dir: Path) -> dict:
-    text = (report_dir / "index.html").read_text()
-    found = re.search(r'<script id="page-data" type="application/json">(.*?)</script>', text, re.S)
-    return json.loads(found.group(1))
 
 
 def test_write_report_writes_index_html(report_dir):
@@ -72,12 +61,12 @@ def test_charts_hold_the_steps_and_heads_of_results_json(report_dir):
 
 def test_page_opens_from_disk_and_its_table_shows_results_json(report_dir):
     sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
-    if shutil.which(str(CHROMIUM)) is None:
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    if browser_lib.missing():
+        pytest.skip(browser_lib.missing())
     saved = json.loads((report_dir / "results.json").read_text())
     problems = []
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        browser = browser_lib.launch(p)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.on("console", lambda m: m.type == "error" and problems.append(m.text))
         page.on("pageerror", lambda err: problems.append(f"page error: {err}"))

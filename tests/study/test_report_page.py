@@ -9,29 +9,8 @@ import numpy as np
 import pytest
 
 from beyondpar.reports import html, packing
-from beyondpar.study import attention_view, report, report_page
-
-
-def stat(values):
-    return {"mean": values, "std": [0.0] * len(values)}
-
-
-def record(run, heads, seed, fid):
-    return {
-        "run": run,
-        "step": 8,
-        "task": "copy",
-        "heads": heads,
-        "seed": seed,
-        "layers": 2,
-        "metrics": {
-            "fidelity": stat([fid, fid + 0.1]),
-            "hitting_time": stat([5.0, 6.0]),
-            "fidelity_uniform": stat([fid / 2, fid / 3]),
-            "fidelity_per_head": stat([[fid - 0.01 * h for h in range(heads)]] * 2),
-            "hitting_time_per_head": stat([[7.0 + h for h in range(heads)]] * 2),
-        },
-    }
+from beyondpar.study import report, report_page
+from helpers.study_records import record, with_view
 
 
 @pytest.fixture
@@ -69,22 +48,6 @@ def test_series_are_the_aggregated_cells_and_loss_comes_from_metrics_jsonl(recor
     assert first["mean"] == pytest.approx([0.2, 0.5])
     assert first["std"][1] == pytest.approx(0.1 * 2**0.5)  # over the two seeds
     assert study["curves"] == [{"name": "h4-s0", "step": [1, 3], "loss": [2.0, 1.5]}]
-
-
-def causal(seed, layers, heads, t):
-    """Random causal attention (L, H, T, T): each row a softmax over the keys it may read."""
-    logits = np.random.default_rng(seed).normal(size=(layers, heads, t, t))
-    logits[..., ~np.tril(np.ones((t, t), bool))] = -np.inf
-    e = np.exp(logits - logits.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def with_view(r, seed):
-    """A record carrying the packed attention of a sequence of 6 tokens."""
-    attn = causal(seed, r["layers"], r["heads"], 6)
-    weights = np.full((r["layers"], r["heads"]), 1.0)
-    view = attention_view.sequence_view(attn, np.arange(6), {"learned": weights}, 10)
-    return {**r, attention_view.KEY: view}, attn
 
 
 def test_each_run_with_attention_has_a_view_entry_per_layer(records):
