@@ -70,13 +70,31 @@ def layer_by_layer(module, params, tokens_BxT, head_mask=None) -> Iterator[tuple
     tokens = check_tokens(module, tokens_BxT)
     mask = check_head_mask(module, head_mask)
     mesh = parallel.mesh_of(params)
-    x = _embed(module, params, tokens)
+    x = embed(module, params, tokens)
     for i in range(module.config.num_layers):
-        block = family(module).block_module(module.config, i)
-        layer_mask = None if mask is None else mask[..., i, :]
-        x, attn = _block(block, params[layer_name(module, i)], x, layer_mask)
+        x, attn = apply_block(module, params, i, x, None if mask is None else mask[..., i, :])
         yield i, gather_heads(attn, mesh)
-    return _unembed(module, params, x)
+    return unembed(module, params, x)
+
+
+def embed(module, params, tokens_BxT) -> jax.Array:
+    """The residual stream entering layer 0 (the family's own embedding: Gemma's scale,
+    GPT-2's positions)."""
+    return _embed(module, params, tokens_BxT)
+
+
+def apply_block(module, params, layer: int, x_BxTxD, head_mask=None):
+    """(the stream after `layer`, its attention B x H x T x T): one layer from the stream
+    entering it, its heads scaled by `head_mask` (H,) or (B, H), for work that shares the
+    layers before it; layers of one configuration share one compiled program."""
+    block = family(module).block_module(module.config, layer)
+    return _block(block, params[layer_name(module, layer)], x_BxTxD, head_mask)
+
+
+def unembed(module, params, x_BxTxD) -> jax.Array:
+    """Logits from the stream after the last layer (final norm, output head, Gemma's
+    soft-cap); per token, so any block of tokens gives its own logits."""
+    return _unembed(module, params, x_BxTxD)
 
 
 def gather_heads(attn_BxHxTxT, mesh):

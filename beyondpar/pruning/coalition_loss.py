@@ -7,17 +7,16 @@ so v(empty) = 0 and v(all) = L(all masked) - L(unmasked); the other layers keep 
 head. Each sequence has its own game (losses are per sequence). Heads are removed by the
 true head mask (`head_masking`), on the paper's model and every pretrained family alike.
 
-Few heads: every coalition (2^H masks), the masked sequences batched through the model
-`max_tokens` tokens at a time; more than `exact_heads`: Shapley values from sampled
-permutations (`coalitions.sampled_shapley`), with standard errors. Cost per layer, in
-sequences through the model: 2^H x B exact, at most (permutations (H - 1) + 2) x B
-sampled.
+Few heads: every coalition (2^H masks), the masked sequences batched `max_tokens` tokens
+at a time; more than `exact_heads`: Shapley values from sampled permutations
+(`coalitions.sampled_shapley`), with standard errors. The layers before the masked one
+run once (`layer_slice`), so the cost per layer, in sequences through layers `layer`..L-1
+and the output head, is 2^H x B exact, at most (permutations (H - 1) + 2) x B sampled.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +26,7 @@ import tqdm
 from beyondpar import coalitions
 from beyondpar.base import checks
 from beyondpar.measure import coalition_game
-from beyondpar.pruning import head_masking
+from beyondpar.pruning import layer_slice
 
 
 def coalition_masks(num_heads: int) -> np.ndarray:
@@ -44,36 +43,30 @@ def layer_masks(masks_KxH, layer: int, num_layers: int) -> np.ndarray:
     return out
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _tiled_losses(module, params, inputs_BxT, targets_BxT, masks_KxLxH):
-    """(B, K): each sequence's mean cross-entropy under each mask, as one batch of K x B."""
-    k, b = masks_KxLxH.shape[0], inputs_BxT.shape[0]
-    tile = lambda x: jnp.broadcast_to(x[None], (k, *x.shape)).reshape(k * b, *x.shape[1:])
-    masks = jnp.repeat(masks_KxLxH, b, axis=0)
-    losses = head_masking.sequence_losses(
-        module, params, tile(inputs_BxT), tile(targets_BxT), masks
-    )
-    return losses.reshape(k, b).T
-
-
 def masked_losses(module, params, batch, layer: int, masks_KxH, max_tokens: int = 8192, bar=None):
     """(B, K): each sequence's loss with `layer`'s heads masked as each row of `masks_KxH`
-    says, as many masks per forward pass as keep it within `max_tokens` tokens (the
-    logits of every token are alive at once; at least one mask; the last pass padded, so
-    that every pass has one shape); `bar` counts the masks."""
-    cfg = module.config
-    masks = layer_masks(masks_KxH, layer, cfg.num_layers)
-    inputs, targets = jnp.asarray(batch.inputs), jnp.asarray(batch.targets)
-    per_pass = max(1, max_tokens // inputs.size)
-    per_pass = min(per_pass, len(masks))
+    says (every other layer's heads kept). The stream entering `layer` is computed once;
+    each pass runs that layer and the later ones for as many masks as keep it within
+    `max_tokens` tokens (at least one mask; the last pass padded, so that every pass has
+    one shape), the logits a block of tokens at a time (`layer_slice`); `bar` counts the
+    masks."""
+    masks = np.asarray(masks_KxH, np.float32)
+    if masks.ndim != 2 or masks.shape[1] != module.config.num_heads:
+        raise ValueError(
+            f"masks_KxH must have shape (K, {module.config.num_heads}), got {masks.shape}"
+        )
+    stream = layer_slice.stream_into(module, params, batch.inputs, layer)
+    b = stream.shape[0]
+    per_pass = min(max(1, max_tokens // int(np.size(batch.inputs))), len(masks))
+    streams = jnp.concatenate([stream] * per_pass)  # mask-major: row k * B + i
+    targets = np.tile(np.asarray(batch.targets), (per_pass, 1))
     parts = []
     for start in range(0, len(masks), per_pass):
         part = masks[start : start + per_pass]
-        padded = np.concatenate(
-            [part, np.ones((per_pass - len(part), *part.shape[1:]), part.dtype)]
-        )
-        losses = _tiled_losses(module, params, inputs, targets, jnp.asarray(padded))
-        parts.append(np.asarray(losses)[:, : len(part)])
+        padded = np.concatenate([part, np.ones((per_pass - len(part), part.shape[1]), np.float32)])
+        out = layer_slice.run_from(module, params, streams, layer, np.repeat(padded, b, axis=0))
+        losses = layer_slice.sequence_losses(module, params, out, targets)
+        parts.append(np.asarray(losses).reshape(per_pass, b).T[:, : len(part)])
         if bar is not None:
             bar.update(len(part))
     return np.concatenate(parts, axis=1)

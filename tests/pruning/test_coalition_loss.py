@@ -2,13 +2,16 @@
 masked losses, exact against sampled Shapley values, efficiency, and the record fields."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from beyondpar import batches, coalitions, pruning
+from beyondpar import batches, coalitions, pretrained, pruning
 from beyondpar import model as model_lib
 from beyondpar.measure import record
-from beyondpar.pruning import coalition_loss
+from beyondpar.pretrained import layers
+from beyondpar.pruning import coalition_loss, layer_slice
+from helpers.hf_fixtures import HF, copy_checkpoint
 
 SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
 
@@ -79,3 +82,106 @@ def test_pair_dividends_are_the_harsanyi_transform_of_the_loss_values(small):
     np.testing.assert_allclose(fields["pair_dividends_loss"], np.stack(want, -1), atol=1e-6)
     share = (np.stack(want, -1) < 0).mean(-1)
     np.testing.assert_allclose(fields["negative_pair_share_loss"], share)
+
+
+# Equality with the whole model under each mask, in float64: the stream entering the layer
+# computed once, then that layer and the later ones, must give the losses of the whole
+# forward (`head_masking.sequence_losses`) for the first, a middle and the last layer.
+
+
+def _deeper(name, tmp_path, prefix):
+    """A three-layer copy of a two-layer fixture: layer 2 is layer 0 with every tensor
+    times 0.8, so that a layer run twice, skipped or read from its neighbour shows."""
+
+    def add_layer(weights):
+        first = f"{prefix}.layers.0."
+        extra = {
+            k.replace(first, f"{prefix}.layers.2."): 0.8 * v
+            for k, v in weights.items()
+            if k.startswith(first)
+        }
+        return {**weights, **extra}
+
+    return copy_checkpoint(name, tmp_path, {"num_hidden_layers": 3}, add_layer)
+
+
+def _every_mask_directly(module, params, tokens, targets, layer):
+    """(B, 2^H) losses of the whole forward under each coalition mask of `layer`."""
+    masks = coalition_loss.layer_masks(
+        coalition_loss.coalition_masks(module.config.num_heads), layer, module.config.num_layers
+    )
+    k, b = len(masks), len(tokens)
+    losses = _direct(
+        module, params, np.tile(tokens, (k, 1)), np.tile(targets, (k, 1)), np.repeat(masks, b, 0)
+    )
+    return np.asarray(losses).reshape(k, b).T
+
+
+class _Float64Numpy:
+    """`jax.numpy` whose float32 is float64: the families' attention and norms, float32
+    whatever the parameters' dtype (as transformers' eager code), in float64. Their
+    float32 products round by ~4e-8 in the loss, differently in programs of other shapes
+    (the whole forward differs from itself as much between batch sizes)."""
+
+    float32 = jnp.float64
+
+    def __getattr__(self, name):
+        return getattr(jnp, name)
+
+
+@pytest.fixture
+def float64_families(monkeypatch):
+    """The families' layers wholly in float64 in this test: programs traced before or
+    during it are dropped (they are cached by argument types, not by this switch)."""
+    jax.clear_caches()
+    monkeypatch.setattr(layers, "jnp", _Float64Numpy())
+    yield
+    jax.clear_caches()
+
+
+_direct = jax.jit(pruning.sequence_losses, static_argnums=0)
+
+
+def _check_every_layer(module, params, monkeypatch):
+    tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(3), (3, 10), 0, 11))
+    targets = np.roll(tokens, -1, axis=1)
+    batch = batches.Batch(tokens, targets, np.ones(tokens.shape, bool))
+    # Blocks of 7 logits' tokens (the last padded) and passes of 5 masks (the last padded).
+    monkeypatch.setattr(layer_slice, "LOGITS_PER_BLOCK", 7 * module.config.vocab_size)
+    for layer in range(module.config.num_layers):
+        got = coalition_loss.masked_losses(
+            module, params, batch, layer, coalition_loss.coalition_masks(4), max_tokens=150
+        )
+        want = _every_mask_directly(module, params, tokens, targets, layer)
+        assert got.dtype == np.float64 and got.shape == want.shape == (3, 16)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-10, err_msg=f"layer {layer}")
+
+
+@pytest.mark.float64
+def test_masked_losses_are_the_whole_models_in_float64_paper_model(monkeypatch):
+    module = model_lib.Transformer(model_lib.ModelConfig(num_heads=4, **{**SMALL, "num_layers": 3}))
+    params = model_lib.init_params(module, jax.random.PRNGKey(0))
+    params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
+    _check_every_layer(module, params, monkeypatch)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize(
+    "name,prefix",
+    [("llama-tiny", "model"), ("neox-tiny", "gpt_neox"), ("gemma2-pattern", None)],
+)
+def test_masked_losses_are_the_whole_models_in_float64_pretrained(
+    name, prefix, tmp_path, monkeypatch, float64_families
+):
+    """Llama; GPT-NeoX's parallel residual; Gemma 2's scaled embeddings, soft-capped
+    scores and logits, and alternating windows (three layers of its own)."""
+    folder = HF / name if prefix is None else _deeper(name, tmp_path, prefix)
+    module, params, _ = pretrained.load(folder, jnp.float64, progress=False)
+    assert module.config.num_layers == 3 and module.config.num_heads == 4
+    _check_every_layer(module, params, monkeypatch)
+
+
+def test_masks_of_another_head_count_are_refused(small):
+    module, params, batch = small
+    with pytest.raises(ValueError, match=r"masks_KxH must have shape \(K, 4\), got \(2, 3\)"):
+        coalition_loss.masked_losses(module, params, batch, 0, np.ones((2, 3)))
