@@ -236,7 +236,7 @@ def test_test_files_share_code_through_helpers_not_each_other():
     found = []
     for path in (ROOT / "tests").rglob("test_*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                if node.module.split(".")[-1] in stems:
-                    found.append(f"{path.relative_to(ROOT)} imports {node.module}")
+            imported = isinstance(node, ast.ImportFrom) and node.module
+            if imported and node.module.split(".")[-1] in stems:
+                found.append(f"{path.relative_to(ROOT)} imports {node.module}")
     assert not found, found
