@@ -30,9 +30,9 @@ def test_memory_maps_are_counted_one_per_map():
 def test_compiled_programs_hold_memory_maps_until_released():
     held, limit = memory_maps()
     assert 0 < held < limit // 2  # this worker is within its budget
-    programs = _compile(200)  # kept alive: only the release drops their executables
+    programs = _compile(100)  # kept alive: only the release drops their executables
     grown, _ = memory_maps()
-    assert held + 200 <= grown <= held + 200 * 8  # one to a few maps per program's code
+    assert held + 100 <= grown <= held + 100 * 8  # one to a few maps per program's code
     assert not release_compiled_programs(lambda: (grown, 2 * grown))  # at half: kept
     assert memory_maps()[0] >= grown
     assert release_compiled_programs(lambda: (grown, 2 * grown - 2))  # over half

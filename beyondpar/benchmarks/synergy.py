@@ -14,14 +14,18 @@ from beyondpar.benchmarks.printing import print_result
 from beyondpar.study import evaluate, pruning_curves
 
 
-def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dict:
-    """Evaluation of one paper-sized checkpoint with every analysis on, part by part; the
-    first call includes compilation, the best of `repeats` later calls does not; a line
-    per part as it finishes, after the machine's float32 matmul rate (measured in the same
-    run: it tells a slower or busier day apart)."""
-    module = model_lib.Transformer(model_lib.ModelConfig(num_heads=heads))
+def synergy_suite(
+    repeats: int = 1, sequences: int = 50, heads: int = 16, t: int = 100, layers: int = 4
+) -> dict:
+    """Evaluation of one paper-sized checkpoint (`t` tokens, `layers` layers: the paper's
+    by default) with every analysis on, part by part; the first call includes
+    compilation, the best of `repeats` later calls does not; a line per part as it
+    finishes, after the machine's float32 matmul rate (measured in the same run: it tells
+    a slower or busier day apart)."""
+    cfg = model_lib.ModelConfig(num_heads=heads, num_layers=layers, max_len=t)
+    module = model_lib.Transformer(cfg)
     params = model_lib.init_params(module, jax.random.PRNGKey(0))
-    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, 100, 256)
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, t, 256)
     spec = evaluate.EvalSpec(num_sequences=sequences)
     parts = {
         "metrics + diversity + pairwise + cross-head": lambda: evaluate.per_sequence(
@@ -34,7 +38,7 @@ def synergy_suite(repeats: int = 1, sequences: int = 50, heads: int = 16) -> dic
     }
     devices, rate = len(jax.local_devices()), matmul_flops_per_s(3)
     print(
-        f"{heads} heads, {sequences} sequences of 100 tokens, {devices} device(s), "
+        f"{heads} heads, {sequences} sequences of {t} tokens, {devices} device(s), "
         f"matmul {rate / 1e9:.0f} GFLOP/s"
     )
     cold, warm = {}, {}

@@ -98,7 +98,7 @@ def step_ms(steps: dict[str, Callable[[], object]], repeats: int) -> dict[str, f
 def training_steps(cfg, mesh, examples: tasks.Examples, torch_device) -> dict:
     """The steps `train_suite` times: "jax", the jitted data-parallel step of
     `study.train`, and "torch", PyTorch's on `torch_device` (None: no PyTorch)."""
-    steps = {"jax": _jax_step(cfg, mesh, examples)[0]}
+    steps = {"jax": _jax_step(cfg, mesh, examples)[0]}  # its HLO unasked: not compiled
     if torch_device is not None:
         inputs, targets = np.asarray(examples.inputs), np.asarray(examples.targets)
         steps["torch"] = torch_baseline.step_runner(cfg, inputs, targets, mesh.size, torch_device)
@@ -110,11 +110,12 @@ def step_profile_ms(cfg, mesh, examples: tasks.Examples, steps: int = 5) -> dict
     trace): the operations of one device overlap, so they add up to more than the step."""
     run, compiled_text = _jax_step(cfg, mesh, examples)
     run()  # compiled and warm before the trace
-    return step_profile.profile(run, compiled_text, steps, mesh.size)
+    return step_profile.profile(run, compiled_text(), steps, mesh.size)
 
 
 def _jax_step(cfg, mesh, examples: tasks.Examples):
-    """(a call of one training step that carries its state on, the step's compiled HLO)."""
+    """(a call of one training step that carries its state on, a call giving the step's
+    compiled HLO): the HLO costs a compile of its own, so only a profile asks for it."""
     module, tx = model_lib.Transformer(cfg), optax.adam(1e-3)
     state = study_train.create_state(module, jax.random.PRNGKey(0), tx, examples.inputs.shape[1])
     holder = [jax.device_put(state, parallel.replicated(mesh))]
@@ -126,24 +127,26 @@ def _jax_step(cfg, mesh, examples: tasks.Examples):
         holder[0], loss = update(holder[0], batch, key)
         return loss
 
-    return run, update.lower(holder[0], batch, key).compile().as_text()
+    return run, lambda: update.lower(holder[0], batch, key).compile().as_text()
 
 
-def train_suite(repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int = 100):
-    """Milliseconds per train step at the paper's size per head count: JAX, PyTorch on the
-    same kind of device (on the CPU with as many threads as JAX has devices), timed in
-    turns (`step_ms`), and both roofline floors (off the CPU the second is the first); a
-    line per head count, then where the smallest and the largest head count's steps go
-    (`step_profile`)."""
+def train_suite(
+    repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int = 100, layers: int = 4
+):
+    """Milliseconds per train step at the paper's size (`batch`, `t`, `layers`: the
+    paper's by default) per head count: JAX, PyTorch on the same kind of device (on the
+    CPU with as many threads as JAX has devices), timed in turns (`step_ms`), and both
+    roofline floors (off the CPU the second is the first); a line per head count, then
+    where the smallest and the largest head count's steps go (`step_profile`)."""
     mesh = parallel.data_mesh()
     exps = exp_per_s(repeats) if in_cache_yardsticks_apply() else None
     rates = (matmul_flops_per_s(repeats), copy_bytes_per_s(repeats), exps)
     rate, bandwidth, _ = rates
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), batch, t, 256)
-    cfg = model_lib.ModelConfig(max_len=t)
+    cfg = model_lib.ModelConfig(num_layers=layers, max_len=t)
     with_torch = torch_baseline.available()
     torch_device = torch_baseline.device_for(jax.default_backend()) if with_torch else None
-    print(f"batch {batch}, T={t}, d=64, 4 layers, {mesh.size} device(s)")
+    print(f"batch {batch}, T={t}, d=64, {layers} layers, {mesh.size} device(s)")
     print(
         f"step {train_step_flops(cfg, batch, t) / 1e9:.2f} GFLOP; matmul {rate / 1e9:.0f} GFLOP/s; "
         f"copy {bandwidth / 1e9:.1f} GB/s; "
@@ -153,7 +156,7 @@ def train_suite(repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int 
     )
     rows = {}
     for h in heads:
-        cfg = model_lib.ModelConfig(num_heads=h, max_len=t)
+        cfg = model_lib.ModelConfig(num_heads=h, num_layers=layers, max_len=t)
         row = step_ms(training_steps(cfg, mesh, examples, torch_device), repeats)
         row["roofline"] = roofline_ms(cfg, batch, t, rate, bandwidth)
         row["roofline_with_exp"] = roofline_ms(cfg, batch, t, rate, bandwidth, exps)
@@ -162,7 +165,7 @@ def train_suite(repeats: int = 20, heads=(1, 4, 8, 16), batch: int = 50, t: int 
     result = _result(rows, mesh.size, rates, cfg, batch, t)
     result["step_profiles_ms"] = {}
     for h in sorted({min(heads), max(heads)}):
-        cfg = model_lib.ModelConfig(num_heads=h, max_len=t)
+        cfg = model_lib.ModelConfig(num_heads=h, num_layers=layers, max_len=t)
         profile = step_profile_ms(cfg, mesh, examples)
         _print_profile(h, profile, rows[str(h)]["jax"])
         result["step_profiles_ms"][str(h)] = profile

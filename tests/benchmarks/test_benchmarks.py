@@ -142,10 +142,10 @@ def test_suites_report_their_ratios(capsys):
         assert products[name] == pytest.approx(
             4 * 100**3 / (reads * 1e-6) / (r["matmul_gflops"] * 1e9), rel=1e-6
         )
-    t = train_benchmark.train_suite(repeats=1, heads=(1, 4), batch=8, t=16)
+    t = train_benchmark.train_suite(repeats=1, heads=(1, 4), batch=8, t=16, layers=1)
     assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
     for h, floor in t["roofline_ms"].items():
-        cfg = model.ModelConfig(num_heads=int(h), max_len=16)
+        cfg = model.ModelConfig(num_heads=int(h), num_layers=1, max_len=16)
         gflops, gbytes, gexps = t["matmul_gflops"], t["copy_gb_per_s"], t["exp_g_per_s"]
         want = train_benchmark.roofline_ms(cfg, 8, 16, gflops * 1e9, gbytes * 1e9)
         assert floor == pytest.approx(want, rel=1e-9)
@@ -167,18 +167,19 @@ def test_suites_report_their_ratios(capsys):
 @pytest.mark.slow
 def test_analysis_suites_report_every_part(capsys, monkeypatch):
 
-    tiny = dict(model_type="gpt2", vocab_size=50, n_positions=32, n_embd=16, n_layer=2, n_head=2)
-    p = pretrained_benchmark.pretrained_suite(t=32, config=tiny, gguf=False)
+    tiny = dict(model_type="gpt2", vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    p = pretrained_benchmark.pretrained_suite(t=16, config=tiny, gguf=False)
     assert set(p["seconds"]) >= {"load (build + random init)", "forward", "rollout", "report"}
     assert p["speedup_vs_paper_fidelity"] > 0 and p["peak_rss_gb_without_pairwise"] > 0
     capsys.readouterr()
     monkeypatch.setattr(synergy_benchmark, "matmul_flops_per_s", lambda repeats: 123.4e9)
-    s = synergy_benchmark.synergy_suite(sequences=2, heads=2)
+    s = synergy_benchmark.synergy_suite(sequences=2, heads=2, t=16, layers=1)
     assert set(s["seconds_warm"]) == set(s["share"]) and abs(sum(s["share"].values()) - 1) < 1e-9
     # The machine's rate, measured in the same run, rides with the times (in GFLOP/s).
     assert s["matmul_gflop_per_s"] == pytest.approx(123.4)
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith('{"heads": 2') and out[0].endswith("matmul 123 GFLOP/s")
+    assert out[0].startswith("2 heads, 2 sequences of 16 tokens")
 
 
 def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch):
@@ -194,10 +195,11 @@ def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch)
         "summarize",
         lambda records: summarized.append(records) or summarize(records),
     )
-    r = corpus.corpus_suite(windows=5, tokens=24, batch_size=2, config=tiny)
+    # Two batches of one shape (one compile), over two documents of the bootstrap.
+    r = corpus.corpus_suite(windows=6, tokens=16, batch_size=3, config=tiny)
     # The timed summary is a user's: every window's record, in window order.
-    assert [[line["window"] for line in records] for records in summarized] == [[0, 1, 2, 3, 4]]
-    assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (5, 24, 2, 4)
+    assert [[line["window"] for line in records] for records in summarized] == [[*range(6)]]
+    assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (6, 16, 2, 4)
     parts = {"forward", "rollout", "per-head and mixed metrics", "synergy analyses"}
     assert parts | {"summary (bootstrap intervals)", "report (markdown + plots)"} <= set(
         r["seconds"]
@@ -206,7 +208,7 @@ def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch)
     assert 0 < r["peak_rss_gb"] < 64
     assert r["matmul_gflop_per_s"] == pytest.approx(87.6)
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1].startswith('{"windows": 5') and out[0].endswith("matmul 88 GFLOP/s")
+    assert out[-1].startswith('{"windows": 6') and out[0].endswith("matmul 88 GFLOP/s")
 
 
 @needs_smollm2

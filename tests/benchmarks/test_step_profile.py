@@ -151,7 +151,7 @@ def test_the_one_head_step_leaves_no_product_or_reduction_unnamed():
 
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 8, 16, 32)
     cfg = model.ModelConfig(num_heads=1, vocab_size=32, max_len=16)
-    text = train_benchmark._jax_step(cfg, parallel.data_mesh(), examples)[1]
+    text = train_benchmark._jax_step(cfg, parallel.data_mesh(), examples)[1]()
     instructions, work = step_profile._parse(text)
     entry = text[text.index("\nENTRY") :]
     top_level = [name for name in work if f"%{name} = " in entry]
