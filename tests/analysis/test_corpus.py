@@ -23,7 +23,7 @@ from beyondpar.analysis import (
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, parallel
 from beyondpar.measure import record as measure_record
-from helpers.launchers import analyze_cli
+from helpers.launchers import launch_many
 from helpers.paths import DATA
 
 HF = DATA / "hf"
@@ -192,12 +192,33 @@ def lines(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def test_window_records_are_the_single_window_analysis(corpus_run):
+@pytest.fixture(scope="module")
+def single_windows(corpus_run):
+    """Windows 1 (fold 0) and 5 (fold 1) of the corpus run, each analysed alone with the
+    plain spec and its fold's optimal weights as the fixed mix "o" (with and without the
+    sink): {window: record}. The weights come from optimal_weights.json."""
+    out, _, windows, _, _ = corpus_run
+    found = json.loads((out / optimum.OPTIMAL_FILE).read_text())
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    plain = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    alone = {}
+    for window, fold in ((1, 0), (5, 1)):
+        alone[window] = text_lib.analyze_tokens(
+            module,
+            params,
+            windows.tokens[window : window + 1],
+            plain,
+            extra={"o": np.asarray(found["weights"][fold])},  # L x H
+            extra_without_sink={"o": np.asarray(found["weights_without_sink"][fold])},
+        )
+    return alone
+
+
+def test_window_records_are_the_single_window_analysis(corpus_run, single_windows):
     out, summary, windows, _, spec = corpus_run
     records = lines(out / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in records) == list(range(7))
-    module, params, _ = pretrained.load(HF / "llama-tiny")
-    alone = text_lib.analyze_tokens(module, params, windows.tokens[5:6], spec)
+    alone = single_windows[5]
     rec = next(r for r in records if r["window"] == 5)
     for layer in ("0", "1"):
         got = rec["layers"][layer]["mixes"]["uniform"]["fidelity"]
@@ -338,7 +359,8 @@ def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_pat
     batch over two along data: every window's numbers as on one device."""
     out, _, _, cspec, spec = corpus_run
     mesh = parallel.model_mesh(2, 2)
-    corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, tmp_path, progress=False, mesh=mesh)
+    records_only = dataclasses.replace(cspec, pruning=False)  # the curves are not per window
+    corpus_lib.run(HF / "llama-tiny", TEXT, records_only, spec, tmp_path, mesh=mesh, progress=False)
     done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
     sharded = lines(tmp_path / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in sharded) == list(range(7))
@@ -458,22 +480,17 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
         ([f"--corpus={TEXT}", "--tokens=16", "--sink_tokens=15"], "--sink_tokens must be less"),
         ([f"--corpus={TEXT}", "--tokens=16", "--batch_size=0"], "--batch_size must be an integer"),
     ]
-    for flags, message in cases:
-        out = tmp_path / "out"
-        done = analyze_cli(model, *flags, f"--out={out}")
-        assert done.returncode == 2, (flags, done.stderr[-1500:])
-        assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
-        assert not out.exists()
+    outs = [tmp_path / f"out{i}" for i in range(len(cases))]
     out = tmp_path / "ok"
-    done = analyze_cli(
-        model,
-        f"--corpus={TEXT}",
-        "--tokens=16",
-        "--max_windows=3",
-        f"--out={out}",
-        "--horizon=10",
-        "--nopairwise",
+    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=3", f"--out={out}", "--horizon=10"]
+    command_lines = [[model, *flags, f"--out={outs[i]}"] for i, (flags, _) in enumerate(cases)]
+    *runs, done = launch_many(
+        [("analyze.py", flags) for flags in [*command_lines, [model, *ok, "--nopairwise"]]]
     )
+    for (flags, message), bad_out, refused in zip(cases, outs, runs, strict=True):
+        assert refused.returncode == 2, (flags, refused.stderr[-1500:])
+        assert refused.stderr.strip().count("\n") == 0 and message in refused.stderr, refused.stderr
+        assert not bad_out.exists()
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "report.md").read_text()
     assert "3 windows of 16 tokens" in report and "baseline: uniform causal" in report
@@ -504,14 +521,9 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
     other = corpus_lib.CorpusSpec(tokens=12, max_windows=3)
     with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
-    done = analyze_cli(
-        f"--model={','.join(models)}",
-        f"--corpus={TEXT}",
-        "--tokens=16",
-        "--max_windows=2",
-        f"--out={tmp_path / 'cli'}",
-        "--horizon=10",
-        "--nopairwise",
+    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=2"]
+    (done,) = launch_many(
+        [("analyze.py", [*flags, f"--out={tmp_path / 'cli'}", "--horizon=10", "--nopairwise"])]
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
@@ -521,25 +533,16 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
 # ---------------------------------------------------------------- the optimum, held out
 
 
-def test_every_window_is_measured_with_weights_searched_without_its_fold(corpus_run):
+def test_every_window_is_measured_with_weights_searched_without_its_fold(
+    corpus_run, single_windows
+):
     out, summary, windows, _, spec = corpus_run
     found = json.loads((out / optimum.OPTIMAL_FILE).read_text())
     assert found["folds"] == [[0, 4], [4, 7]] and found["held_out"]
     assert found["search_windows"] == [[4, 5, 6], [0, 2, 3]]  # outside the fold, 3 each
     assert summary["optimal"]["search_windows"] == found["search_windows"]
-    module, params, _ = pretrained.load(HF / "llama-tiny")
     records = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
-    for window, fold in ((1, 0), (5, 1)):
-        weights = np.asarray(found["weights"][fold])  # L x H
-        inner = np.asarray(found["weights_without_sink"][fold])
-        alone = text_lib.analyze_tokens(
-            module,
-            params,
-            windows.tokens[window : window + 1],
-            spec.__class__(horizon=20, max_steps=20, pairwise=False, sink_tokens=1),
-            extra={"o": weights},
-            extra_without_sink={"o": inner},
-        )
+    for window, alone in single_windows.items():
         for layer in ("0", "1"):
             got = records[window]["layers"][layer]
             want = alone["layers"][int(layer)]

@@ -12,7 +12,7 @@ from beyondpar import graphs, measure, metrics, pretrained
 from beyondpar.analysis import series, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import parallel
-from helpers.launchers import analyze_cli
+from helpers.launchers import analyze_cli, launch_many
 from helpers.paths import DATA
 
 HF = DATA / "hf"
@@ -138,19 +138,25 @@ def test_empty_and_too_long_texts_and_bad_layers():
         text_lib.text_record(HF / "llama-tiny", SHORT, measure.MeasureSpec(layers=(0, 2)))
 
 
+def analyze_many(*command_lines):
+    """Each list of flags as `launch/analyze.py` runs it, in order, from one interpreter."""
+    return launch_many([("analyze.py", list(flags)) for flags in command_lines])
+
+
 def test_analyze_cli(tmp_path):
-    run = analyze_cli
-    done = run(
-        f"--model={HF / 'llama3-rope'}",
-        f"--text={SHORT}",
-        f"--out={tmp_path}",
-        "--layers=1",
-        "--horizon=20",
+    done, failed = analyze_many(
+        [
+            f"--model={HF / 'llama3-rope'}",
+            f"--text={SHORT}",
+            f"--out={tmp_path}",
+            "--layers=1",
+            "--horizon=20",
+        ],
+        [f"--model={tmp_path / 'nothing'}", "--text=x", f"--out={tmp_path / 'x'}"],
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "report.md").exists() and (tmp_path / "sink_share.png").exists()
     assert f"wrote {tmp_path / 'report.md'}" in done.stdout
-    failed = run(f"--model={tmp_path / 'nothing'}", "--text=x", f"--out={tmp_path / 'x'}")
     assert (
         failed.returncode == 2
         and "must be a checkpoint folder, a GGUF file or a model name" in failed.stderr
@@ -250,9 +256,9 @@ def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
             "--sink_tokens must be less than the window minus 1",
         ),
     ]
-    for flags, message in cases:
-        out = tmp_path / "out"
-        done = analyze_cli(*flags, f"--out={out}")
+    outs = [tmp_path / f"out{i}" for i in range(len(cases))]
+    runs = analyze_many(*[[*flags, f"--out={outs[i]}"] for i, (flags, _) in enumerate(cases)])
+    for (flags, message), out, done in zip(cases, outs, runs, strict=True):
         assert done.returncode == 2, (flags, done.stderr[-1500:])
         assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
         assert not out.exists()
@@ -285,18 +291,22 @@ def test_text_record_on_a_mesh_is_the_one_device_record(data, model):
 
 
 def test_analyze_cli_mesh_flag(tmp_path):
-    for value in ("data:2,model", "data:0,model:2", "tensor:2"):
-        done = analyze_cli(f"--model={HF / 'llama-tiny'}", "--text=hi", f"--mesh={value}")
-        assert done.returncode == 2
-        want = f"error: --mesh must be data:D,model:M with integers D, M >= 1, got {value!r}"
-        assert done.stderr.strip() == want
-    done = analyze_cli(f"--model={HF / 'llama-tiny'}", "--text=hi", "--mesh=data:64,model:64")
-    assert done.returncode == 2 and "--mesh data:64,model:64 must use at most" in done.stderr
-    assert done.stderr.strip().count("\n") == 0
+    model = f"--model={HF / 'llama-tiny'}"
+    values = ("data:2,model", "data:0,model:2", "tensor:2")
     out = tmp_path / "sharded"
     flags = [f"--text={SHORT}", "--horizon=20", "--nopairwise", "--layers=1"]
-    model = f"--model={HF / 'llama-tiny'}"
-    done = analyze_cli(model, *flags, f"--out={out}", "--mesh=data:1,model:2")
+    *bad, too_many, done = analyze_many(
+        *[[model, "--text=hi", f"--mesh={value}"] for value in values],
+        [model, "--text=hi", "--mesh=data:64,model:64"],
+        [model, *flags, f"--out={out}", "--mesh=data:1,model:2"],
+    )
+    for value, refused in zip(values, bad, strict=True):
+        assert refused.returncode == 2
+        want = f"error: --mesh must be data:D,model:M with integers D, M >= 1, got {value!r}"
+        assert refused.stderr.strip() == want
+    assert too_many.returncode == 2
+    assert "--mesh data:64,model:64 must use at most" in too_many.stderr
+    assert too_many.stderr.strip().count("\n") == 0
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads((out / "analysis.json").read_text())["layers"]["1"]["heads"]["fidelity"]
     # The same analysis on one device, in this process (the flags above, as a spec).
@@ -324,11 +334,12 @@ def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
     uniform = 100 * np.mean(record["layers"][1]["mixes"]["uniform"]["fidelity"])
     assert first["layers"]["1"]["uniform_fidelity_pct"] == pytest.approx(uniform, rel=1e-6)
     mtime = (out / "step20" / "report.md").stat().st_mtime_ns
-    again = analyze_cli(*flags, "--horizon=20", "--nopairwise")
+    again, refused = analyze_many(
+        [*flags, "--horizon=20", "--nopairwise"], [*flags, "--horizon=30", "--nopairwise"]
+    )
     assert again.returncode == 0
     assert len((out / "series.jsonl").read_text().splitlines()) == 2
     assert (out / "step20" / "report.md").stat().st_mtime_ns == mtime
-    refused = analyze_cli(*flags, "--horizon=30", "--nopairwise")
     assert refused.returncode == 2
     assert "other settings (spec.horizon: 20 -> 30)" in refused.stderr
     assert series.label("pythia-160m/step143000") == "step 143000"
