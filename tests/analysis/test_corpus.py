@@ -30,6 +30,9 @@ HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = DATA / "text" / "declaration.txt"
 SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
+# SPEC and batches of two windows as analyze.py flags: a command line measures what the
+# tests in this process measure, with the programs they compiled (the compilation cache).
+SPEC_FLAGS = ["--horizon=20", "--max_steps=20", "--nopairwise", "--batch_size=2"]
 
 
 class WordTokenizer:
@@ -482,11 +485,9 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     ]
     outs = [tmp_path / f"out{i}" for i in range(len(cases))]
     out = tmp_path / "ok"
-    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=3", f"--out={out}", "--horizon=10"]
+    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=3", f"--out={out}", *SPEC_FLAGS]
     command_lines = [[model, *flags, f"--out={outs[i]}"] for i, (flags, _) in enumerate(cases)]
-    *runs, done = launch_many(
-        [("analyze.py", flags) for flags in [*command_lines, [model, *ok, "--nopairwise"]]]
-    )
+    *runs, done = launch_many([("analyze.py", flags) for flags in [*command_lines, [model, *ok]]])
     for (flags, message), bad_out, refused in zip(cases, outs, runs, strict=True):
         assert refused.returncode == 2, (flags, refused.stderr[-1500:])
         assert refused.stderr.strip().count("\n") == 0 and message in refused.stderr, refused.stderr
@@ -521,10 +522,8 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
     other = corpus_lib.CorpusSpec(tokens=12, max_windows=3)
     with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
-    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=2"]
-    (done,) = launch_many(
-        [("analyze.py", [*flags, f"--out={tmp_path / 'cli'}", "--horizon=10", "--nopairwise"])]
-    )
+    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=3"]
+    (done,) = launch_many([("analyze.py", [*flags, f"--out={tmp_path / 'cli'}", *SPEC_FLAGS])])
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
     assert len((tmp_path / "cli" / "series.jsonl").read_text().splitlines()) == 2
