@@ -318,10 +318,10 @@ def test_a_corpus_run_computes_its_baselines_once(tmp_path, monkeypatch):
     counted = lambda *args: calls.append(args) or real(*args)
     monkeypatch.setattr(text_lib, "baselines", counted)
     monkeypatch.setattr(corpus_lib.measure, "baselines", counted)
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=5, batch_size=2)
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)  # two batches
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
     assert len(calls) == 1
-    assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 24, rel=1e-5)
+    assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 16, rel=1e-5)
 
 
 def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tmp_path):
@@ -396,8 +396,9 @@ def lines_skipping_torn(path):
 def test_loss_pruning_curves_start_at_the_models_loss():
     module, params, tokenizer = pretrained.load(HF / "llama-tiny")
     docs = windowing.read_documents(TEXT)
-    windows = windowing.make_windows(docs, tokenizer, 24, 4, module.config.max_len)
-    cspec = corpus_lib.CorpusSpec(tokens=24, pruning=True, pruning_windows=4, pruning_points=4)
+    # Three windows of 24 tokens: the pruning windows of the corpus run, compiled once.
+    windows = windowing.make_windows(docs, tokenizer, 24, 3, module.config.max_len)
+    cspec = corpus_lib.CorpusSpec(tokens=24, pruning=True, pruning_windows=3, pruning_points=4)
     curves = loss_pruning.corpus_curves(module, params, windows, cspec, SPEC)
     logits, _ = pretrained.apply_with_attention(module, params, windows.tokens)
     logits = np.asarray(logits[:, :-1], np.float64)
@@ -684,7 +685,7 @@ def test_each_record_names_its_windows_document_and_position():
     """Three windows of two documents, two per batch: the second batch's window is the
     second document's first."""
     module, params, _ = pretrained.load(HF / "llama-tiny")
-    tokens = np.arange(3 * 6).reshape(3, 6) % 50 + 1
+    tokens = np.arange(3 * 16).reshape(3, 16) % 50 + 1  # the series test's shapes
     picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 1]))
     got = {}
     corpus_lib.analyze_windows(
