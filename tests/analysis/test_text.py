@@ -13,7 +13,7 @@ from beyondpar import graphs, measure, metrics, pretrained
 from beyondpar.analysis import series, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import parallel
-from helpers.launchers import analyze_cli, launch_many
+from helpers.launchers import launch_many
 from helpers.paths import DATA
 
 HF = DATA / "hf"
@@ -152,17 +152,57 @@ def analyze_many(*command_lines):
     return launch_many([("analyze.py", list(flags)) for flags in command_lines])
 
 
-def test_analyze_cli(tmp_path):
-    done, failed = analyze_many(
+MESH_VALUES = ("data:2,model", "data:0,model:2", "tensor:2")
+MESH_FLAGS = [f"--text={SHORT}", "--horizon=20", "--nopairwise", "--layers=1"]
+
+
+def series_flags(folder: Path) -> list[str]:
+    """The series command line over the two checkpoints under `folder`/ckpts."""
+    ckpts = folder / "ckpts" / "step*"
+    return [f"--model={ckpts}", f"--text={SHORT}", f"--out={folder / 'series'}"]
+
+
+@pytest.fixture(scope="module")
+def command_lines(tmp_path_factory):
+    """The first command lines of the CLI tests below, all from one interpreter
+    (`launch_many`): {test: (their results in order, the folder they wrote in)}."""
+    groups = {}
+    cli = tmp_path_factory.mktemp("cli")
+    model = f"--model={HF / 'llama3-rope'}"
+    groups["cli"] = (
+        cli,
         [
-            f"--model={HF / 'llama3-rope'}",
-            f"--text={SHORT}",
-            f"--out={tmp_path}",
-            "--layers=1",
-            "--horizon=20",
+            [model, f"--text={SHORT}", f"--out={cli}", "--layers=1", "--horizon=20"],
+            [f"--model={cli / 'nothing'}", "--text=x", f"--out={cli / 'x'}"],
         ],
-        [f"--model={tmp_path / 'nothing'}", "--text=x", f"--out={tmp_path / 'x'}"],
     )
+    bad = tmp_path_factory.mktemp("bad")
+    groups["bad"] = (
+        bad,
+        [[*flags, f"--out={bad / f'out{i}'}"] for i, (flags, _) in enumerate(bad_files(bad))],
+    )
+    mesh, model = tmp_path_factory.mktemp("mesh"), f"--model={HF / 'llama-tiny'}"
+    groups["mesh"] = (
+        mesh,
+        [
+            *[[model, "--text=hi", f"--mesh={value}"] for value in MESH_VALUES],
+            [model, "--text=hi", "--mesh=data:64,model:64"],
+            [model, *MESH_FLAGS, f"--out={mesh / 'sharded'}", "--mesh=data:1,model:2"],
+        ],
+    )
+    series_folder = tmp_path_factory.mktemp("series")
+    for step in (100, 20):
+        shutil.copytree(HF / "gpt2-tiny", series_folder / "ckpts" / f"step{step}")
+    groups["series"] = (
+        series_folder,
+        [[*series_flags(series_folder), "--horizon=20", "--nopairwise"]],
+    )
+    runs = iter(analyze_many(*[line for _, lines in groups.values() for line in lines]))
+    return {name: ([next(runs) for _ in lines], folder) for name, (folder, lines) in groups.items()}
+
+
+def test_analyze_cli(command_lines):
+    (done, failed), tmp_path = command_lines["cli"]
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "report.md").exists() and (tmp_path / "sink_share.png").exists()
     assert f"wrote {tmp_path / 'report.md'}" in done.stdout
@@ -240,16 +280,18 @@ def test_sink_tokens_analysis_measures_the_graph_without_them():
 # ---------------------------------------------------------------- bad input, series
 
 
-def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
+def bad_files(tmp_path: Path) -> list[tuple[list[str], str]]:
+    """Command lines whose text or model file is bad, each with what its error must say;
+    the files are written under `tmp_path`."""
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("caf\xe9 au lait".encode("latin-1"))
     folder = tmp_path / "cut"
-    shutil.copytree(HF / "llama-tiny", folder)
+    shutil.copytree(HF / "llama-tiny", folder, dirs_exist_ok=True)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:5000])
     gguf_cut = tmp_path / "model.gguf"
     gguf_cut.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 8)
-    cases = [
+    return [
         (
             [f"--model={HF / 'gpt2-tiny'}", f"--text_file={latin}"],
             f"--text_file {latin} is not UTF-8",
@@ -265,8 +307,12 @@ def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
             "--sink_tokens must be less than the window minus 1",
         ),
     ]
+
+
+def test_analyze_cli_bad_files_are_one_line_each(command_lines):
+    runs, tmp_path = command_lines["bad"]
+    cases = bad_files(tmp_path)
     outs = [tmp_path / f"out{i}" for i in range(len(cases))]
-    runs = analyze_many(*[[*flags, f"--out={outs[i]}"] for i, (flags, _) in enumerate(cases)])
     for (flags, message), out, done in zip(cases, outs, runs, strict=True):
         assert done.returncode == 2, (flags, done.stderr[-1500:])
         assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
@@ -299,17 +345,10 @@ def test_text_record_on_a_mesh_is_the_one_device_record(data, model):
     )
 
 
-def test_analyze_cli_mesh_flag(tmp_path):
-    model = f"--model={HF / 'llama-tiny'}"
-    values = ("data:2,model", "data:0,model:2", "tensor:2")
+def test_analyze_cli_mesh_flag(command_lines):
+    (*bad, too_many, done), tmp_path = command_lines["mesh"]
     out = tmp_path / "sharded"
-    flags = [f"--text={SHORT}", "--horizon=20", "--nopairwise", "--layers=1"]
-    *bad, too_many, done = analyze_many(
-        *[[model, "--text=hi", f"--mesh={value}"] for value in values],
-        [model, "--text=hi", "--mesh=data:64,model:64"],
-        [model, *flags, f"--out={out}", "--mesh=data:1,model:2"],
-    )
-    for value, refused in zip(values, bad, strict=True):
+    for value, refused in zip(MESH_VALUES, bad, strict=True):
         assert refused.returncode == 2
         want = f"error: --mesh must be data:D,model:M with integers D, M >= 1, got {value!r}"
         assert refused.stderr.strip() == want
@@ -324,12 +363,9 @@ def test_analyze_cli_mesh_flag(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
-def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
-    for step in (100, 20):
-        shutil.copytree(HF / "gpt2-tiny", tmp_path / "ckpts" / f"step{step}")
-    out = tmp_path / "series"
-    flags = [f"--model={tmp_path / 'ckpts' / 'step*'}", f"--text={SHORT}", f"--out={out}"]
-    done = analyze_cli(*flags, "--horizon=20", "--nopairwise")
+def test_series_of_checkpoints_resumes_and_refuses_other_settings(command_lines):
+    (done,), tmp_path = command_lines["series"]
+    out, flags = tmp_path / "series", series_flags(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "series.md").read_text()
     assert report.index("| step 20 |") < report.index("| step 100 |")
