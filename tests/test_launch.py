@@ -15,16 +15,6 @@ HF = DATA / "hf"
 TEXT = DATA / "text" / "declaration.txt"
 
 
-def launch(script: str, *flags: str, cwd=ROOT):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch" / script), *flags],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 ANALYZE_MISTAKES = [
     ([f"--model={HF / 'llama-tiny'}", f"--corpus={TEXT}"], "--corpus needs --tokens=T"),
     (
@@ -70,11 +60,24 @@ MISTAKES = [
 ]
 
 
+FOLDS_FLAGS = ["--optimal_weights", "--folds=1", "--nopairwise", "--horizon=10", "--max_steps=10"]
+
+
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory):
     """What each mistake above gave, keyed by (analyze or launcher, case number), with the
-    folder it was told to write; all command lines run from one batch (`launch_many`)."""
-    folders, cases = {}, []
+    folder it was told to write; all command lines run from one batch (`launch_many`),
+    and with them ("folds", 0): an analysis of two sequences in one fold."""
+    folds = tmp_path_factory.mktemp("folds")
+    attention = np.load(HF / "llama-tiny" / "expected.npz")["attention"][:, :1, :, :8, :8]
+    np.savez(folds / "attn.npz", attention=attention / attention.sum(-1, keepdims=True))
+    folders = {("folds", 0): folds / "out"}
+    cases = [
+        (
+            "analyze.py",
+            [f"--attention={folds / 'attn.npz'}", *FOLDS_FLAGS, f"--out={folds / 'out'}"],
+        )
+    ]
     for i, (flags, _) in enumerate(ANALYZE_MISTAKES):
         folders["analyze", i] = out = tmp_path_factory.mktemp("analyze") / "out"
         cases.append(("analyze.py", [*flags, f"--out={out}"]))
@@ -102,14 +105,9 @@ def test_every_launchers_mistakes_are_one_line(refused, case):
     assert not out.exists()
 
 
-def test_analyze_folds_flag_reaches_the_cross_fitted_optimum(tmp_path):
+def test_analyze_folds_flag_reaches_the_cross_fitted_optimum(refused):
     """Two sequences in one fold: the optimum is searched on both, in sample."""
-    path = tmp_path / "attn.npz"
-    attention = np.load(HF / "llama-tiny" / "expected.npz")["attention"][:, :1, :, :8, :8]
-    np.savez(path, attention=attention / attention.sum(-1, keepdims=True))
-    out = tmp_path / "out"
-    flags = ["--optimal_weights", "--folds=1", "--nopairwise", "--horizon=10", "--max_steps=10"]
-    done = launch("analyze.py", f"--attention={path}", *flags, f"--out={out}")
+    done, out = refused["folds", 0]
     assert done.returncode == 0, done.stderr[-2000:]
     optimal = json.loads((out / "analysis.json").read_text())["layers"]["0"]["optimal"]
     assert optimal["held_out"] is False and optimal["search_sets"] == [[0, 1]]

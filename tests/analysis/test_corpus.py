@@ -23,13 +23,16 @@ from beyondpar.analysis import (
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import files, parallel
 from beyondpar.measure import record as measure_record
-from helpers.launchers import analyze_cli
+from helpers.launchers import launch_many
 from helpers.paths import DATA
 
 HF = DATA / "hf"
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = DATA / "text" / "declaration.txt"
 SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
+# SPEC and batches of two windows as analyze.py flags: a command line measures what the
+# tests in this process measure, with the programs they compiled (the compilation cache).
+SPEC_FLAGS = ["--horizon=20", "--max_steps=20", "--nopairwise", "--batch_size=2"]
 
 
 class WordTokenizer:
@@ -192,12 +195,33 @@ def lines(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def test_window_records_are_the_single_window_analysis(corpus_run):
+@pytest.fixture(scope="module")
+def single_windows(corpus_run):
+    """Windows 1 (fold 0) and 5 (fold 1) of the corpus run, each analysed alone with the
+    plain spec and its fold's optimal weights as the fixed mix "o" (with and without the
+    sink): {window: record}. The weights come from optimal_weights.json."""
+    out, _, windows, _, _ = corpus_run
+    found = json.loads((out / optimum.OPTIMAL_FILE).read_text())
+    module, params, _ = pretrained.load(HF / "llama-tiny")
+    plain = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
+    alone = {}
+    for window, fold in ((1, 0), (5, 1)):
+        alone[window] = text_lib.analyze_tokens(
+            module,
+            params,
+            windows.tokens[window : window + 1],
+            plain,
+            extra={"o": np.asarray(found["weights"][fold])},  # L x H
+            extra_without_sink={"o": np.asarray(found["weights_without_sink"][fold])},
+        )
+    return alone
+
+
+def test_window_records_are_the_single_window_analysis(corpus_run, single_windows):
     out, summary, windows, _, spec = corpus_run
     records = lines(out / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in records) == list(range(7))
-    module, params, _ = pretrained.load(HF / "llama-tiny")
-    alone = text_lib.analyze_tokens(module, params, windows.tokens[5:6], spec)
+    alone = single_windows[5]
     rec = next(r for r in records if r["window"] == 5)
     for layer in ("0", "1"):
         got = rec["layers"][layer]["mixes"]["uniform"]["fidelity"]
@@ -294,10 +318,10 @@ def test_a_corpus_run_computes_its_baselines_once(tmp_path, monkeypatch):
     counted = lambda *args: calls.append(args) or real(*args)
     monkeypatch.setattr(text_lib, "baselines", counted)
     monkeypatch.setattr(corpus_lib.measure, "baselines", counted)
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=5, batch_size=2)
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)  # two batches
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
     assert len(calls) == 1
-    assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 24, rel=1e-5)
+    assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 16, rel=1e-5)
 
 
 def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tmp_path):
@@ -338,7 +362,8 @@ def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_pat
     batch over two along data: every window's numbers as on one device."""
     out, _, _, cspec, spec = corpus_run
     mesh = parallel.model_mesh(2, 2)
-    corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, tmp_path, progress=False, mesh=mesh)
+    records_only = dataclasses.replace(cspec, pruning=False)  # the curves are not per window
+    corpus_lib.run(HF / "llama-tiny", TEXT, records_only, spec, tmp_path, mesh=mesh, progress=False)
     done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
     sharded = lines(tmp_path / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in sharded) == list(range(7))
@@ -371,8 +396,9 @@ def lines_skipping_torn(path):
 def test_loss_pruning_curves_start_at_the_models_loss():
     module, params, tokenizer = pretrained.load(HF / "llama-tiny")
     docs = windowing.read_documents(TEXT)
-    windows = windowing.make_windows(docs, tokenizer, 24, 4, module.config.max_len)
-    cspec = corpus_lib.CorpusSpec(tokens=24, pruning=True, pruning_windows=4, pruning_points=4)
+    # Three windows of 24 tokens: the pruning windows of the corpus run, compiled once.
+    windows = windowing.make_windows(docs, tokenizer, 24, 3, module.config.max_len)
+    cspec = corpus_lib.CorpusSpec(tokens=24, pruning=True, pruning_windows=3, pruning_points=4)
     curves = loss_pruning.corpus_curves(module, params, windows, cspec, SPEC)
     logits, _ = pretrained.apply_with_attention(module, params, windows.tokens)
     logits = np.asarray(logits[:, :-1], np.float64)
@@ -458,22 +484,15 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
         ([f"--corpus={TEXT}", "--tokens=16", "--sink_tokens=15"], "--sink_tokens must be less"),
         ([f"--corpus={TEXT}", "--tokens=16", "--batch_size=0"], "--batch_size must be an integer"),
     ]
-    for flags, message in cases:
-        out = tmp_path / "out"
-        done = analyze_cli(model, *flags, f"--out={out}")
-        assert done.returncode == 2, (flags, done.stderr[-1500:])
-        assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
-        assert not out.exists()
+    outs = [tmp_path / f"out{i}" for i in range(len(cases))]
     out = tmp_path / "ok"
-    done = analyze_cli(
-        model,
-        f"--corpus={TEXT}",
-        "--tokens=16",
-        "--max_windows=3",
-        f"--out={out}",
-        "--horizon=10",
-        "--nopairwise",
-    )
+    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=3", f"--out={out}", *SPEC_FLAGS]
+    command_lines = [[model, *flags, f"--out={outs[i]}"] for i, (flags, _) in enumerate(cases)]
+    *runs, done = launch_many([("analyze.py", flags) for flags in [*command_lines, [model, *ok]]])
+    for (flags, message), bad_out, refused in zip(cases, outs, runs, strict=True):
+        assert refused.returncode == 2, (flags, refused.stderr[-1500:])
+        assert refused.stderr.strip().count("\n") == 0 and message in refused.stderr, refused.stderr
+        assert not bad_out.exists()
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "report.md").read_text()
     assert "3 windows of 16 tokens" in report and "baseline: uniform causal" in report
@@ -504,15 +523,8 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
     other = corpus_lib.CorpusSpec(tokens=12, max_windows=3)
     with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
-    done = analyze_cli(
-        f"--model={','.join(models)}",
-        f"--corpus={TEXT}",
-        "--tokens=16",
-        "--max_windows=2",
-        f"--out={tmp_path / 'cli'}",
-        "--horizon=10",
-        "--nopairwise",
-    )
+    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=3"]
+    (done,) = launch_many([("analyze.py", [*flags, f"--out={tmp_path / 'cli'}", *SPEC_FLAGS])])
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
     assert len((tmp_path / "cli" / "series.jsonl").read_text().splitlines()) == 2
@@ -521,25 +533,16 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
 # ---------------------------------------------------------------- the optimum, held out
 
 
-def test_every_window_is_measured_with_weights_searched_without_its_fold(corpus_run):
+def test_every_window_is_measured_with_weights_searched_without_its_fold(
+    corpus_run, single_windows
+):
     out, summary, windows, _, spec = corpus_run
     found = json.loads((out / optimum.OPTIMAL_FILE).read_text())
     assert found["folds"] == [[0, 4], [4, 7]] and found["held_out"]
     assert found["search_windows"] == [[4, 5, 6], [0, 2, 3]]  # outside the fold, 3 each
     assert summary["optimal"]["search_windows"] == found["search_windows"]
-    module, params, _ = pretrained.load(HF / "llama-tiny")
     records = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
-    for window, fold in ((1, 0), (5, 1)):
-        weights = np.asarray(found["weights"][fold])  # L x H
-        inner = np.asarray(found["weights_without_sink"][fold])
-        alone = text_lib.analyze_tokens(
-            module,
-            params,
-            windows.tokens[window : window + 1],
-            spec.__class__(horizon=20, max_steps=20, pairwise=False, sink_tokens=1),
-            extra={"o": weights},
-            extra_without_sink={"o": inner},
-        )
+    for window, alone in single_windows.items():
         for layer in ("0", "1"):
             got = records[window]["layers"][layer]
             want = alone["layers"][int(layer)]
@@ -682,7 +685,7 @@ def test_each_record_names_its_windows_document_and_position():
     """Three windows of two documents, two per batch: the second batch's window is the
     second document's first."""
     module, params, _ = pretrained.load(HF / "llama-tiny")
-    tokens = np.arange(3 * 6).reshape(3, 6) % 50 + 1
+    tokens = np.arange(3 * 16).reshape(3, 16) % 50 + 1  # the series test's shapes
     picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 1]))
     got = {}
     corpus_lib.analyze_windows(

@@ -1,6 +1,7 @@
 """The analysis of a text through a pretrained model and of attention from elsewhere."""
 
 import dataclasses
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ from beyondpar import graphs, measure, metrics, pretrained
 from beyondpar.analysis import series, text_report
 from beyondpar.analysis import text as text_lib
 from beyondpar.base import parallel
-from helpers.launchers import analyze_cli
+from helpers.launchers import launch_many
 from helpers.paths import DATA
 
 HF = DATA / "hf"
@@ -21,9 +22,16 @@ SHORT = "Multi-head attention lets every head of a layer read the earlier tokens
 SPEC = measure.MeasureSpec(horizon=40, max_steps=40)
 
 
+@functools.cache
+def short_record(model: str) -> dict:
+    """The record of SHORT through tests/data/hf/`model` with SPEC, made once and only
+    read: several tests check other parts of the same analysis."""
+    return text_lib.text_record(HF / model, SHORT, SPEC)
+
+
 def test_text_record_measures_the_models_own_attention():
     module, params, tokenizer = pretrained.load(HF / "gpt2-tiny")
-    record = text_lib.text_record(HF / "gpt2-tiny", SHORT, SPEC)
+    record = short_record("gpt2-tiny")
     ids = tokenizer.encode(SHORT).ids
     assert record["tokens"] == ids and record["seq_len"] == len(ids)
     assert "".join(record["token_labels"]) == SHORT
@@ -63,7 +71,8 @@ def test_text_record_measures_the_models_own_attention():
 
 
 def test_attention_from_elsewhere_and_the_report(tmp_path):
-    attn = np.load(HF / "llama-tiny" / "expected.npz")["attention"]  # B x L x H x T x T
+    # B x L x H x T x T; its first 24 tokens: causal, so their rows still sum to 1.
+    attn = np.load(HF / "llama-tiny" / "expected.npz")["attention"][..., :24, :24]
     path = tmp_path / "attn.npz"
     np.savez(path, attention=attn)
     record = text_lib.attention_record(
@@ -138,19 +147,65 @@ def test_empty_and_too_long_texts_and_bad_layers():
         text_lib.text_record(HF / "llama-tiny", SHORT, measure.MeasureSpec(layers=(0, 2)))
 
 
-def test_analyze_cli(tmp_path):
-    run = analyze_cli
-    done = run(
-        f"--model={HF / 'llama3-rope'}",
-        f"--text={SHORT}",
-        f"--out={tmp_path}",
-        "--layers=1",
-        "--horizon=20",
+def analyze_many(*command_lines):
+    """Each list of flags as `launch/analyze.py` runs it, in order, from one interpreter."""
+    return launch_many([("analyze.py", list(flags)) for flags in command_lines])
+
+
+MESH_VALUES = ("data:2,model", "data:0,model:2", "tensor:2")
+MESH_FLAGS = [f"--text={SHORT}", "--horizon=20", "--nopairwise", "--layers=1"]
+
+
+def series_flags(folder: Path) -> list[str]:
+    """The series command line over the two checkpoints under `folder`/ckpts."""
+    ckpts = folder / "ckpts" / "step*"
+    return [f"--model={ckpts}", f"--text={SHORT}", f"--out={folder / 'series'}"]
+
+
+@pytest.fixture(scope="module")
+def command_lines(tmp_path_factory):
+    """The first command lines of the CLI tests below, all from one interpreter
+    (`launch_many`): {test: (their results in order, the folder they wrote in)}."""
+    groups = {}
+    cli = tmp_path_factory.mktemp("cli")
+    model = f"--model={HF / 'llama3-rope'}"
+    groups["cli"] = (
+        cli,
+        [
+            [model, f"--text={SHORT}", f"--out={cli}", "--layers=1", "--horizon=20"],
+            [f"--model={cli / 'nothing'}", "--text=x", f"--out={cli / 'x'}"],
+        ],
     )
+    bad = tmp_path_factory.mktemp("bad")
+    groups["bad"] = (
+        bad,
+        [[*flags, f"--out={bad / f'out{i}'}"] for i, (flags, _) in enumerate(bad_files(bad))],
+    )
+    mesh, model = tmp_path_factory.mktemp("mesh"), f"--model={HF / 'llama-tiny'}"
+    groups["mesh"] = (
+        mesh,
+        [
+            *[[model, "--text=hi", f"--mesh={value}"] for value in MESH_VALUES],
+            [model, "--text=hi", "--mesh=data:64,model:64"],
+            [model, *MESH_FLAGS, f"--out={mesh / 'sharded'}", "--mesh=data:1,model:2"],
+        ],
+    )
+    series_folder = tmp_path_factory.mktemp("series")
+    for step in (100, 20):
+        shutil.copytree(HF / "gpt2-tiny", series_folder / "ckpts" / f"step{step}")
+    groups["series"] = (
+        series_folder,
+        [[*series_flags(series_folder), "--horizon=20", "--nopairwise"]],
+    )
+    runs = iter(analyze_many(*[line for _, lines in groups.values() for line in lines]))
+    return {name: ([next(runs) for _ in lines], folder) for name, (folder, lines) in groups.items()}
+
+
+def test_analyze_cli(command_lines):
+    (done, failed), tmp_path = command_lines["cli"]
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "report.md").exists() and (tmp_path / "sink_share.png").exists()
     assert f"wrote {tmp_path / 'report.md'}" in done.stdout
-    failed = run(f"--model={tmp_path / 'nothing'}", "--text=x", f"--out={tmp_path / 'x'}")
     assert (
         failed.returncode == 2
         and "must be a checkpoint folder, a GGUF file or a model name" in failed.stderr
@@ -225,16 +280,18 @@ def test_sink_tokens_analysis_measures_the_graph_without_them():
 # ---------------------------------------------------------------- bad input, series
 
 
-def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
+def bad_files(tmp_path: Path) -> list[tuple[list[str], str]]:
+    """Command lines whose text or model file is bad, each with what its error must say;
+    the files are written under `tmp_path`."""
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("caf\xe9 au lait".encode("latin-1"))
     folder = tmp_path / "cut"
-    shutil.copytree(HF / "llama-tiny", folder)
+    shutil.copytree(HF / "llama-tiny", folder, dirs_exist_ok=True)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:5000])
     gguf_cut = tmp_path / "model.gguf"
     gguf_cut.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 8)
-    cases = [
+    return [
         (
             [f"--model={HF / 'gpt2-tiny'}", f"--text_file={latin}"],
             f"--text_file {latin} must be UTF-8 text, got byte 0xe9",
@@ -250,9 +307,13 @@ def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
             "--sink_tokens must be less than the window minus 1",
         ),
     ]
-    for flags, message in cases:
-        out = tmp_path / "out"
-        done = analyze_cli(*flags, f"--out={out}")
+
+
+def test_analyze_cli_bad_files_are_one_line_each(command_lines):
+    runs, tmp_path = command_lines["bad"]
+    cases = bad_files(tmp_path)
+    outs = [tmp_path / f"out{i}" for i in range(len(cases))]
+    for (flags, message), out, done in zip(cases, outs, runs, strict=True):
         assert done.returncode == 2, (flags, done.stderr[-1500:])
         assert done.stderr.strip().count("\n") == 0 and message in done.stderr, done.stderr
         assert not out.exists()
@@ -260,7 +321,7 @@ def test_analyze_cli_bad_files_are_one_line_each(tmp_path):
 
 @pytest.mark.parametrize("data,model", [(1, 4), (2, 2)])
 def test_text_record_on_a_mesh_is_the_one_device_record(data, model):
-    want = text_lib.text_record(HF / "llama-tiny", SHORT, SPEC)
+    want = short_record("llama-tiny")
     mesh = parallel.model_mesh(data, model)
     got = text_lib.text_record(HF / "llama-tiny", SHORT, SPEC, mesh=mesh)
     for layer in (0, 1):
@@ -284,19 +345,16 @@ def test_text_record_on_a_mesh_is_the_one_device_record(data, model):
     )
 
 
-def test_analyze_cli_mesh_flag(tmp_path):
-    for value in ("data:2,model", "data:0,model:2", "tensor:2"):
-        done = analyze_cli(f"--model={HF / 'llama-tiny'}", "--text=hi", f"--mesh={value}")
-        assert done.returncode == 2
-        want = f"error: --mesh must be data:D,model:M with integers D, M >= 1, got {value!r}"
-        assert done.stderr.strip() == want
-    done = analyze_cli(f"--model={HF / 'llama-tiny'}", "--text=hi", "--mesh=data:64,model:64")
-    assert done.returncode == 2 and "--mesh data:64,model:64 must use at most" in done.stderr
-    assert done.stderr.strip().count("\n") == 0
+def test_analyze_cli_mesh_flag(command_lines):
+    (*bad, too_many, done), tmp_path = command_lines["mesh"]
     out = tmp_path / "sharded"
-    flags = [f"--text={SHORT}", "--horizon=20", "--nopairwise", "--layers=1"]
-    model = f"--model={HF / 'llama-tiny'}"
-    done = analyze_cli(model, *flags, f"--out={out}", "--mesh=data:1,model:2")
+    for value, refused in zip(MESH_VALUES, bad, strict=True):
+        assert refused.returncode == 2
+        want = f"error: --mesh must be data:D,model:M with integers D, M >= 1, got {value!r}"
+        assert refused.stderr.strip() == want
+    assert too_many.returncode == 2
+    assert "--mesh data:64,model:64 must use at most" in too_many.stderr
+    assert too_many.stderr.strip().count("\n") == 0
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads((out / "analysis.json").read_text())["layers"]["1"]["heads"]["fidelity"]
     # The same analysis on one device, in this process (the flags above, as a spec).
@@ -305,12 +363,9 @@ def test_analyze_cli_mesh_flag(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
-def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
-    for step in (100, 20):
-        shutil.copytree(HF / "gpt2-tiny", tmp_path / "ckpts" / f"step{step}")
-    out = tmp_path / "series"
-    flags = [f"--model={tmp_path / 'ckpts' / 'step*'}", f"--text={SHORT}", f"--out={out}"]
-    done = analyze_cli(*flags, "--horizon=20", "--nopairwise")
+def test_series_of_checkpoints_resumes_and_refuses_other_settings(command_lines):
+    (done,), tmp_path = command_lines["series"]
+    out, flags = tmp_path / "series", series_flags(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "series.md").read_text()
     assert report.index("| step 20 |") < report.index("| step 100 |")
@@ -324,11 +379,12 @@ def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
     uniform = 100 * np.mean(record["layers"][1]["mixes"]["uniform"]["fidelity"])
     assert first["layers"]["1"]["uniform_fidelity_pct"] == pytest.approx(uniform, rel=1e-6)
     mtime = (out / "step20" / "report.md").stat().st_mtime_ns
-    again = analyze_cli(*flags, "--horizon=20", "--nopairwise")
+    again, refused = analyze_many(
+        [*flags, "--horizon=20", "--nopairwise"], [*flags, "--horizon=30", "--nopairwise"]
+    )
     assert again.returncode == 0
     assert len((out / "series.jsonl").read_text().splitlines()) == 2
     assert (out / "step20" / "report.md").stat().st_mtime_ns == mtime
-    refused = analyze_cli(*flags, "--horizon=30", "--nopairwise")
     assert refused.returncode == 2
     assert "other settings (spec.horizon: 20 -> 30)" in refused.stderr
     assert series.label("pythia-160m/step143000") == "step 143000"
@@ -338,7 +394,7 @@ def test_series_of_checkpoints_resumes_and_refuses_other_settings(tmp_path):
 
 
 def test_largest_shares_name_the_tokens_in_order():
-    record = text_lib.text_record(HF / "gpt2-tiny", SHORT, SPEC)
+    record = short_record("gpt2-tiny")
     top = record["rollout"]["largest_shares"]
     share = np.asarray(record["rollout"]["sink_share"][0])
     assert [t["position"] for t in top] == np.argsort(-share)[:10].tolist()
