@@ -1,0 +1,159 @@
+"""`study.text_step` against closed forms: a bigram model (logits = a table's row of the
+input token) has a cross-entropy computable by hand in float64, so each step's loss,
+gradients, dtype handling and output sharding are checked exactly on the four test
+devices."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from beyondpar.base import parallel
+from beyondpar.study import text_step
+
+VOCAB = 5
+
+
+class Bigram(nn.Module):
+    """Logits of the next token: row `x` of a (VOCAB, VOCAB) table for input token x."""
+
+    data_axis: str | None = None
+
+    @nn.compact
+    def __call__(self, inputs, deterministic=True):
+        table = self.param("table", nn.initializers.normal(1.0), (VOCAB, VOCAB))
+        return table[inputs]
+
+
+def _table():
+    # Thirds: not representable in bfloat16, so its rounding shows.
+    return (np.arange(VOCAB * VOCAB).reshape(VOCAB, VOCAB) % 7 - 3) / 3.0
+
+
+def _windows():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, VOCAB, size=(8, 6)).astype(np.int32)
+
+
+def _nats64(table, windows):
+    """Each window's summed next-token cross-entropy, float64 by hand."""
+    logits = np.asarray(table, np.float64)[windows[:, :-1]]
+    lse = np.log(np.exp(logits).sum(-1))
+    picked = np.take_along_axis(logits, windows[:, 1:, None], -1)[..., 0]
+    return (lse - picked).sum(-1)
+
+
+def _bf16(x):
+    return np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def test_window_nats_is_each_windows_summed_cross_entropy():
+    params = {"table": jnp.asarray(_table(), jnp.float32)}
+    got = text_step.window_nats(Bigram(), params, jnp.asarray(_windows()))
+    np.testing.assert_allclose(got, _nats64(_table(), _windows()), rtol=1e-5)
+
+
+def test_window_loss_sums_runs_bfloat16_on_rounded_params():
+    params = {"table": jnp.asarray(_table(), jnp.float32)}
+    windows = jnp.asarray(_windows())
+    total, count = text_step.window_loss_sums(Bigram(), params, windows, jnp.bfloat16)
+    expected = _nats64(_bf16(_table()), _windows()).sum()
+    assert float(count) == windows.shape[0] * (windows.shape[1] - 1)
+    np.testing.assert_allclose(float(total), expected, rtol=2e-6)
+    assert abs(expected - _nats64(_table(), _windows()).sum()) > 1e-3  # the rounding shows
+
+
+@pytest.mark.parametrize(
+    "name, platform, expected",
+    [("auto", "cpu", "float32"), ("auto", "gpu", "bfloat16"), ("float32", "tpu", "float32")],
+)
+def test_resolve_dtype(name, platform, expected):
+    assert text_step.resolve_dtype(name, platform) == jnp.dtype(expected)
+
+
+def test_accumulated_gradients_are_the_whole_batchs_mean():
+    x = jnp.arange(1.0, 9.0)[:, None] * jnp.ones((8, 3))
+
+    def loss_fn(p, piece, index):
+        return jnp.mean((piece * p) ** 2)
+
+    p = jnp.asarray(0.5)
+    loss, grad = text_step.accumulated_gradients(loss_fn, p, x, microbatches=4)
+    # mean over all of (x p)^2 = p^2 mean(x^2); its derivative 2 p mean(x^2).
+    mean_sq = float(np.mean(np.arange(1.0, 9.0) ** 2))
+    np.testing.assert_allclose(float(loss), 0.25 * mean_sq, rtol=1e-6)
+    np.testing.assert_allclose(float(grad), 2 * 0.5 * mean_sq, rtol=1e-6)
+
+
+def test_sharded_gradients_are_the_whole_batchs_mean_loss_and_gradient():
+    mesh = parallel.data_mesh()
+    assert mesh.size == 4
+    params = {"table": jnp.asarray(_table(), jnp.float32)}
+    windows = jnp.asarray(_windows())
+    step = text_step.sharded_gradients(Bigram(), mesh, 2, jnp.float32, dropout=False)
+    loss, grads = step(params, windows, jax.random.PRNGKey(0))
+
+    def mean_loss(p):
+        total, count = text_step.window_loss_sums(Bigram(), p, windows)
+        return total / count
+
+    want_loss, want_grads = jax.value_and_grad(mean_loss)(params)
+    np.testing.assert_allclose(float(loss), _nats64(_table(), _windows()).mean() / 5, rtol=1e-5)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(grads["table"], want_grads["table"], rtol=1e-5, atol=1e-7)
+
+
+def test_jitted_window_nats_are_replicated_on_every_device():
+    # A multi-process run reads every window's nats in each process: left split over
+    # `data`, no one process could fetch them.
+    mesh = parallel.data_mesh()
+    params = jax.device_put(
+        {"table": jnp.asarray(_table(), jnp.float32)}, parallel.replicated(mesh)
+    )
+    windows = parallel.shard_batch(_windows(), mesh)
+    got = text_step.jitted_window_nats(Bigram(), mesh, "float32")(params, windows)
+    assert got.sharding.is_fully_replicated
+    assert all(s.data.shape == (8,) for s in got.addressable_shards)
+    np.testing.assert_allclose(np.asarray(got), _nats64(_table(), _windows()), rtol=1e-5)
+
+
+@dataclasses.dataclass(frozen=True)
+class DropoutConfig:
+    dropout_rate: float = 0.5
+
+
+class DropoutBigram(nn.Module):
+    """`Bigram` with dropout on its logits, and the `config.dropout_rate` the step reads."""
+
+    config: DropoutConfig = DropoutConfig()
+    data_axis: str | None = None
+
+    @nn.compact
+    def __call__(self, inputs, deterministic=True):
+        table = self.param("table", nn.initializers.normal(1.0), (VOCAB, VOCAB))
+        return nn.Dropout(self.config.dropout_rate)(table[inputs], deterministic=deterministic)
+
+
+def test_jitted_update_draws_new_dropout_masks_each_step_from_one_key():
+    # A run passes the same key to every update: the step number must vary the masks.
+    mesh = parallel.data_mesh()
+    tx = optax.sgd(0.0)  # the parameters stay put, so only the masks change the loss
+    update = text_step.jitted_update(DropoutBigram(), tx, mesh, 1, "float32")
+    windows = parallel.shard_batch(_windows(), mesh)
+    key = jax.random.PRNGKey(3)
+
+    def state_at(step):  # fresh arrays each time: the update donates its state
+        params = {"table": jnp.asarray(_table(), jnp.float32)}
+        state = {"step": jnp.asarray(step, jnp.int32), "params": params}
+        return jax.device_put({**state, "opt_state": tx.init(params)}, parallel.replicated(mesh))
+
+    state, first = update(state_at(0), windows, key)
+    assert int(state["step"]) == 1
+    _, second = update(state, windows, key)
+    _, again = update(state_at(0), windows, key)
+    assert float(first["loss"]) == float(again["loss"])  # the same step, the same masks
+    assert abs(float(first["loss"]) - float(second["loss"])) > 1e-3
