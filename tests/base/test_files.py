@@ -205,3 +205,41 @@ def test_read_utf8_names_the_argument_the_file_and_the_first_bad_byte(tmp_path, 
 def test_read_utf8_of_a_missing_file_names_it(tmp_path):
     with pytest.raises(ValueError, match=r"data.path .*gone.txt cannot be read: No such file"):
         files.read_utf8(tmp_path / "gone.txt", "data.path")
+
+
+def test_read_utf8_names_the_first_bad_byte_and_its_offset(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes("é ok".encode() + b"\xff\xfe rest")
+    with pytest.raises(ValueError) as err:
+        files.read_utf8(path, "--text")
+    message = str(err.value)
+    assert message.startswith(f"--text {path} must be UTF-8 text, got byte 0xff at offset 5 (")
+
+
+def test_read_utf8_cut_multibyte_character_is_at_its_first_byte(tmp_path):
+    path = tmp_path / "cut.txt"
+    path.write_bytes(b"ab" + "€".encode()[:2])  # e2 82, the third byte missing
+    with pytest.raises(ValueError, match=r"got byte 0xe2 at offset 2 \("):
+        files.read_utf8(path, "--text")
+
+
+def test_read_utf8_finds_a_nul_byte_anywhere(tmp_path):
+    path = tmp_path / "late.bin"
+    path.write_bytes(b"a" * 5000 + b"\x00" + b"b")
+    with pytest.raises(ValueError) as err:
+        files.read_utf8(path, "data.path")
+    assert str(err.value).startswith(f"data.path {path} must be text, got binary")
+
+
+def test_read_utf8_unreadable_path_is_a_value_error_naming_the_argument(tmp_path):
+    for path in (tmp_path / "missing.txt", tmp_path):  # absent; a folder
+        with pytest.raises(ValueError) as err:
+            files.read_utf8(path, "--corpus")
+        assert str(err.value).startswith(f"--corpus {path} cannot be read: ")
+
+
+def test_read_utf8_returns_non_ascii_text_unchanged(tmp_path):
+    text = "naïve café — ✓ 日本\n"
+    path = tmp_path / "ok.txt"
+    path.write_bytes(text.encode())
+    assert files.read_utf8(str(path), "--text") == text
