@@ -11,6 +11,7 @@ import pytest
 
 from beyondpar import checkpoints, graphs, metrics
 from beyondpar import model as model_lib
+from beyondpar.measure import record as schema
 from beyondpar.reports import packing
 from beyondpar.study import attention_view, config_lib, evaluate
 from beyondpar.study import workdir as workdir_lib
@@ -87,3 +88,66 @@ def test_a_sequence_beyond_the_budget_is_pooled_to_fit(monkeypatch):
         np.testing.assert_allclose(pooled.sum(-1), 1.0, atol=1e-6)
         drawn = packing.decode(packed["attention"], packed["shape"])
         assert np.all(np.abs(drawn - pooled) <= packing.max_error(pooled) + 1e-7)
+
+
+def _causal(seed, shape):
+    """Random causal row-stochastic attention of `shape` (..., T, T), float64."""
+    rng = np.random.default_rng(seed)
+    w = np.exp(rng.normal(size=shape))
+    w = np.where(np.tril(np.ones(shape[-2:], bool)), w, 0.0)
+    return w / w.sum(-1, keepdims=True)
+
+
+def _phi64(c_TxT, horizon):
+    """Node fidelity by brute force: max_{1<=t<=horizon} (e_sink^T C^t)[j], float64."""
+    s, best = np.eye(c_TxT.shape[-1])[-1], np.full(c_TxT.shape[-1], -np.inf)
+    for _ in range(horizon):
+        s = s @ c_TxT
+        best = np.maximum(best, s)
+    return best
+
+
+def test_first_sequence_shows_sequence_0_each_layer_with_its_own_mix_weights():
+    n, layers, heads, tokens, horizon = 2, 2, 3, 5, 3
+    attn = _causal(11, (n, layers, heads, tokens, tokens))
+    inputs = np.array([[5, 9, 2, 7, 4], [1, 1, 1, 1, 1]])
+    rng = np.random.default_rng(2)
+    learned = rng.dirichlet(np.ones(heads), size=(n, layers))
+    optimal = rng.dirichlet(np.ones(heads), size=(n, layers))
+    mixes = {schema.LEARNED: learned, schema.OPTIMAL: optimal}
+    view = attention_view.first_sequence(attn, inputs, mixes, horizon)
+    assert view["sequence"] == 0 and view["pool"] == 1
+    assert view["labels"] == ["5", "9", "2", "7", "4"]
+    assert sorted(view["layers"]) == ["0", "1"]
+    for layer in range(layers):
+        got = view["layers"][str(layer)]
+        a = attn[0, layer]
+        assert got["shape"] == [heads, tokens, tokens]
+        decoded = packing.decode(got["attention"], got["shape"])
+        assert np.all(np.abs(decoded - a) <= packing.max_error(a) + 1e-7)
+        heads_phi = np.stack([_phi64(h, horizon) for h in a])
+        np.testing.assert_allclose(got["heads"]["worst_value"], heads_phi.min(-1), atol=1e-5)
+        np.testing.assert_allclose(got["heads"]["values"], heads_phi, rtol=1e-2)  # 3 digits
+        weights = {
+            schema.LEARNED: learned[0, layer],
+            schema.UNIFORM: np.full(heads, 1 / heads),
+            schema.OPTIMAL: optimal[0, layer],
+        }
+        assert list(got["mixes"]) == list(weights)
+        for name, w in weights.items():
+            phi = _phi64(np.einsum("h,hij->ij", w, a), horizon)
+            np.testing.assert_allclose(got["mixes"][name]["worst_value"], phi.min(), atol=1e-5)
+            assert got["mixes"][name]["worst_token"] == int(phi.argmin())
+
+
+def test_sequence_view_pools_the_papers_shapes_as_documented():
+    # BUDGET_BYTES: 16 heads in 4 layers show 256 tokens in blocks of 3.
+    layers, heads, tokens, pool = 4, 16, 256, 3
+    uniform = np.asarray(graphs.uniform_causal(tokens))
+    attn = np.broadcast_to(uniform, (layers, heads, tokens, tokens))
+    view = attention_view.sequence_view(attn, np.arange(tokens), {}, horizon=2)
+    assert view["pool"] == pool
+    blocks = -(-tokens // pool)
+    assert layers * heads * packing.triangle(blocks) <= attention_view.BUDGET_BYTES
+    assert all(v["shape"] == [heads, blocks, blocks] for v in view["layers"].values())
+    assert len(view["labels"]) == blocks
