@@ -185,3 +185,14 @@ def test_masks_of_another_head_count_are_refused(small):
     module, params, batch = small
     with pytest.raises(ValueError, match=r"masks_KxH must have shape \(K, 4\), got \(2, 3\)"):
         coalition_loss.masked_losses(module, params, batch, 0, np.ones((2, 3)))
+
+
+def test_sampled_orders_are_seeded_by_the_seed_plus_the_layer(small):
+    """Each layer draws its own permutations: layer 1 with seed 2 samples with key 3."""
+    module, params, batch = small
+    spec = coalition_loss.LossGameSpec(exact_heads=3, permutations=3, seed=2)
+    fields = coalition_loss.layer_fields(module, params, batch, 1, spec)
+    value_fn = coalition_loss.loss_value_fn(module, params, batch, 1)
+    mean, stderr = coalitions.sampled_shapley(value_fn, 4, 3, jax.random.PRNGKey(3))
+    np.testing.assert_allclose(fields["shapley_loss"], mean, atol=1e-6)
+    np.testing.assert_allclose(fields["shapley_stderr_loss"], stderr, atol=1e-6)
