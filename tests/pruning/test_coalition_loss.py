@@ -196,3 +196,14 @@ def test_sampled_orders_are_seeded_by_the_seed_plus_the_layer(small):
     mean, stderr = coalitions.sampled_shapley(value_fn, 4, 3, jax.random.PRNGKey(3))
     np.testing.assert_allclose(fields["shapley_loss"], mean, atol=1e-6)
     np.testing.assert_allclose(fields["shapley_stderr_loss"], stderr, atol=1e-6)
+
+
+def test_coalition_masks_keep_the_heads_of_the_set_bits_in_the_given_layer_only():
+    masks = coalition_loss.coalition_masks(3)
+    np.testing.assert_array_equal(
+        masks[[0, 1, 4, 6, 7]], [[0, 0, 0], [1, 0, 0], [0, 0, 1], [0, 1, 1], [1, 1, 1]]
+    )
+    out = coalition_loss.layer_masks(masks[[1, 6]], 0, 3)
+    want = np.ones((2, 3, 3), np.float32)
+    want[:, 0] = [[1, 0, 0], [0, 1, 1]]
+    np.testing.assert_array_equal(out, want)
