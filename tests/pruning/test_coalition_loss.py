@@ -207,3 +207,13 @@ def test_coalition_masks_keep_the_heads_of_the_set_bits_in_the_given_layer_only(
     want = np.ones((2, 3, 3), np.float32)
     want[:, 0] = [[1, 0, 0], [0, 1, 1]]
     np.testing.assert_array_equal(out, want)
+
+
+def test_the_sampled_games_value_fn_is_the_exact_games_values(small):
+    """v(empty) = 0 and v(S) as `loss_values` gives it, whatever the coalitions asked."""
+    module, params, batch = small
+    exact = coalition_loss.loss_values(module, params, batch, 0)
+    masks = coalition_loss.coalition_masks(4)[[0, 5, 15]]
+    got = coalition_loss.loss_value_fn(module, params, batch, 0)(masks)
+    np.testing.assert_allclose(got[:, 0], 0.0, atol=1e-6)
+    np.testing.assert_allclose(got, exact[:, [0, 5, 15]], atol=1e-6)
