@@ -211,3 +211,19 @@ def test_layer_by_layer_gives_each_layer_its_own_window(tmp_path):
         np.testing.assert_allclose(attn, whole[:, layer], atol=1e-6)
         beyond = np.asarray(attn)[..., i - j >= 4]
         assert (beyond > 0).any() if layer == 0 else not beyond.any(), layer
+
+
+@pytest.mark.parametrize(
+    "tokens,mask,message",
+    [
+        (np.array([[0, 300]]), None, r"token ids must be in \[0, 300\), got \[0, 300\]"),
+        (np.zeros((1, 65), int), None, "at most the model's context of 64 tokens, got 65"),
+        (np.zeros((1, 3), int), np.ones((2, 3)), r"head_mask must have shape \(L, H\)"),
+        (np.zeros((1, 3), int), 2 * np.ones((2, 4)), r"head_mask entries must be in \[0, 1\]"),
+    ],
+)
+def test_one_layer_at_a_time_refuses_what_the_whole_forward_refuses(tokens, mask, message):
+    module, params, _ = pretrained.load(HF / "gpt2-tiny")
+    assert (module.config.num_layers, module.config.num_heads) == (2, 4)
+    with pytest.raises(ValueError, match=message):
+        next(pretrained.layer_by_layer(module, params, tokens, mask))

@@ -185,3 +185,35 @@ def test_masks_of_another_head_count_are_refused(small):
     module, params, batch = small
     with pytest.raises(ValueError, match=r"masks_KxH must have shape \(K, 4\), got \(2, 3\)"):
         coalition_loss.masked_losses(module, params, batch, 0, np.ones((2, 3)))
+
+
+def test_sampled_orders_are_seeded_by_the_seed_plus_the_layer(small):
+    """Each layer draws its own permutations: layer 1 with seed 2 samples with key 3."""
+    module, params, batch = small
+    spec = coalition_loss.LossGameSpec(exact_heads=3, permutations=3, seed=2)
+    fields = coalition_loss.layer_fields(module, params, batch, 1, spec)
+    value_fn = coalition_loss.loss_value_fn(module, params, batch, 1)
+    mean, stderr = coalitions.sampled_shapley(value_fn, 4, 3, jax.random.PRNGKey(3))
+    np.testing.assert_allclose(fields["shapley_loss"], mean, atol=1e-6)
+    np.testing.assert_allclose(fields["shapley_stderr_loss"], stderr, atol=1e-6)
+
+
+def test_coalition_masks_keep_the_heads_of_the_set_bits_in_the_given_layer_only():
+    masks = coalition_loss.coalition_masks(3)
+    np.testing.assert_array_equal(
+        masks[[0, 1, 4, 6, 7]], [[0, 0, 0], [1, 0, 0], [0, 0, 1], [0, 1, 1], [1, 1, 1]]
+    )
+    out = coalition_loss.layer_masks(masks[[1, 6]], 0, 3)
+    want = np.ones((2, 3, 3), np.float32)
+    want[:, 0] = [[1, 0, 0], [0, 1, 1]]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_the_sampled_games_value_fn_is_the_exact_games_values(small):
+    """v(empty) = 0 and v(S) as `loss_values` gives it, whatever the coalitions asked."""
+    module, params, batch = small
+    exact = coalition_loss.loss_values(module, params, batch, 0)
+    masks = coalition_loss.coalition_masks(4)[[0, 5, 15]]
+    got = coalition_loss.loss_value_fn(module, params, batch, 0)(masks)
+    np.testing.assert_allclose(got[:, 0], 0.0, atol=1e-6)
+    np.testing.assert_allclose(got, exact[:, [0, 5, 15]], atol=1e-6)

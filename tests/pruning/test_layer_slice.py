@@ -3,12 +3,15 @@ to the whole logits', and the layer's range. (Equality with the whole forward un
 every mask, in float64, is in test_coalition_loss.py.)"""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 from beyondpar import model as model_lib
+from beyondpar import pretrained, pruning
 from beyondpar.pruning import layer_slice
+from helpers.hf_fixtures import HF
 
 SMALL = dict(vocab_size=11, embed_dim=16, num_layers=3, mlp_dim=24, max_len=12, num_heads=4)
 
@@ -52,3 +55,43 @@ def test_a_layer_out_of_range_is_refused(small, layer):
     module, params, tokens = small
     with pytest.raises(ValueError, match=r"layer must be an integer in \[0, 3\)"):
         layer_slice.stream_into(module, params, tokens, layer)
+
+
+def _llama():
+    module, params, _ = pretrained.load(HF / "llama-tiny", progress=False)
+    return module, params
+
+
+@pytest.mark.parametrize("family", ["paper", "llama"])
+@pytest.mark.parametrize("layer", [0, 1])
+def test_a_layer_under_a_per_sequence_mask_is_the_whole_masked_forward(small, family, layer):
+    """The stream entering `layer`, then that layer under a (B, H) mask and the later
+    ones whole, in blocks of 5 tokens (the last padded): the whole forward's losses under
+    the (B, L, H) mask that masks only `layer`."""
+    module, params = small[:2] if family == "paper" else _llama()
+    cfg = module.config
+    tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (3, 7), 0, 11))
+    targets = np.roll(tokens, -1, axis=1)
+    mask = np.random.default_rng(layer).uniform(size=(3, cfg.num_heads)).astype(np.float32)
+    mask[0, 1] = mask[2, :2] = 0.0
+    x = layer_slice.stream_into(module, params, tokens, layer)
+    out = layer_slice.run_from(module, params, x, layer, mask)
+    got = layer_slice.sequence_losses(module, params, out, targets, 5 * cfg.vocab_size)
+    whole = np.ones((3, cfg.num_layers, cfg.num_heads), np.float32)
+    whole[:, layer] = mask
+    want = pruning.sequence_losses(module, params, tokens, targets, whole)
+    assert got.shape == (3,)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
+def test_bfloat16_logits_are_scored_in_float32(small):
+    module, params, tokens = small
+    params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+    targets = np.roll(tokens, -1, axis=1)
+    x = layer_slice.run_from(module, params, layer_slice.stream_into(module, params, tokens, 0), 0)
+    x = x.astype(jnp.bfloat16)
+    got = layer_slice.sequence_losses(module, params, x, targets, 4 * 11)
+    logits = model_lib.unembed(module, params, x)
+    assert logits.dtype == jnp.bfloat16 and got.dtype == jnp.float32
+    want = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+    np.testing.assert_allclose(got, want.mean(-1), rtol=1e-6)
