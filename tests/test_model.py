@@ -344,12 +344,17 @@ def test_attention_gradient_written_out_matches_autodiff(rate, shape):
     def loss(attend):
         return lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, seeds, rate)) * weights)
 
-    fused = model.attend_with_dropout(q, k, v, seeds, rate)
-    plain = _attention_by_autodiff(q, k, v, seeds, rate)
+    def values_and_gradients(attend):  # one compiled program each, not op by op
+        run = lambda q, k, v: (
+            attend(q, k, v, seeds, rate),
+            jax.grad(loss(attend), (0, 1, 2))(q, k, v),
+        )
+        return jax.jit(run)(q, k, v)
+
+    fused, got = values_and_gradients(model.attend_with_dropout)
+    plain, want = values_and_gradients(_attention_by_autodiff)
     # Divided by the row sums after the value product, not before: rounding apart.
     np.testing.assert_allclose(fused, plain, rtol=1e-13, atol=1e-14)
-    want = jax.grad(loss(_attention_by_autodiff), (0, 1, 2))(q, k, v)
-    got = jax.grad(loss(model.attend_with_dropout), (0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
 

@@ -25,6 +25,25 @@ FIXTURES = sorted(
     p.name for p in HF.iterdir() if (p / "expected.npz").is_file() and p.name not in CONFIG_VARIANTS
 )
 MESHES = [(1, 4), (2, 2)]
+# Each fixture sharded on one mesh: (2, 2) splits the batch as well, (1, 4) puts all four
+# devices on `model`, where more head counts do not divide (two key-value heads, or
+# gemma3-multimodal's two heads) and those projections stay whole. Every family runs on
+# both meshes (a family of one fixture runs it on both): each branch is still taken.
+SHARDED_ON = {
+    "gemma2-pattern": [(2, 2)],
+    "gemma2-tiny": [(1, 4)],
+    "gemma3-legacy": [(2, 2)],
+    "gemma3-multimodal": [(1, 4)],
+    "gemma3-tiny": [(2, 2)],
+    "gpt2-tiny": MESHES,
+    "llama-tiny": [(2, 2)],
+    "llama3-rope": [(1, 4)],
+    "mistral-window": [(1, 4)],
+    "neox-tiny": MESHES,
+    "phi3-longrope": [(2, 2)],
+    "phi3-tiny": [(1, 4)],
+    "qwen3-tiny": [(2, 2)],
+}
 # Sharded against one device: float32 sums in another order. Two kinds of random fixture
 # magnify that round-off the most: Gemma 3's (q/k norms, six layers in gemma3-tiny) and
 # phi3-longrope (long factors up to 11), whose float32 attention is 8.6e-6 from its float64
@@ -65,8 +84,18 @@ def test_every_fixture_and_family_is_checked():
     assert families == {"Gpt2", "GptNeox", "Llama", "Gemma", "Phi3"} and len(FIXTURES) == 13
 
 
-@pytest.mark.parametrize("data,model", MESHES)
-@pytest.mark.parametrize("name", FIXTURES)
+def test_every_fixture_is_sharded_and_every_family_on_every_mesh():
+    assert sorted(SHARDED_ON) == FIXTURES
+    by_family = {}
+    for name, meshes in SHARDED_ON.items():
+        family = type(pretrained.build(hf_folder.read_config(HF / name))).__name__
+        by_family.setdefault(family, set()).update(meshes)
+    assert all(meshes == set(MESHES) for meshes in by_family.values()), by_family
+
+
+@pytest.mark.parametrize(
+    "name,data,model", [(n, *mesh) for n, meshes in SHARDED_ON.items() for mesh in meshes]
+)
 def test_sharded_run_equals_one_device(unsharded, name, data, model):
     tokens, logits, attn = unsharded[name]
     mesh = parallel.model_mesh(data, model)

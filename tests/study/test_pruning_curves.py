@@ -43,16 +43,12 @@ def test_curve_measures_each_point_with_its_horizon_steps_and_walk(reference, wa
     assert np.all(np.asarray(got["hitting_time"][0]) < 7)  # capped at max_steps, not horizon
 
 
-@pytest.mark.parametrize("group, mix_bytes", [(16, 2**28), (2, 2**28), (16, 1)])
-def test_points_that_share_layers_are_each_the_masked_model(group, mix_bytes, monkeypatch):
-    """Every point of a curve is the whole masked model, whatever layer each removal is
-    in (the curve shares the layers before the points' masks differ, and the attention
-    of a layer among the masks that read the same stream, in groups of at most `group`
-    masks and `mix_bytes` of mixes).
-    A small random model: its accuracy moves with every removal, so points cannot be
+@pytest.fixture(scope="module")
+def masked_models():
+    """A small random model, a curve's masks over its 4 x 4 heads, and each mask's whole
+    masked model measured directly: (accuracy, fidelity, hitting time) of every point,
+    the last two per layer. Its accuracy moves with every removal, so points cannot be
     swapped unseen."""
-    monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
-    monkeypatch.setattr(pruning_curves, "MIX_BYTES", mix_bytes)
     cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=40, mlp_dim=32, embed_dim=16)
     module = model_lib.Transformer(cfg)
     params = model_lib.init_params(module, jax.random.PRNGKey(5))
@@ -60,17 +56,34 @@ def test_points_that_share_layers_are_each_the_masked_model(group, mix_bytes, mo
     weights = np.asarray(model_lib.head_importances(module, params))
     order = [(2, 1), (0, 3), (2, 0), (3, 3), (0, 0), (1, 2)]
     masks = jnp.asarray(pruning.masks_along(order, 4, 4))
-    got = pruning_curves.curve(module, params, examples, weights, masks, 30, 20, "normalized")
-    for p, mask in enumerate(np.asarray(masks)):
+    want = []
+    for mask in np.asarray(masks):
         logits, attn = model_lib.apply_with_attention(module, params, examples.inputs, mask)
         correct = (np.argmax(logits, -1) == examples.targets) & examples.predictable
-        assert got["accuracy"][p] == pytest.approx(correct.sum() / examples.predictable.sum())
+        mixes = [graphs.combine_heads(attn[:, i], weights[i] * mask[i]) for i in range(4)]
+        fid = [np.mean(metrics.minimax_fidelity(mix, 30)) for mix in mixes]
+        hit = [np.mean(metrics.hitting_time(mix, 20, "normalized")) for mix in mixes]
+        want.append((correct.sum() / examples.predictable.sum(), fid, hit))
+    return (module, params, examples, weights, masks), want
+
+
+@pytest.mark.parametrize("group, mix_bytes", [(16, 2**28), (2, 2**28), (16, 1)])
+def test_points_that_share_layers_are_each_the_masked_model(
+    masked_models, group, mix_bytes, monkeypatch
+):
+    """Every point of a curve is the whole masked model, whatever layer each removal is
+    in (the curve shares the layers before the points' masks differ, and the attention
+    of a layer among the masks that read the same stream, in groups of at most `group`
+    masks and `mix_bytes` of mixes)."""
+    monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
+    monkeypatch.setattr(pruning_curves, "MIX_BYTES", mix_bytes)
+    (module, params, examples, weights, masks), want = masked_models
+    got = pruning_curves.curve(module, params, examples, weights, masks, 30, 20, "normalized")
+    for p, (accuracy, fid, hit) in enumerate(want):
+        assert got["accuracy"][p] == pytest.approx(accuracy)
         for layer in range(4):
-            mix = graphs.combine_heads(attn[:, layer], weights[layer] * mask[layer])
-            fid = np.mean(metrics.minimax_fidelity(mix, 30))
-            hit = np.mean(metrics.hitting_time(mix, 20, "normalized"))
-            np.testing.assert_allclose(got["fidelity"][p][layer], fid, rtol=1e-5)
-            np.testing.assert_allclose(got["hitting_time"][p][layer], hit, rtol=1e-5)
+            np.testing.assert_allclose(got["fidelity"][p][layer], fid[layer], rtol=1e-5)
+            np.testing.assert_allclose(got["hitting_time"][p][layer], hit[layer], rtol=1e-5)
     assert len(set(got["accuracy"])) > 3
 
 
