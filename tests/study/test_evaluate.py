@@ -141,63 +141,98 @@ def test_committed_arrays_are_accepted():
     assert np.isfinite(float(evaluate.metrics.hitting_time(c, 10)))
 
 
-@pytest.mark.parametrize("walk, optimal", [("reference", True), ("normalized", False)])
-def test_every_record_field_is_the_kernel_on_the_operator_it_names(walk, optimal):
-    """Fields of the learned mix come from the learned mix, per-head fields from each head,
-    with the optimal mixes among the operators (they shift where the uniform mix and the
-    heads sit) and without; the normalised walk shows TV mixing unsaturated, so a field
-    from the wrong operator cannot agree by accident."""
+# The weight search's horizon and steps: distinct, so a kernel run with the other fails.
+HORIZON, MAX_STEPS, EPS = 30, 40, 0.3
+
+
+def copy_on_two_folds():
+    """The 4-head copy checkpoint, its learned head weights and four sequences of 40 tokens
+    in two folds (the fixture's two, then the two reversed), labelled."""
     module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
     expected = dict(np.load(DATA / "4_heads_copy.expected.npz"))
-    examples = tasks.label("copy", expected["tokens"], module.config.vocab_size)
-    spec = evaluate.EvalSpec(
-        walk=walk, horizon=60, max_steps=80, eps=0.3, optimal_weights=optimal, pruning=False
-    )
+    tokens = np.concatenate([expected["tokens"], expected["tokens"][::-1, ::-1]])[:, :40]
+    examples = tasks.label("copy", tokens, module.config.vocab_size)
+    return module, params, expected["head_weights"], examples
+
+
+def evaluated(spec):
+    """(the evaluation of `copy_on_two_folds` under `spec`, its attention in float64, the
+    learned head weights)."""
+    module, params, weights, examples = copy_on_two_folds()
     got = evaluate.per_sequence(module, params, examples, spec)
-    _, attn = model_lib.apply_with_attention(module, params, expected["tokens"])
-    attn = np.asarray(attn, np.float64)
-    learned = graphs.combine_heads(attn, expected["head_weights"][None])
+    _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
+    return got, np.asarray(attn, np.float64), weights
+
+
+@pytest.fixture(scope="module")
+def searched():
+    """`evaluated` with the weight search: one search shared by the tests of its fields."""
+    return evaluated(
+        evaluate.EvalSpec(horizon=HORIZON, max_steps=MAX_STEPS, eps=EPS, pruning=False)
+    )
+
+
+def test_every_record_field_is_the_kernel_on_the_operator_it_names(searched):
+    """Fields of the learned mix come from the learned mix, per-head fields from each head,
+    with the optimal mixes among the operators (they shift where the uniform mix and the
+    heads sit)."""
+    got, attn, weights = searched
+    assert_fields_are_their_kernels(got, attn, weights, "reference", HORIZON, MAX_STEPS, EPS)
+
+
+def test_every_record_field_on_the_normalized_walk_without_the_search():
+    """Without the optimal mixes, on the normalised walk: it shows TV mixing unsaturated,
+    so a field from the wrong operator cannot agree by accident."""
+    spec = evaluate.EvalSpec(
+        walk="normalized",
+        horizon=HORIZON,
+        max_steps=MAX_STEPS,
+        eps=EPS,
+        optimal_weights=False,
+        pruning=False,
+    )
+    got, attn, weights = evaluated(spec)
+    assert_fields_are_their_kernels(got, attn, weights, "normalized", HORIZON, MAX_STEPS, EPS)
+    uniform = graphs.combine_heads(attn)
+    uniform_tv = metrics.tv_mixing_time(uniform, EPS, MAX_STEPS, "normalized")
+    assert np.any(np.asarray(got["tv_mixing_time"]) != np.asarray(uniform_tv))
+    uniform_hit = metrics.hitting_time(uniform, MAX_STEPS, "normalized")
+    assert np.abs(np.asarray(got["hitting_time"]) - np.asarray(uniform_hit)).max() > 1e-3
+
+
+def assert_fields_are_their_kernels(got, attn, weights, walk, horizon, max_steps, eps):
+    """Each field of `got` is its kernel run on the operator it names."""
+    learned = graphs.combine_heads(attn, weights[None])
+    uniform = graphs.combine_heads(attn)
     other = "normalized" if walk == "reference" else "reference"
+    hit = lambda ops, on=walk: metrics.hitting_time(ops, max_steps, on)
     kernels = {
-        "fidelity": metrics.minimax_fidelity(learned, 60),
-        "fidelity_uniform": metrics.minimax_fidelity(graphs.combine_heads(attn), 60),
-        "fidelity_per_head": metrics.minimax_fidelity(attn, 60),
-        "hitting_time": metrics.hitting_time(learned, 80, walk),
-        f"hitting_time_{walk}": metrics.hitting_time(learned, 80, walk),
-        f"hitting_time_{other}": metrics.hitting_time(learned, 80, other),
-        "hitting_time_uniform": metrics.hitting_time(graphs.combine_heads(attn), 80, walk),
-        "hitting_time_per_head": metrics.hitting_time(attn, 80, walk),
-        "hitting_time_best_head": np.min(metrics.hitting_time(attn, 80, walk), axis=-1),
-        "tv_mixing_time": metrics.tv_mixing_time(learned, 0.3, 80, walk),
+        "fidelity": metrics.minimax_fidelity(learned, horizon),
+        "fidelity_uniform": metrics.minimax_fidelity(uniform, horizon),
+        "fidelity_per_head": metrics.minimax_fidelity(attn, horizon),
+        "hitting_time": hit(learned),
+        f"hitting_time_{walk}": hit(learned),
+        f"hitting_time_{other}": hit(learned, other),
+        "hitting_time_uniform": hit(uniform),
+        "hitting_time_per_head": hit(attn),
+        "hitting_time_best_head": np.min(hit(attn), axis=-1),
+        "tv_mixing_time": metrics.tv_mixing_time(learned, eps, max_steps, walk),
         "spectral_radius": metrics.spectral_radius(learned, walk),
-        "spectral_mixing_time": metrics.spectral_mixing_time(learned, 0.3, 80, walk),
+        "spectral_mixing_time": metrics.spectral_mixing_time(learned, eps, max_steps, walk),
     }
     for name, value in kernels.items():
         np.testing.assert_allclose(got[name], value, rtol=2e-4, atol=1e-6, err_msg=name)
-    if walk == "normalized":  # unsaturated: the fields can tell operators apart
-        uniform = graphs.combine_heads(attn)
-        uniform_tv = metrics.tv_mixing_time(uniform, 0.3, 80, walk)
-        assert np.any(np.asarray(got["tv_mixing_time"]) != np.asarray(uniform_tv))
-        uniform_hit = metrics.hitting_time(uniform, 80, walk)
-        assert np.abs(np.asarray(got["hitting_time"]) - np.asarray(uniform_hit)).max() > 1e-3
 
 
-def test_synergy_fields_of_a_record_are_the_functions_on_its_attention():
-    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
-    expected = dict(np.load(DATA / "4_heads_copy.expected.npz"))
-    tokens = expected["tokens"][:, :50]
-    examples = tasks.label("copy", tokens, module.config.vocab_size)
-    spec = evaluate.EvalSpec(horizon=40, max_steps=40, pruning=False)
-    got = evaluate.per_sequence(module, params, examples, spec)
-    _, attn = model_lib.apply_with_attention(module, params, tokens)
-    attn = np.asarray(attn, np.float64)
+def test_synergy_fields_of_a_record_are_the_functions_on_its_attention(searched):
+    got, attn, _ = searched
     for suffix in ("", "_in_sample"):  # per sequence: its own weights, scored on it
         w_fid = got[f"optimal_weights_fidelity{suffix}"]
         w_hit = got[f"optimal_weights_hitting_time{suffix}"]
         np.testing.assert_allclose(w_fid.sum(-1), 1.0, rtol=1e-5)
-        opt_fid = metrics.minimax_fidelity(graphs.combine_heads(attn, w_fid), 40)
+        opt_fid = metrics.minimax_fidelity(graphs.combine_heads(attn, w_fid), HORIZON)
         np.testing.assert_allclose(got[f"fidelity_optimal{suffix}"], opt_fid, rtol=1e-4)
-        opt_hit = metrics.hitting_time(graphs.combine_heads(attn, w_hit), 40)
+        opt_hit = metrics.hitting_time(graphs.combine_heads(attn, w_hit), MAX_STEPS)
         np.testing.assert_allclose(got[f"hitting_time_optimal{suffix}"], opt_hit, rtol=1e-4)
     # In sample, one weight vector for all sequences: never worse than the learned mix or
     # any one head on the mean over sequences.
@@ -209,12 +244,12 @@ def test_synergy_fields_of_a_record_are_the_functions_on_its_attention():
     assert np.all(got["hitting_time_optimal_in_sample"].mean(0) <= fastest_head + 1e-5)
     np.testing.assert_allclose(got["head_diversity"], synergy.head_diversity(attn), rtol=1e-5)
     np.testing.assert_allclose(
-        got["pairwise_synergy"], synergy.pairwise_synergy(attn, 40), rtol=1e-3, atol=1e-7
+        got["pairwise_synergy"], synergy.pairwise_synergy(attn, HORIZON), rtol=1e-3, atol=1e-7
     )
-    share = np.asarray(synergy.cross_head_share(attn, got["head_weights"][0][None], 40))
+    share = np.asarray(synergy.cross_head_share(attn, got["head_weights"][0][None], HORIZON))
     np.testing.assert_allclose(got["cross_head_share_mean"], share.mean(-1), rtol=1e-4, atol=1e-6)
     learned = graphs.combine_heads(attn, got["head_weights"][0][None])
-    worst = np.argmin(metrics.node_fidelity(learned, 40), -1)
+    worst = np.argmin(metrics.node_fidelity(learned, HORIZON), -1)
     np.testing.assert_allclose(
         got["cross_head_share_minimax"],
         np.take_along_axis(share, worst[..., None], -1)[..., 0],
@@ -223,27 +258,20 @@ def test_synergy_fields_of_a_record_are_the_functions_on_its_attention():
     )
 
 
-def test_the_optimum_of_each_sequence_is_searched_on_the_other_fold():
+def test_the_optimum_of_each_sequence_is_searched_on_the_other_fold(searched):
     """Four sequences in two folds: the two of a fold share their weights, and those
     weights are optimal where they were searched, on the other fold: there no anchor of the
     search (uniform, learned, each head) beats them, while on their own fold one may."""
-    module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
-    expected = dict(np.load(DATA / "4_heads_copy.expected.npz"))
-    tokens = np.concatenate([expected["tokens"], expected["tokens"][::-1, ::-1]])[:, :40]
-    examples = tasks.label("copy", tokens, module.config.vocab_size)
-    spec = evaluate.EvalSpec(horizon=30, max_steps=30, pruning=False)
-    got = evaluate.per_sequence(module, params, examples, spec)
-    _, attn = model_lib.apply_with_attention(module, params, tokens)
-    attn = np.asarray(attn, np.float64)
+    got, attn, _ = searched
     w = got["optimal_weights_fidelity"]  # N x L x H
     np.testing.assert_array_equal(w[0], w[1])
     np.testing.assert_array_equal(w[2], w[3])
     assert np.abs(w[0] - w[2]).max() > 1e-3
     learned = got["head_weights"][0]
     for fold, other in (([0, 1], [2, 3]), ([2, 3], [0, 1])):
-        searched = attn[other]  # 2 x L x H x T x T
-        score = lambda mix, searched=searched: metrics.minimax_fidelity(
-            graphs.combine_heads(searched, np.broadcast_to(mix, (2, *mix.shape))), 30
+        searched_on = attn[other]  # 2 x L x H x T x T
+        score = lambda mix, on=searched_on: metrics.minimax_fidelity(
+            graphs.combine_heads(on, np.broadcast_to(mix, (2, *mix.shape))), HORIZON
         ).mean(0)
         found = score(w[fold[0]])
         anchors = [learned, np.full_like(learned, 0.25), *np.eye(4)[:, None].repeat(4, 1)]
