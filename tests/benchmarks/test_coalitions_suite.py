@@ -9,6 +9,7 @@ import pytest
 from beyondpar import coalitions, tasks
 from beyondpar import model as model_lib
 from beyondpar.benchmarks import coalitions as bench
+from beyondpar.benchmarks.models import SMOLLM2_135M
 
 
 def test_suite_measures_the_last_layers_and_times_the_best_later_call(monkeypatch):
@@ -16,19 +17,11 @@ def test_suite_measures_the_last_layers_and_times_the_best_later_call(monkeypatc
     reports the best call after the first (a clock that only grows: the later ones)."""
     clock = iter(range(1, 1000))
     monkeypatch.setattr(bench, "timed", lambda fn: (fn(), float(next(clock))))
-    tiny = dict(
-        model_type="llama",
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    )
+    tiny = {  # SmolLM2's family and fields, shrunk
+        **SMOLLM2_135M,
+        **dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1),
+        **dict(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64),
+    }
     result = bench.coalitions_suite(
         repeats=3,
         windows=2,
