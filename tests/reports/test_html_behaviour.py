@@ -265,7 +265,10 @@ def test_page_shows_heads_from_one_and_keeps_their_indices_inside(shown):
     page.wait_for_selector('#attention[data-drawn="2/2/0"]')  # layer key 2, head index 2
     assert page.input_value("#head") == "2"
     assert page.text_content("#layer-title") == "layer 3, head 3"
-    assert page.text_content("#attention .gtitle").startswith("head 3, layer 3:")
+    title = page.eval_on_selector_all(
+        "#attention .gtitle tspan.line", "els => els.map((e) => e.textContent)"
+    )
+    assert title == ["head 3, layer 3", "attention of text"]
     page.locator("#overview").scroll_into_view_if_needed()
     box = page.eval_on_selector(
         "#overview",

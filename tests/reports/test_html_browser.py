@@ -252,8 +252,13 @@ def test_study_page_draws_the_chosen_heads_attention_from_its_payload(study_page
     page.wait_for_selector('#attention[data-drawn="copy-h2/1/1/0"]')
     packed = view["layers"]["copy-h2/1"]
     assert_drawn_is(page, packed, 1)
-    title = page.text_content("#attention .gtitle")
-    assert title.startswith("head 2, copy-h2, layer 2: attention of the first evaluation")
+    lines = page.eval_on_selector_all(
+        "#attention .gtitle tspan.line", "els => els.map((e) => e.textContent)"
+    )  # two lines: the layer's name, then the view's (one line outgrew the heatmap)
+    assert lines == [
+        "head 2, copy-h2, layer 2",
+        "attention of the first evaluation sequence of copy-h2",
+    ]
     strip = '#flow-tokens [data-operator="head"] span'
     shown = page.eval_on_selector_all(strip, "s => s.map(x => +x.dataset.value)")
     assert shown == packed["heads"]["values"][1]

@@ -292,10 +292,11 @@
     };
     const size = Math.min(720, Math.max(360, 9 * idx.length + 200));
     await Plotly.react($("attention"), [trace], {
-      title: { text: headName() + ", " + layerName() + ": attention of " + view.name },
+      // Two lines: a layer's name and a view's name together outgrow the smallest heatmap.
+      title: { text: headName() + ", " + layerName() + "<br>attention of " + plain(view.name) },
       xaxis: { title: { text: "key (token read)" }, tickvals: axis.tickvals, ticktext: axis.ticktext, tickangle: -60 },
       yaxis: { title: { text: "query (token reading)" }, tickvals: axis.tickvals, ticktext: axis.ticktext, autorange: "reversed" },
-      width: size + 160, height: size, margin: { l: 110, b: 110, t: 50 },
+      width: size + 160, height: size + 20, margin: { l: 110, b: 110, t: 70 },
     }, CONFIG);
     if (window.beyondparFirstHeatmapMs === undefined) window.beyondparFirstHeatmapMs = performance.now();
     $("attention").dataset.drawn = layers[state.layer].key + "/" + state.head + "/" + state.view;
