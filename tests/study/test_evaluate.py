@@ -14,7 +14,7 @@ import pytest
 from beyondpar import checkpoints, graphs, measure, metrics, pruning, synergy, tasks
 from beyondpar import model as model_lib
 from beyondpar.measure import record
-from beyondpar.study import evaluate
+from beyondpar.study import attention_view, evaluate
 from helpers.paths import DATA
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -427,3 +427,20 @@ def test_a_tie_with_the_best_head_is_no_win():
     got = evaluate.columns(layer, "reference")
     np.testing.assert_array_equal(got["combined_wins"], [0.0, 1.0, 0.0, 0.0])
     np.testing.assert_array_equal(got["gain"], [0.0, 0.1, -0.1, 0.0])
+
+
+def test_the_pages_optimal_mix_is_the_held_out_optimum_of_the_first_sequence(searched):
+    """The record's attention view draws, beside the learned mix, the first sequence's
+    held-out optimum of fidelity (not its in-sample one), at the evaluation's horizon."""
+    got, attn, _ = searched
+    module, params, _, examples = copy_on_two_folds()
+    spec = evaluate.EvalSpec(horizon=HORIZON, max_steps=MAX_STEPS, eps=EPS, pruning=False)
+    view = evaluate.evaluate_params(module, params, examples, spec)[attention_view.KEY]
+    held_out = np.asarray(got["optimal_weights_fidelity"])[0]
+    in_sample = np.asarray(got["optimal_weights_fidelity_in_sample"])[0]
+    assert not np.allclose(held_out, in_sample)  # the two would tell a swap apart
+    for layer, packed in view["layers"].items():
+        a = attn[0, int(layer)].astype(np.float32)
+        want = metrics.minimax_fidelity(graphs.combine_heads(a, held_out[int(layer)]), HORIZON)
+        assert list(packed["mixes"]) == ["learned", "uniform", "optimal"]
+        assert packed["mixes"]["optimal"]["worst_value"] == pytest.approx(float(want), rel=1e-4)
