@@ -175,7 +175,8 @@ def _causal_exponentials(q, k, first_query: int) -> tuple[jax.Array, jax.Array]:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def attend_with_dropout(q, k, v, seeds, rate: float) -> jax.Array:
     """Heads' outputs B x H x T x Dh: causal attention probabilities with `Dropout(rate)`'s
-    elements (from the rows' `seeds`) dropped, times `v`, unscaled.
+    elements (from the rows' `seeds`) dropped, times `v`, unscaled; `seeds` None (with
+    rate 0): nothing dropped.
 
     Its gradient is written out because it can skip a pass over the B x H x T x T tensors:
     the softmax's backward needs each row's sum of probability x gradient, which here is
@@ -188,8 +189,7 @@ def _attend_forward(q, k, v, seeds, rate):
     outs, exps, scales = [], [], []
     for first, end in query_blocks(q.shape[-2], q.shape[-1]):
         block_exps, scale = _causal_exponentials(q[..., first:end, :], k[..., :end, :], first)
-        kept = kept_elements(seeds[..., first:end], end, rate)
-        kept_exps = jnp.where(kept, block_exps, 0)
+        kept_exps = _kept(block_exps, seeds, first, end, rate)
         outs.append(jnp.einsum("bhqk,bhkd->bhqd", kept_exps, v[..., :end, :]) * scale)
         exps.append(block_exps)
         scales.append(scale)
@@ -208,11 +208,12 @@ def _attend_backward(rate, residuals, d_out):
     d_out = d_out * scale
     d_q, d_k_by_block, d_v_by_block = [], [], []
     for (first, end), block_exps in zip(query_blocks(tokens, q.shape[-1]), exps, strict=True):
-        kept = kept_elements(seeds[..., first:end], end, rate)
         block_d_out = d_out[..., first:end, :]
-        d_v_by_block.append(_contract_rows(jnp.where(kept, block_exps, 0), block_d_out, tokens))
+        kept_exps = _kept(block_exps, seeds, first, end, rate)
+        d_v_by_block.append(_contract_rows(kept_exps, block_d_out, tokens))
         d_kept = jnp.einsum("bhqd,bhkd->bhqk", block_d_out, v[..., :end, :])
-        d_scores = block_exps * (jnp.where(kept, d_kept, 0) - row[..., first:end, :])
+        d_kept = _kept(d_kept, seeds, first, end, rate)
+        d_scores = block_exps * (d_kept - row[..., first:end, :])
         d_q.append(jnp.einsum("bhqk,bhkd->bhqd", d_scores, k[..., :end, :]))
         d_k_by_block.append(_contract_rows(d_scores, q[..., first:end, :], tokens))
     d_q = jnp.concatenate(d_q, axis=-2)
@@ -221,6 +222,14 @@ def _attend_backward(rate, residuals, d_out):
     d_v = functools.reduce(jnp.add, d_v_by_block).swapaxes(-1, -2)
     # Each input's own dtype: queries may be wider than keys and values (x64 scaling).
     return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+def _kept(block, seeds, first: int, end: int, rate: float) -> jax.Array:
+    """A query block's Q x K tensor with the elements dropout drops set to 0 (as is
+    where `seeds` is None: no dropout)."""
+    if seeds is None:
+        return block
+    return jnp.where(kept_elements(seeds[..., first:end], end, rate), block, 0)
 
 
 CONTRACT_BY_SUM_HEAD_DIM = 4
@@ -265,17 +274,22 @@ class CausalSelfAttention(nn.Module):
         weights = [DenseWeights(d, name=name)(x_BxTxD) for name in ("query", "key", "value")]
         q, k, v = map(split, dense_together(x_BxTxD, weights))
         q = q / np.sqrt(cfg.head_dim)
-        if deterministic or cfg.dropout_rate == 0:
+        if deterministic:
             probs_BxHxTxT = causal_softmax(q, k)
             self.sow("intermediates", "attention", probs_BxHxTxT)
             out = jnp.einsum("bhqk,bhkd->bhqd", probs_BxHxTxT, v)
         else:
-            seeds = Dropout(cfg.dropout_rate, data_axis=self.data_axis).row_seeds(
-                (b, cfg.num_heads, t, t)
-            )
-            # Dropout's 1 / keep scale goes on the values (B x T x D), not on the B x H x T x T
-            # probabilities: the backward pass then has no full-size tensor of that constant.
-            v = v / keep_probability(cfg.dropout_rate)
+            # Training, with or without dropout: the written-out gradient of
+            # `attend_with_dropout` (autodiff of the softmax costs 2-3x at 4+ heads).
+            seeds = None
+            if cfg.dropout_rate > 0:
+                seeds = Dropout(cfg.dropout_rate, data_axis=self.data_axis).row_seeds(
+                    (b, cfg.num_heads, t, t)
+                )
+                # Dropout's 1 / keep scale goes on the values (B x T x D), not on the
+                # B x H x T x T probabilities: the backward pass then has no full-size
+                # tensor of that constant.
+                v = v / keep_probability(cfg.dropout_rate)
             out = attend_with_dropout(q, k, v, seeds, cfg.dropout_rate)
         out = out.transpose(0, 2, 1, 3)
         if head_mask is not None:

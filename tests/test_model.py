@@ -317,8 +317,10 @@ def _attention_inputs(b=3, h=2, t=7, d=4, seed=0):
 
 def _attention_by_autodiff(q, k, v, seeds, rate):
     """The same attention written with plain operations, differentiated by JAX."""
-    kept = model.kept_elements(seeds, q.shape[-2], rate)
-    return jnp.einsum("bhqk,bhkd->bhqd", jnp.where(kept, model.causal_softmax(q, k), 0), v)
+    probs = model.causal_softmax(q, k)
+    if seeds is not None:
+        probs = jnp.where(model.kept_elements(seeds, q.shape[-2], rate), probs, 0)
+    return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
 
 
 @pytest.mark.float64
@@ -332,13 +334,18 @@ def _attention_by_autodiff(q, k, v, seeds, rate):
         (0.2, (1, 2, 16, 2)),  # query halves of 8 rows
         (0.4, (2, 2, 9, 6)),  # heads past CONTRACT_BY_SUM_HEAD_DIM: products
         (0.2, (1, 2, 48, 5)),  # the same in query halves of 24 rows
+        (None, (2, 3, 16, 2)),  # no dropout (seeds None): sums, in query halves
+        (None, (1, 2, 48, 5)),  # no dropout: products, in query halves
+        (None, (2, 2, 7, 6)),  # no dropout: products, whole
     ],
 )
 def test_attention_gradient_written_out_matches_autodiff(rate, shape):
     """The hand-written backward (the row sums from the output, no causal-mask gradient,
     query blocks against the keys they read) against JAX's own differentiation of the
-    same attention over the whole T x T, in float64."""
+    same attention over the whole T x T, in float64; rate None: no dropout, no seeds."""
     q, k, v, seeds = _attention_inputs(*shape)
+    if rate is None:
+        seeds, rate = None, 0.0
     weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float64)
 
     def loss(attend):
@@ -518,6 +525,36 @@ def test_training_attention_drops_probabilities_and_scales_the_values(monkeypatc
     want = heads.transpose(0, 2, 1, 3).reshape(2, 6, 16) @ p["out"]["kernel"] + p["out"]["bias"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not np.allclose(got, other)
+
+
+@pytest.mark.float64
+def test_training_attention_without_dropout_is_eval_attention_with_its_written_out_gradient(
+    monkeypatch,
+):
+    """With dropout 0, training mode gives eval mode's outputs and gradients, computed by
+    `attend_with_dropout` without seeds (its written-out backward, not autodiff of the
+    softmax), and needs no `dropout` stream."""
+    cfg = model.ModelConfig(num_heads=4, dropout_rate=0.0, **SMALL)
+    module = model.Transformer(cfg)
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 0, cfg.vocab_size)
+    params = jax.tree.map(
+        lambda p: p.astype(jnp.float64), module.init(jax.random.PRNGKey(1), tokens, True)
+    )
+    seen = []
+    real = model.attend_with_dropout
+    monkeypatch.setattr(model, "attend_with_dropout", lambda *a: seen.append(a[3:]) or real(*a))
+
+    def loss(p, deterministic):
+        return jnp.sum(jnp.sin(module.apply(p, tokens, deterministic)))
+
+    train_value, train_grads = jax.value_and_grad(loss)(params, False)
+    assert seen and all(s == (None, 0.0) for s in seen)
+    seen.clear()
+    eval_value, eval_grads = jax.value_and_grad(loss)(params, True)
+    assert not seen
+    np.testing.assert_allclose(train_value, eval_value, rtol=1e-12)
+    for got, want in zip(jax.tree.leaves(train_grads), jax.tree.leaves(eval_grads), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.float64

@@ -27,13 +27,15 @@ def resolve_dtype(name: str, platform: str):
     return jnp.dtype(name)
 
 
-def window_loss_sums(module, params, windows_BxT1, dtype=jnp.float32, dropout_key=None):
-    """(summed next-token cross-entropy in nats, token count) of windows (B, T + 1)."""
+def window_loss_sums(module, params, windows_BxT1, dtype=jnp.float32, train_key=None):
+    """(summed next-token cross-entropy in nats, token count) of windows (B, T + 1): in
+    training mode with `train_key` (dropout's stream; training mode also without dropout,
+    whose attention has a cheaper gradient), in evaluation mode without."""
     if dtype != jnp.float32:
         params = jax.tree.map(lambda p: p.astype(dtype), params)
     inputs, targets = windows_BxT1[:, :-1], windows_BxT1[:, 1:]
-    deterministic = dropout_key is None
-    rngs = None if deterministic else {"dropout": dropout_key}
+    deterministic = train_key is None
+    rngs = None if deterministic else {"dropout": train_key}
     logits = module.apply({"params": params}, inputs, deterministic=deterministic, rngs=rngs)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
     return jnp.sum(ce), jnp.asarray(ce.size, jnp.float32)
@@ -60,7 +62,7 @@ def accumulated_gradients(loss_fn, params, windows_BxT1, microbatches: int):
     return jax.tree.map(lambda x: x / microbatches, (loss, grads))
 
 
-def sharded_gradients(module, mesh, microbatches: int, dtype, dropout: bool):
+def sharded_gradients(module, mesh, microbatches: int, dtype):
     """(params, windows, key) -> (mean loss, gradients) over the whole batch: each device
     takes its shard of `data`, accumulates over its microbatches, and the gradients are
     summed in one all-reduce of a flat vector (as `train.sharded_loss_and_gradients`)."""
@@ -69,7 +71,7 @@ def sharded_gradients(module, mesh, microbatches: int, dtype, dropout: bool):
 
     def on_shard(params, windows, key):
         def slice_loss(p, piece, index):
-            slice_key = jax.random.fold_in(key, index) if dropout else None
+            slice_key = jax.random.fold_in(key, index)
             total, count = window_loss_sums(shard_module, p, piece, dtype, slice_key)
             return total / (count * devices)
 
@@ -86,7 +88,7 @@ def jitted_update(module, tx, mesh, microbatches: int, dtype_name: str):
     """(state, windows, dropout key) -> (state, {loss, grad_norm}); the state donated.
     The gradient norm is before clipping (what the clip acted on)."""
     dtype = jnp.dtype(dtype_name)
-    gradients = sharded_gradients(module, mesh, microbatches, dtype, module.config.dropout_rate > 0)
+    gradients = sharded_gradients(module, mesh, microbatches, dtype)
 
     def step_fn(state, windows, dropout_key):
         key = jax.random.fold_in(dropout_key, state["step"])

@@ -94,7 +94,7 @@ def test_sharded_gradients_are_the_whole_batchs_mean_loss_and_gradient():
     assert mesh.size == 4
     params = {"table": jnp.asarray(_table(), jnp.float32)}
     windows = jnp.asarray(_windows())
-    step = text_step.sharded_gradients(Bigram(), mesh, 2, jnp.float32, dropout=False)
+    step = text_step.sharded_gradients(Bigram(), mesh, 2, jnp.float32)
     loss, grads = step(params, windows, jax.random.PRNGKey(0))
 
     def mean_loss(p):
