@@ -103,7 +103,7 @@ def jax_step(cfg: model_lib.ModelConfig, mesh, windows_BxT1: np.ndarray):
     tx = text_optim.optimizer(text_optim.OptimSettings.from_config(_optim_config()))
     state = train.create_state(module, jax.random.PRNGKey(0), tx, SEQ_LEN)
     holder = [jax.device_put(state, parallel.replicated(mesh))]
-    update = text_step.jitted_update(module, tx, mesh, 1, "float32")
+    update = text_step.jitted_update(module, tx, mesh, 1, "float32", windows_BxT1.shape)
     batch = parallel.shard_batch(windows_BxT1, mesh)
     key = jax.random.PRNGKey(2)
 

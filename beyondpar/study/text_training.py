@@ -96,7 +96,10 @@ class TextLoop:
         self.writer, self.events = sinks
         device = mesh.devices.flat[0]
         dtype = text_step.resolve_dtype(config.compute_dtype, device.platform).name
-        self.update = text_step.jitted_update(module, tx, mesh, config.optim.microbatches, dtype)
+        windows_shape = (config.optim.batch_size, config.seq_len + 1)
+        self.update = text_step.jitted_update(
+            module, tx, mesh, config.optim.microbatches, dtype, windows_shape
+        )
         self.window_nats = text_step.jitted_window_nats(module, mesh, dtype)
         self.heldout = np.asarray(
             text_data.heldout_windows(config.evaluation.heldout_windows, config.seq_len)

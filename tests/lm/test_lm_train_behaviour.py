@@ -144,7 +144,17 @@ def test_lm_train_update_logs_mean_token_loss_and_unclipped_gradient_norm():
         np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
         np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(grads), rtol=1e-4)
         new_params.append(jax.device_get(state["params"]))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), *new_params)
+    # A key bias moves every score of a query row by the same amount, which the softmax
+    # ignores: its gradient is 0 but for rounding, which Adam's first step turns into
+    # steps of up to the learning rate either way. Every other parameter agrees.
+    for path, grad in jax.tree_util.tree_leaves_with_path(grads):
+        if "key" in jax.tree_util.keystr(path) and "bias" in jax.tree_util.keystr(path):
+            assert float(jnp.max(jnp.abs(grad))) < 1e-6 * float(optax.tree.norm(grads))
+    one, two = (jax.tree_util.tree_leaves_with_path(p) for p in new_params)
+    for (path, a), (_, b) in zip(one, two, strict=True):
+        name = jax.tree_util.keystr(path)
+        if not ("key" in name and "bias" in name):
+            np.testing.assert_allclose(a, b, atol=1e-6, err_msg=name)
 
 
 def test_lm_train_parameter_and_flops_counts():

@@ -12,8 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from beyondpar.base import parallel
-from beyondpar.study import text_step
+from beyondpar import model as model_lib
+from beyondpar.base import allocator, parallel
+from beyondpar.study import runs, text_step, train
+from helpers.lm_training import tiny_config
 
 VOCAB = 5
 
@@ -157,3 +159,49 @@ def test_jitted_update_draws_new_dropout_masks_each_step_from_one_key():
     _, again = update(state_at(0), windows, key)
     assert float(first["loss"]) == float(again["loss"])  # the same step, the same masks
     assert abs(float(first["loss"]) - float(second["loss"])) > 1e-3
+
+
+def _block_asked_for(monkeypatch, mesh, microbatches, windows_shape):
+    """The largest tensor `jitted_update` sizes its temporaries' blocks by (None: it asks
+    for none), nothing compiled."""
+    seen = []
+    monkeypatch.setattr(allocator, "bounded_temporaries", lambda b, p: seen.append(b) or {})
+    module = model_lib.Transformer(_TEXT_MODEL)
+    text_step.jitted_update.__wrapped__(
+        module, optax.sgd(0.1), mesh, microbatches, "float32", windows_shape
+    )
+    return seen[0] if seen else None
+
+
+_TEXT_MODEL = model_lib.ModelConfig(num_heads=16, max_len=30, dropout_rate=0.0)
+
+
+def test_text_blocks_are_sized_by_each_devices_share_of_a_microbatch(monkeypatch):
+    """48 windows of 20 + 1 tokens: 6 sequences of 20 tokens per device and microbatch on
+    4 devices with 2 microbatches, 48 on one device with one; no shape, no blocks."""
+    four, one = parallel.data_mesh(jax.devices()[:4]), parallel.data_mesh(jax.devices()[:1])
+    largest = train.largest_tensor_bytes
+    assert _block_asked_for(monkeypatch, four, 2, (48, 21)) == largest(_TEXT_MODEL, 6, 20)
+    assert _block_asked_for(monkeypatch, one, 1, (48, 21)) == largest(_TEXT_MODEL, 48, 20)
+    assert _block_asked_for(monkeypatch, four, 1, None) is None
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_text_training_compiles_its_step_for_the_configured_windows(tmp_path, monkeypatch):
+    """The step's windows are the config's batch of seq_len + 1 tokens (inputs and the
+    next token), per microbatch as the config splits it."""
+    seen = []
+
+    def spy(module, tx, mesh, microbatches, dtype, windows_shape=None):
+        seen.append((microbatches, windows_shape))
+        raise _Stop
+
+    monkeypatch.setattr(text_step, "jitted_update", spy)
+    config = tiny_config(steps=2, warmup_steps=1)
+    config.optim.batch_size, config.seq_len, config.optim.microbatches = 12, 10, 3
+    with pytest.raises(_Stop):
+        runs.train_and_evaluate(config, str(tmp_path / "run"))
+    assert seen == [(3, (12, 11))]
