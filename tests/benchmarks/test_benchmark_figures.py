@@ -10,10 +10,12 @@ import types
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from beyondpar import model as model_lib
 from beyondpar import tasks
+from beyondpar.base import parallel
 from beyondpar.benchmarks import baselines, machine
 from beyondpar.benchmarks import metrics as metrics_benchmark
 from beyondpar.benchmarks import train as train_benchmark
@@ -488,6 +490,37 @@ def test_training_steps_time_the_jax_step_and_torch_only_on_a_device(monkeypatch
     steps = train_benchmark.training_steps(cfg, mesh, examples, "cpu")
     assert steps == {"jax": run, "torch": "torch step"}
     assert runners == [(cfg, [[1, 2], [3, 4]], [[2, 3], [4, 5]], 2, "cpu")]
+
+
+def test_the_timed_jax_step_trains_the_model_and_carries_its_state_on():
+    """Each call of the "jax" step is one Adam step (learning rate 1e-3) of the model
+    initialised from key 0 on the whole batch: it returns the loss before the update,
+    so two calls give the initial loss and the loss after one update (without dropout,
+    both recomputed here on one device)."""
+    cfg = model_lib.ModelConfig(
+        **dict(SMALL, num_layers=1, num_heads=2, embed_dim=8, dropout_rate=0.0)
+    )
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 8, cfg.max_len, cfg.vocab_size)
+    run = train_benchmark.training_steps(cfg, parallel.data_mesh(), examples, None)["jax"]
+    got = [float(run()) for _ in range(2)]
+
+    module, tx = model_lib.Transformer(cfg), optax.adam(1e-3)
+    params = model_lib.init_params(module, jax.random.PRNGKey(0), cfg.max_len)
+
+    def loss(p):
+        logits = module.apply({"params": p}, examples.inputs, deterministic=True)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, examples.targets).mean()
+
+    @jax.jit
+    def one_step(p):
+        value, grads = jax.value_and_grad(loss)(p)
+        updates, _ = tx.update(grads, tx.init(p), p)
+        return value, loss(optax.apply_updates(p, updates))
+
+    before, after = one_step(params)
+    assert got[0] == pytest.approx(float(before), rel=1e-5)
+    assert got[1] == pytest.approx(float(after), rel=1e-5)
+    assert got[1] < got[0] - 1e-3  # one Adam step moves every weight by about 1e-3
 
 
 # baselines: closed forms on a two-token operator ------------------------------------

@@ -315,3 +315,56 @@ def test_each_suite_repeats_as_the_launchers_usage_says():
     assert set(said) == set(benchmarks.SUITES)
     for name, suite in benchmarks.SUITES.items():
         assert inspect.signature(suite).parameters["repeats"].default == said[name], name
+
+
+def test_synergy_suite_defaults_are_the_papers_sizes():
+    """docs/benchmarks.md: one 16-head checkpoint on 50 sequences of the paper's length
+    (100 tokens) in its 4 layers, the sizes `model.ModelConfig` defaults to."""
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(synergy_benchmark.synergy_suite).parameters.items()
+    }
+    assert defaults == {"repeats": 1, "sequences": 50, "heads": 16, "t": 100, "layers": 4}
+    paper = model.ModelConfig()
+    assert (defaults["t"], defaults["layers"]) == (paper.max_len, paper.num_layers)
+
+
+def test_synergy_suite_evaluates_a_model_of_the_sizes_it_is_given(capsys, monkeypatch):
+    """Every part of the suite works on one model of the asked head count, layers and
+    length, with parameters of that shape, on the asked number of sequences of `t`
+    tokens (the analyses themselves replaced by recorders)."""
+    seen = []
+
+    def record(part, result):
+        def call(*args):
+            seen.append((part, *args))
+            return result
+
+        return call
+
+    evaluate = synergy_benchmark.evaluate
+    monkeypatch.setattr(evaluate, "per_sequence", record("per_sequence", None))
+    monkeypatch.setattr(evaluate, "forward", record("forward", (None, "attn", "weights")))
+    monkeypatch.setattr(evaluate, "optimal_mixes", record("optimal_mixes", None))
+    monkeypatch.setattr(evaluate, "evaluate_params", record("evaluate_params", None))
+    pruning = synergy_benchmark.pruning_curves
+    monkeypatch.setattr(pruning, "pruning_curves", record("pruning_curves", None))
+    monkeypatch.setattr(synergy_benchmark, "matmul_flops_per_s", lambda repeats: 1e9)
+    synergy_benchmark.synergy_suite(repeats=1, sequences=3, heads=2, t=9, layers=3)
+    assert capsys.readouterr().out.startswith("2 heads, 3 sequences of 9 tokens")
+    want = model.ModelConfig(num_heads=2, num_layers=3, max_len=9)
+    shapes = jax.tree.map(
+        np.shape, model.init_params(model.Transformer(want), jax.random.PRNGKey(0))
+    )
+    # Each part twice (its first call, then the timed one); pruning runs its own forward.
+    parts = 2 * ["per_sequence"] + 2 * ["forward", "optimal_mixes"]
+    parts += 2 * ["forward", "pruning_curves"] + 2 * ["evaluate_params"]
+    assert [call[0] for call in seen] == parts
+    for part, *args in seen:
+        if part != "optimal_mixes":  # (module, params, examples or their inputs, ...)
+            module, params, data = args[:3]
+            assert module.config == want, part
+            assert jax.tree.map(np.shape, params) == shapes, part
+            assert np.shape(getattr(data, "inputs", data)) == (3, 9), part
+        if part in {"optimal_mixes", "pruning_curves", "evaluate_params"}:  # spec last
+            assert args[-1].num_sequences == 3, part

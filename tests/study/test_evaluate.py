@@ -444,3 +444,34 @@ def test_the_pages_optimal_mix_is_the_held_out_optimum_of_the_first_sequence(sea
         want = metrics.minimax_fidelity(graphs.combine_heads(a, held_out[int(layer)]), HORIZON)
         assert list(packed["mixes"]) == ["learned", "uniform", "optimal"]
         assert packed["mixes"]["optimal"]["worst_value"] == pytest.approx(float(want), rel=1e-4)
+
+
+def test_the_pages_flows_are_measured_over_the_evaluations_horizon():
+    """At a horizon of 3 steps most tokens' signal is still reaching the sink, so a flow
+    over one step more is larger: the record's view must be the kernels' at exactly the
+    evaluation's horizon, for every head and both mixes."""
+    module, params, _, examples = copy_on_two_folds()
+    weights = np.asarray(model_lib.head_importances(module, params))
+    horizon = 3
+    spec = evaluate.EvalSpec(
+        horizon=horizon, max_steps=horizon, optimal_weights=False, pruning=False
+    )
+    view = evaluate.evaluate_params(module, params, examples, spec)[attention_view.KEY]
+    _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
+    num_heads = module.config.num_heads
+    mixes = {"learned": weights, "uniform": np.full_like(weights, 1 / num_heads)}
+    assert sorted(view["layers"]) == [str(layer) for layer in range(module.config.num_layers)]
+    for layer, packed in view["layers"].items():
+        a = np.asarray(attn, np.float32)[0, int(layer)]
+        operators = {"heads": a}
+        operators.update(
+            {name: graphs.combine_heads(a, w[int(layer)]) for name, w in mixes.items()}
+        )
+        shown = {"heads": packed["heads"], **packed["mixes"]}
+        assert list(packed["mixes"]) == ["learned", "uniform"]
+        for name, c in operators.items():
+            phi = np.asarray(metrics.node_fidelity(c, horizon), np.float64)
+            later = np.asarray(metrics.node_fidelity(c, horizon + 1), np.float64)
+            assert np.abs(later - phi).max() > 0.05 * phi.max(), (layer, name)
+            np.testing.assert_allclose(shown[name]["values"], phi, rtol=5e-3, atol=1e-9)
+            np.testing.assert_allclose(shown[name]["worst_value"], phi.min(-1), rtol=1e-4)
