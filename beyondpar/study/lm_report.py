@@ -189,7 +189,8 @@ def markdown(runs: list[dict], failures=()) -> str:
         f"{len(runs)} runs: heads {_heads(summary['heads'])} x seeds {_heads(seeds)}, each "
         f"{runs[0]['tokens']:,} training tokens on {runs[0]['corpus']}. Cells: mean "
         "[95% Student-t interval] over seeds at each run's last evaluation; differences to "
-        "1 head are paired by seed. Graph measures are means over layers and held-out windows.",
+        "1 head are paired by seed. Graph measures are means over layers and held-out windows "
+        "(shares and fidelities: their intervals are cut at 0 and 100%).",
         "",
         f"- {loss_answer(summary)}",
         f"- {wins_answer(change)}",

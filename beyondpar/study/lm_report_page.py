@@ -109,7 +109,7 @@ def page(runs: list[dict]) -> dict:
         "notes": [
             "Each run's last evaluation, mean over seeds with 95% Student-t intervals, as in "
             "report.md and results.json. Graph measures are means over layers and held-out "
-            "windows.",
+            "windows (shares and fidelities: their intervals are cut at 0 and 100%).",
         ],
         "row_label": "heads",
         "fields": FIELDS,

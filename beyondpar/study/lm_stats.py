@@ -2,7 +2,8 @@
 metrics.jsonl lines its evaluations write (`text_training`: `eval/loss`,
 `eval/bits_per_byte` and `layer{l}/<measure>` for every layer), summarised over seeds.
 
-Cells are means over seeds with 95% Student-t intervals. Differences to 1 head are paired
+Cells are means over seeds with 95% Student-t intervals (cut to [0, 1] for the graph
+measures, which are shares and fidelities). Differences to 1 head are paired
 by seed: the runs of one seed share their batch order and initial key, so the seed's own
 share of the spread cancels. Graph measures are means over layers of each evaluation's
 per-layer means over the measured windows.
@@ -36,8 +37,10 @@ GRAPHS = {
 METRICS = {**LOSSES, **GRAPHS}
 
 
-def interval(values) -> dict:
-    """Mean and 95% Student-t interval of `values` (float64); one value has no interval."""
+def interval(values, within: tuple[float, float] | None = None) -> dict:
+    """Mean and 95% Student-t interval of `values` (float64), its ends cut to the range
+    `within` the quantity can take (a share of 3 seeds near 1 would reach past 100%);
+    one value has no interval."""
     from scipy import stats  # 0.8 s to import: only when a report is written
 
     v = np.asarray(values, np.float64)
@@ -45,7 +48,16 @@ def interval(values) -> dict:
     if n < 2:
         return {"mean": mean, "low": math.nan, "high": math.nan, "n": n}
     half = float(stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / math.sqrt(n))
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
+    low, high = mean - half, mean + half
+    if within is not None:
+        low, high = max(low, within[0]), min(high, within[1])
+    return {"mean": mean, "low": low, "high": high, "n": n}
+
+
+def metric_range(metric: str) -> tuple[float, float] | None:
+    """The values `metric` can take: the graph measures are shares and fidelities, in
+    [0, 1]; losses have no upper end (None: no cut)."""
+    return (0.0, 1.0) if metric in GRAPHS else None
 
 
 def evaluation_values(line: dict) -> dict[str, float]:
@@ -123,7 +135,7 @@ def summarize(runs: list[dict]) -> dict:
         for heads, seeds in groups.items():
             values = [last_values(r)[metric] for r in seeds.values() if metric in last_values(r)]
             if values:
-                cells[metric][heads] = interval(values)
+                cells[metric][heads] = interval(values, metric_range(metric))
     one = groups.get(1, {})
     for metric in LOSSES:
         for heads, seeds in groups.items():
@@ -144,7 +156,8 @@ def over_steps(runs: list[dict], metric: str) -> dict[int, dict[int, dict]]:
             if metric in evaluation:
                 values[run["heads"]][step].append(evaluation[metric])
     return {
-        h: {s: interval(v) for s, v in sorted(steps.items())} for h, steps in sorted(values.items())
+        h: {s: interval(v, metric_range(metric)) for s, v in sorted(steps.items())}
+        for h, steps in sorted(values.items())
     }
 
 

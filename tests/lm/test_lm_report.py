@@ -132,3 +132,27 @@ def test_no_lower_loss_at_any_head_count_is_a_no_even_where_some_are_unclear(tmp
     assert "not clearly different at H = 2" in answer, answer
     bits = summary["cells"]["eval/bits_per_byte"][1]["mean"]
     assert answer.endswith(f"The lowest mean is at 1 head: {bits:.4f} bits/byte."), answer
+
+
+def test_share_intervals_are_cut_to_their_range_and_losses_are_not(tmp_path):
+    """Wins of 0.9, 1.0 and 1.0 over three seeds: the t interval reaches past 1 (and the
+    bits per byte's interval is as wide as its spread), and the report cuts only the
+    share's, at 100% (the graph measures are shares and fidelities in [0, 1])."""
+    runs = write_runs(tmp_path)
+    for run, wins_last in zip([r for r in runs if r["heads"] == 4], (0.9, 1.0, 1.0), strict=True):
+        run["evals"][STEPS[-1]]["wins_optimal"] = wins_last
+        run["evals"][STEPS[-1]]["fidelity_optimal"] = 1.0 - wins_last  # near 0: cut there
+    mean, low, high = brute_interval([0.9, 1.0, 1.0])
+    assert high > 1.0
+    for got in (
+        lm_stats.summarize(runs)["cells"]["wins_optimal"][4],
+        lm_stats.over_steps(runs, "wins_optimal")[4][STEPS[-1]],
+    ):
+        np.testing.assert_allclose([got["mean"], got["low"], got["high"]], [mean, low, 1.0])
+    fidelity = lm_stats.summarize(runs)["cells"]["fidelity_optimal"][4]
+    np.testing.assert_allclose([fidelity["low"], fidelity["high"]], [0.0, 1.0 - low])
+    assert "96.7 [" + f"{100 * low:.1f}, 100.0]" in lm_report.markdown(runs)
+    bpb_cell = lm_stats.summarize(runs)["cells"]["eval/bits_per_byte"][4]
+    want = brute_interval([bpb(4, s, STEPS[-1], -1) for s in SEEDS])
+    np.testing.assert_allclose([bpb_cell["mean"], bpb_cell["low"], bpb_cell["high"]], want)
+    assert lm_stats.metric_range("eval/loss") is None
