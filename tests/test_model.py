@@ -527,6 +527,27 @@ def test_training_attention_drops_probabilities_and_scales_the_values(monkeypatc
     assert not np.allclose(got, other)
 
 
+@pytest.mark.parametrize("rate", [model.ModelConfig().dropout_rate, 0.02])
+def test_training_attention_drops_the_first_token_at_every_positive_rate(rate):
+    """The first query reads only key 0, with probability 1, so with one head each
+    sequence's first training output is its eval output's value term over keep (the
+    projection's bias b plus (eval - b) / keep) or, dropped, b alone; about `rate` of
+    256 sequences are dropped (the paper's 0.1 among them, not only larger rates)."""
+    cfg = model.ModelConfig(**{**SMALL, "num_heads": 1, "dropout_rate": rate})
+    attn = model.CausalSelfAttention(cfg)
+    x = jax.random.normal(jax.random.PRNGKey(0), (256, 3, cfg.embed_dim))
+    params = attn.init(jax.random.PRNGKey(1), x, True)
+    bias = np.asarray(params["params"]["out"]["bias"])
+    eval0 = np.asarray(attn.apply(params, x, True))[:, 0]
+    train0 = np.asarray(attn.apply(params, x, False, rngs={"dropout": jax.random.PRNGKey(2)}))
+    kept = bias + (eval0 - bias) / model.keep_probability(rate)
+    is_kept = np.all(np.abs(train0[:, 0] - kept) < 1e-5, axis=-1)
+    is_dropped = np.all(np.abs(train0[:, 0] - bias) < 1e-5, axis=-1)
+    assert np.all(is_kept ^ is_dropped)
+    dropped = is_dropped.sum()
+    assert dropped >= 1 and abs(dropped / 256 - rate) < 4 * np.sqrt(rate * (1 - rate) / 256)
+
+
 @pytest.mark.float64
 def test_training_attention_without_dropout_is_eval_attention_with_its_written_out_gradient(
     monkeypatch,

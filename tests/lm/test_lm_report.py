@@ -156,3 +156,29 @@ def test_share_intervals_are_cut_to_their_range_and_losses_are_not(tmp_path):
     want = brute_interval([bpb(4, s, STEPS[-1], -1) for s in SEEDS])
     np.testing.assert_allclose([bpb_cell["mean"], bpb_cell["low"], bpb_cell["high"]], want)
     assert lm_stats.metric_range("eval/loss") is None
+
+
+def test_wins_change_runs_from_first_to_last_graph_evaluation_of_multi_head_runs():
+    """Evaluations with and without graphs: each 4-head run's change is its last graph
+    evaluation's wins minus its first; the 1-head run (whose only head is the best head)
+    and a run with one graph evaluation stay out."""
+    w = lm_stats.OPTIMAL_WINS
+
+    def run(heads, seed, by_step):
+        evals = {step: ({w: x} if x is not None else {}) for step, x in by_step.items()}
+        return {"run": f"h{heads}s{seed}", "heads": heads, "seed": seed, "evals": evals}
+
+    runs = [
+        run(1, 0, {0: 0.0, 10: 0.5, 20: 0.9}),
+        run(4, 0, {0: 0.2, 10: 0.9, 20: 0.5, 30: None}),
+        run(4, 1, {0: 0.4, 10: 0.1, 20: 0.6}),
+        run(4, 2, {0: 0.3, 10: 0.3, 20: 0.7}),
+        run(4, 3, {0: 0.8, 10: None}),  # one graph evaluation: no change to measure
+    ]
+    change = lm_stats.wins_change(runs)
+    assert change["runs"] == 3
+    assert change["first"] == pytest.approx(0.3, rel=1e-12)
+    assert change["last"] == pytest.approx(0.6, rel=1e-12)
+    got = change["change"]
+    want = brute_interval([0.5 - 0.2, 0.6 - 0.4, 0.7 - 0.3])
+    np.testing.assert_allclose([got["mean"], got["low"], got["high"]], want, rtol=1e-12)

@@ -161,6 +161,35 @@ def test_jitted_update_draws_new_dropout_masks_each_step_from_one_key():
     assert abs(float(first["loss"]) - float(second["loss"])) > 1e-3
 
 
+def test_sharded_gradients_drop_each_microbatch_with_its_own_key():
+    """Microbatch i drops with fold_in(key, i): 8 windows on 4 devices in 2 microbatches
+    are 8 one-window slices, slice (device d, microbatch i) under key fold_in(key, i),
+    whose mean loss and its gradient the step must give (one key for both microbatches
+    would repeat a device's masks)."""
+    mesh = parallel.data_mesh()
+    params = {"table": jnp.asarray(_table(), jnp.float32)}
+    key = jax.random.PRNGKey(7)
+    step = text_step.sharded_gradients(DropoutBigram(), mesh, 2, jnp.float32)
+    loss, grads = step(params, jnp.asarray(_windows()), key)
+
+    def mean_loss(p):
+        pieces = _windows().reshape(4, 2, 1, 6)  # (device, microbatch, window, token)
+        losses = []
+        for d, i in np.ndindex(4, 2):
+            slice_key = jax.random.fold_in(key, i)
+            total, count = text_step.window_loss_sums(
+                DropoutBigram(), p, pieces[d, i], train_key=slice_key
+            )
+            losses.append(total / count)
+        return sum(losses) / len(losses)
+
+    want_loss, want_grads = jax.value_and_grad(mean_loss)(params)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(grads["table"], want_grads["table"], rtol=1e-5, atol=1e-7)
+    undropped = _nats64(_table(), _windows()).mean() / 5
+    assert abs(float(loss) - undropped) > 1e-2  # the masks do change the loss
+
+
 def _block_asked_for(monkeypatch, mesh, microbatches, windows_shape):
     """The largest tensor `jitted_update` sizes its temporaries' blocks by (None: it asks
     for none), nothing compiled."""
