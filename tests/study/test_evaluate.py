@@ -47,8 +47,10 @@ def test_reference_checkpoints_reproduce_the_paper(fixture):
 
 
 def test_reference_record_names_task_and_heads():
-    spec = evaluate.EvalSpec(num_sequences=3, optimal_weights=False, pruning=False)
-    record = evaluate.evaluate_reference(DATA / "1_heads_cycle.npz", spec)
+    spec = evaluate.EvalSpec(  # the shape and spec of the shorter-length test: one compile
+        num_sequences=3, horizon=20, max_steps=20, optimal_weights=False, pruning=False
+    )
+    record = evaluate.evaluate_reference(DATA / "1_heads_cycle.npz", spec, seq_len=8)
     assert (record["task"], record["heads"], record["num_sequences"]) == ("cycle", 1, 3)
     assert record["metrics"]["accuracy_predictable"]["mean"] > 0.99
     assert len(record["metrics"]["fidelity"]["mean"]) == 4

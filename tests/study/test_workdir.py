@@ -20,6 +20,7 @@ from beyondpar.study import ablation, evaluate, report, train, workdir
 from configs import ablation as ablation_config
 from configs import smoke
 from helpers.paths import DATA
+from helpers.short_reference import short_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -412,7 +413,7 @@ def test_nothing_to_evaluate_is_an_error(tmp_path):
 
 
 def test_damaged_reference_files_are_named(tmp_path):
-    shutil.copy(DATA / "1_heads_cycle.npz", tmp_path)
+    short_reference(tmp_path)  # the released cycle model at 16 tokens
     (tmp_path / "4_heads_copy.npz").write_bytes((DATA / "4_heads_copy.npz").read_bytes()[:1000])
     (tmp_path / "2_heads_copy.npz").write_bytes(b"garbage" * 100)
     records, failures = evaluate.evaluate_reference_folder(
@@ -532,6 +533,7 @@ def test_report_of_reference_records_shows_no_placeholders():
     record = evaluate.evaluate_reference(
         DATA / "1_heads_cycle.npz",
         evaluate.EvalSpec(num_sequences=2, pruning=False, optimal_weights=False),
+        seq_len=16,  # the shape of test_damaged_reference_files_are_named: one compile
     )
     text = report.markdown([record])
     assert "| 1_heads_cycle.npz | - | cycle | 1 | - |" in text
