@@ -342,7 +342,7 @@ def test_a_failed_read_leaves_no_late_reports_on_a_busy_machine(run, tmp_path):
     try:
         for thread in burners:
             thread.start()
-        for _ in range(4):
+        for _ in range(2):  # a second read meets the first one's late reports, if any
             with pytest.raises(checkpoints.CheckpointError, match="step 8 is unreadable"):
                 checkpoints.load(copy / "checkpoints")
             time.sleep(0.5)
