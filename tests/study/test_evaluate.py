@@ -422,9 +422,10 @@ def test_optimal_columns_are_each_optimums_own_mix_on_the_walk_evaluated(walk):
 def test_a_tie_with_the_best_head_is_no_win():
     """`combined_wins` is 1 where the learned mix beats its best head (gain > 0): a mix
     equal to its best head (gain 0, e.g. a one-head layer's) does not win."""
-    attn = graphs.random_causal(6, (4, 2), 8)
-    spec = measure.MeasureSpec(horizon=20, max_steps=20)
-    layer = measure.measure_layer(attn, np.asarray([0.5, 0.5]), spec)
+    # The shapes and spec of the test above: its compiled kernels serve this one too.
+    attn = graphs.random_causal(6, (4, 3), 10)
+    spec = measure.MeasureSpec(horizon=20, max_steps=25, eps=0.3)
+    layer = measure.measure_layer(attn, np.asarray([0.6, 0.3, 0.1]), spec)
     layer["mixes"][record.LEARNED][record.GAIN.name] = np.asarray([0.0, 0.1, -0.1, 0.0])
     got = evaluate.columns(layer, "reference")
     np.testing.assert_array_equal(got["combined_wins"], [0.0, 1.0, 0.0, 0.0])
