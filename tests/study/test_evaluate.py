@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, graphs, measure, metrics, pruning, synergy, tasks
+from beyondpar import checkpoints, graphs, measure, metrics, pruning, synergy, tasks, weighting
 from beyondpar import model as model_lib
 from beyondpar.measure import record
 from beyondpar.study import attention_view, evaluate
@@ -478,3 +478,28 @@ def test_the_pages_flows_are_measured_over_the_evaluations_horizon():
             assert np.abs(later - phi).max() > 0.05 * phi.max(), (layer, name)
             np.testing.assert_allclose(shown[name]["values"], phi, rtol=5e-3, atol=1e-9)
             np.testing.assert_allclose(shown[name]["worst_value"], phi.min(-1), rtol=1e-4)
+
+
+def test_one_head_layers_mix_their_head_alone_without_a_search(monkeypatch):
+    """With one head the only mix is the head (weight 1, which the search returns exactly):
+    every optimum is 1 for every sequence and layer, and no search is compiled or run."""
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched a one-head layer")
+
+    monkeypatch.setattr(weighting, "optimal_weights", no_search)
+    monkeypatch.setattr(synergy, "optimal_weights", no_search)
+    attn = np.asarray(graphs.random_causal(3, (5, 4, 1), 12))  # N x L x H x T x T
+    weights = np.full((4, 1), 0.7, np.float32)
+    got = evaluate.optimal_mixes(attn, weights, evaluate.EvalSpec(pruning=False))
+    assert sorted(got) == sorted(
+        [
+            record.OPTIMAL,
+            record.OPTIMAL_IN_SAMPLE,
+            record.OPTIMAL_HITTING_TIME,
+            record.OPTIMAL_HITTING_TIME_IN_SAMPLE,
+        ]
+    )
+    for name, w in got.items():
+        assert w.dtype == np.float32, name
+        np.testing.assert_array_equal(w, np.ones((5, 4, 1)), err_msg=name)
