@@ -180,8 +180,10 @@ def test_bad_corpora_are_named(tmp_path, name, content, message):
 @pytest.fixture(scope="module")
 def corpus_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus")
+    # Batches of 3 and 1: the shapes the in-sample values (3 search windows) and the
+    # single windows below measure, compiled once for all of them.
     cspec = corpus_lib.CorpusSpec(
-        tokens=24, max_windows=7, batch_size=4, pruning=True, pruning_windows=3, pruning_points=3
+        tokens=24, max_windows=7, batch_size=3, pruning=True, pruning_windows=3, pruning_points=3
     )
     spec = measure.MeasureSpec(
         horizon=20, max_steps=20, pairwise=False, sink_tokens=1, optimal_weights=True
@@ -332,12 +334,12 @@ def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tm
         (copy / name).write_text((out / name).read_text())
     kept = (copy / corpus_lib.WINDOWS_FILE).read_text().splitlines()[:3]
     (copy / corpus_lib.WINDOWS_FILE).write_text("\n".join(kept) + '\n{"window": 3, "lay')
-    other_batch = corpus_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=3)
+    other_batch = corpus_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=1)
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, other_batch, spec, copy, progress=False)
     records = lines_skipping_torn(copy / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in records) == list(range(7))
     done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
-    for r in records:  # batch 3 = batch 4, window by window
+    for r in records:  # batch 1 = batch 3, window by window
         a = r["layers"]["1"]["heads"]["fidelity"]
         np.testing.assert_allclose(
             a, done[r["window"]]["layers"]["1"]["heads"]["fidelity"], rtol=1e-5
@@ -362,7 +364,8 @@ def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_pat
     batch over two along data: every window's numbers as on one device."""
     out, _, _, cspec, spec = corpus_run
     mesh = parallel.model_mesh(2, 2)
-    records_only = dataclasses.replace(cspec, pruning=False)  # the curves are not per window
+    # The curves are not per window; all 7 windows in one batch, one program to compile.
+    records_only = dataclasses.replace(cspec, pruning=False, batch_size=7)
     corpus_lib.run(HF / "llama-tiny", TEXT, records_only, spec, tmp_path, mesh=mesh, progress=False)
     done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
     sharded = lines(tmp_path / corpus_lib.WINDOWS_FILE)
@@ -486,7 +489,8 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     ]
     outs = [tmp_path / f"out{i}" for i in range(len(cases))]
     out = tmp_path / "ok"
-    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=3", f"--out={out}", *SPEC_FLAGS]
+    # Two windows: one batch of SPEC_FLAGS' two, the programs the tests here compile.
+    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=2", f"--out={out}", *SPEC_FLAGS]
     command_lines = [[model, *flags, f"--out={outs[i]}"] for i, (flags, _) in enumerate(cases)]
     *runs, done = launch_many([("analyze.py", flags) for flags in [*command_lines, [model, *ok]]])
     for (flags, message), bad_out, refused in zip(cases, outs, runs, strict=True):
@@ -495,7 +499,7 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
         assert not bad_out.exists()
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "report.md").read_text()
-    assert "3 windows of 16 tokens" in report and "baseline: uniform causal" in report
+    assert "2 windows of 16 tokens" in report and "baseline: uniform causal" in report
 
 
 def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
@@ -523,7 +527,8 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
     other = corpus_lib.CorpusSpec(tokens=12, max_windows=3)
     with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
-    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=3"]
+    # Two windows a model: one batch of two, as in the CLI test above.
+    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=2"]
     (done,) = launch_many([("analyze.py", [*flags, f"--out={tmp_path / 'cli'}", *SPEC_FLAGS])])
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
