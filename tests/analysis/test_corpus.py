@@ -364,8 +364,7 @@ def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_pat
     batch over two along data: every window's numbers as on one device."""
     out, _, _, cspec, spec = corpus_run
     mesh = parallel.model_mesh(2, 2)
-    # The curves are not per window; all 7 windows in one batch, one program to compile.
-    records_only = dataclasses.replace(cspec, pruning=False, batch_size=7)
+    records_only = dataclasses.replace(cspec, pruning=False)  # the curves are not per window
     corpus_lib.run(HF / "llama-tiny", TEXT, records_only, spec, tmp_path, mesh=mesh, progress=False)
     done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
     sharded = lines(tmp_path / corpus_lib.WINDOWS_FILE)
