@@ -153,8 +153,7 @@ def analyze_many(*command_lines):
 
 
 MESH_VALUES = ("data:2,model", "data:0,model:2", "tensor:2")
-# SPEC as flags: the sharded run is checked against short_record("llama-tiny").
-MESH_FLAGS = [f"--text={SHORT}", "--horizon=40", "--max_steps=40", "--nopairwise", "--layers=1"]
+MESH_FLAGS = [f"--text={SHORT}", "--horizon=20", "--nopairwise", "--layers=1"]
 
 
 def series_flags(folder: Path) -> list[str]:
@@ -173,7 +172,14 @@ def command_lines(tmp_path_factory):
     groups["cli"] = (
         cli,
         [
-            [model, f"--text={SHORT}", f"--out={cli}", "--layers=1", "--horizon=20"],
+            [
+                model,
+                f"--text={SHORT}",
+                f"--out={cli}",
+                "--layers=1",
+                "--horizon=20",
+                "--nopairwise",
+            ],
             [f"--model={cli / 'nothing'}", "--text=x", f"--out={cli / 'x'}"],
         ],
     )
@@ -257,8 +263,7 @@ def test_sink_mass_drop_and_uniform_baseline_closed_forms():
 
 
 def test_sink_tokens_analysis_measures_the_graph_without_them():
-    # SPEC's walks: the full graph's programs are those short_record compiles.
-    spec = dataclasses.replace(SPEC, sink_tokens=2, pairwise=False)
+    spec = measure.MeasureSpec(horizon=30, max_steps=30, sink_tokens=2, pairwise=False)
     record = text_lib.text_record(HF / "llama-tiny", SHORT, spec)
     module, params, tokenizer = pretrained.load(HF / "llama-tiny")
     ids = np.asarray([tokenizer.encode(SHORT).ids])
@@ -267,7 +272,7 @@ def test_sink_tokens_analysis_measures_the_graph_without_them():
     layer = record["layers"][1]
     np.testing.assert_allclose(layer["sink_mass"], graphs.sink_mass(attn[:, 1], 2), rtol=1e-6)
     dropped = graphs.drop_sink_tokens(attn[:, 1], 2)
-    node = np.asarray(metrics.node_fidelity(dropped, 40))
+    node = np.asarray(metrics.node_fidelity(dropped, 30))
     inner = layer["without_sink"]["heads"]
     np.testing.assert_allclose(inner["fidelity"], node.min(-1), rtol=1e-5)
     np.testing.assert_allclose(inner["fidelity_median"], np.median(node, -1), rtol=1e-5)
@@ -359,8 +364,9 @@ def test_analyze_cli_mesh_flag(command_lines):
     assert too_many.stderr.strip().count("\n") == 0
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads((out / "analysis.json").read_text())["layers"]["1"]["heads"]["fidelity"]
-    # The same analysis on one device, in this process (SPEC: the flags above, all layers).
-    want = short_record("llama-tiny")["layers"][1]["heads"]["fidelity"]
+    # The same analysis on one device, in this process (the flags above, as a spec).
+    spec = measure.MeasureSpec(horizon=20, layers=(1,), pairwise=False)
+    want = text_lib.text_record(HF / "llama-tiny", SHORT, spec)["layers"][1]["heads"]["fidelity"]
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
