@@ -320,7 +320,7 @@ def test_a_corpus_run_computes_its_baselines_once(tmp_path, monkeypatch):
     counted = lambda *args: calls.append(args) or real(*args)
     monkeypatch.setattr(text_lib, "baselines", counted)
     monkeypatch.setattr(corpus_lib.measure, "baselines", counted)
-    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)  # two batches
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=4, batch_size=2)  # two batches
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
     assert len(calls) == 1
     assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 16, rel=1e-5)
@@ -504,13 +504,14 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
 def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
 
     models = [str(HF / "llama-tiny"), str(HF / "qwen3-tiny")]
-    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
+    # Two batches of two a model: the shape the other tests of 16 tokens compile.
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=4, batch_size=2)
     out = tmp_path / "series"
     records, written = series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
     assert [r["model"] for r in records] == models
     for record, model in zip(records, models, strict=True):
         summary = json.loads((out / Path(model).name / "corpus.json").read_text())
-        assert summary["num_windows"] == 3 and summary["source"] == model
+        assert summary["num_windows"] == 4 and summary["source"] == model
         for layer, row in record["layers"].items():
             d = summary["layers"][layer]
             uniform = d["mixes"]["uniform"]["fidelity"]["mean"]
@@ -686,17 +687,17 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
 
 
 def test_each_record_names_its_windows_document_and_position():
-    """Three windows of two documents, two per batch: the second batch's window is the
-    second document's first."""
+    """Four windows of two documents, two per batch: the second batch holds the first
+    document's third window and the second document's first."""
     module, params, _ = pretrained.load(HF / "llama-tiny")
-    tokens = np.arange(3 * 16).reshape(3, 16) % 50 + 1  # the series test's shapes
-    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 1]))
+    tokens = np.arange(4 * 16).reshape(4, 16) % 50 + 1  # the series test's shapes
+    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 0, 1]))
     got = {}
     corpus_lib.analyze_windows(
-        module, params, picked, [0, 1, 2], SPEC, 2, got.__setitem__, progress=False
+        module, params, picked, [0, 1, 2, 3], SPEC, 2, got.__setitem__, progress=False
     )
-    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1}
-    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 1, 2: 0}
+    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 0, 3: 1}
+    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 1, 2: 2, 3: 0}
 
 
 def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
