@@ -172,14 +172,7 @@ def command_lines(tmp_path_factory):
     groups["cli"] = (
         cli,
         [
-            [
-                model,
-                f"--text={SHORT}",
-                f"--out={cli}",
-                "--layers=1",
-                "--horizon=20",
-                "--nopairwise",
-            ],
+            [model, f"--text={SHORT}", f"--out={cli}", "--layers=1", "--horizon=20"],
             [f"--model={cli / 'nothing'}", "--text=x", f"--out={cli / 'x'}"],
         ],
     )
