@@ -180,8 +180,10 @@ def test_bad_corpora_are_named(tmp_path, name, content, message):
 @pytest.fixture(scope="module")
 def corpus_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus")
+    # Batches of 3 and 1: the shapes the in-sample values (3 search windows) and the
+    # single windows below measure, compiled once for all of them.
     cspec = corpus_lib.CorpusSpec(
-        tokens=24, max_windows=7, batch_size=4, pruning=True, pruning_windows=3, pruning_points=3
+        tokens=24, max_windows=7, batch_size=3, pruning=True, pruning_windows=3, pruning_points=3
     )
     spec = measure.MeasureSpec(
         horizon=20, max_steps=20, pairwise=False, sink_tokens=1, optimal_weights=True
@@ -318,7 +320,7 @@ def test_a_corpus_run_computes_its_baselines_once(tmp_path, monkeypatch):
     counted = lambda *args: calls.append(args) or real(*args)
     monkeypatch.setattr(text_lib, "baselines", counted)
     monkeypatch.setattr(corpus_lib.measure, "baselines", counted)
-    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)  # two batches
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=4, batch_size=2)  # two batches
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
     assert len(calls) == 1
     assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 16, rel=1e-5)
@@ -332,12 +334,12 @@ def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tm
         (copy / name).write_text((out / name).read_text())
     kept = (copy / corpus_lib.WINDOWS_FILE).read_text().splitlines()[:3]
     (copy / corpus_lib.WINDOWS_FILE).write_text("\n".join(kept) + '\n{"window": 3, "lay')
-    other_batch = corpus_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=3)
+    other_batch = corpus_lib.CorpusSpec(tokens=24, max_windows=7, batch_size=1)
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, other_batch, spec, copy, progress=False)
     records = lines_skipping_torn(copy / corpus_lib.WINDOWS_FILE)
     assert sorted(r["window"] for r in records) == list(range(7))
     done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
-    for r in records:  # batch 3 = batch 4, window by window
+    for r in records:  # batch 1 = batch 3, window by window
         a = r["layers"]["1"]["heads"]["fidelity"]
         np.testing.assert_allclose(
             a, done[r["window"]]["layers"]["1"]["heads"]["fidelity"], rtol=1e-5
@@ -486,7 +488,8 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     ]
     outs = [tmp_path / f"out{i}" for i in range(len(cases))]
     out = tmp_path / "ok"
-    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=3", f"--out={out}", *SPEC_FLAGS]
+    # Two windows: one batch of SPEC_FLAGS' two, the programs the tests here compile.
+    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=2", f"--out={out}", *SPEC_FLAGS]
     command_lines = [[model, *flags, f"--out={outs[i]}"] for i, (flags, _) in enumerate(cases)]
     *runs, done = launch_many([("analyze.py", flags) for flags in [*command_lines, [model, *ok]]])
     for (flags, message), bad_out, refused in zip(cases, outs, runs, strict=True):
@@ -495,19 +498,20 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
         assert not bad_out.exists()
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "report.md").read_text()
-    assert "3 windows of 16 tokens" in report and "baseline: uniform causal" in report
+    assert "2 windows of 16 tokens" in report and "baseline: uniform causal" in report
 
 
 def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
 
     models = [str(HF / "llama-tiny"), str(HF / "qwen3-tiny")]
-    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=3, batch_size=2)
+    # Two batches of two a model: the shape the other tests of 16 tokens compile.
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=4, batch_size=2)
     out = tmp_path / "series"
     records, written = series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
     assert [r["model"] for r in records] == models
     for record, model in zip(records, models, strict=True):
         summary = json.loads((out / Path(model).name / "corpus.json").read_text())
-        assert summary["num_windows"] == 3 and summary["source"] == model
+        assert summary["num_windows"] == 4 and summary["source"] == model
         for layer, row in record["layers"].items():
             d = summary["layers"][layer]
             uniform = d["mixes"]["uniform"]["fidelity"]["mean"]
@@ -523,7 +527,8 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
     other = corpus_lib.CorpusSpec(tokens=12, max_windows=3)
     with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
-    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=3"]
+    # Two windows a model: one batch of two, as in the CLI test above.
+    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=2"]
     (done,) = launch_many([("analyze.py", [*flags, f"--out={tmp_path / 'cli'}", *SPEC_FLAGS])])
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
@@ -682,17 +687,17 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
 
 
 def test_each_record_names_its_windows_document_and_position():
-    """Three windows of two documents, two per batch: the second batch's window is the
-    second document's first."""
+    """Four windows of two documents, two per batch: the second batch holds the first
+    document's third window and the second document's first."""
     module, params, _ = pretrained.load(HF / "llama-tiny")
-    tokens = np.arange(3 * 16).reshape(3, 16) % 50 + 1  # the series test's shapes
-    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 1]))
+    tokens = np.arange(4 * 16).reshape(4, 16) % 50 + 1  # the series test's shapes
+    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 0, 1]))
     got = {}
     corpus_lib.analyze_windows(
-        module, params, picked, [0, 1, 2], SPEC, 2, got.__setitem__, progress=False
+        module, params, picked, [0, 1, 2, 3], SPEC, 2, got.__setitem__, progress=False
     )
-    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1}
-    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 1, 2: 0}
+    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 0, 3: 1}
+    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 1, 2: 2, 3: 0}
 
 
 def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
