@@ -91,6 +91,8 @@ def optimal_weights(
     sign = 1.0 if objective == "fidelity" else -1.0
     num_heads = a.shape[-3]
     pool = start_pool(num_heads, init, a.shape[:-4], a.dtype, random_starts, seed)
+    if num_heads == 1:
+        return _only_head(a, settings)
     sub = _subsample(a, search_sequences)
     # Anchors (uniform, learned, every head) are scored on every set, the rest of the
     # pool only on the subsample that the search runs on.
@@ -105,6 +107,13 @@ def optimal_weights(
             a, weights, value, sign, local_rounds // _POLISH_SHARE, settings, 1 / 16
         )
     return weights[..., 0, :], value[..., 0]
+
+
+def _only_head(attn, settings: dict):
+    """`optimal_weights` of one-head problems: the only mix is the head itself (weight 1),
+    scored as the search would score it, without compiling the search."""
+    only = jnp.ones((*attn.shape[:-4], 1, 1), attn.dtype)
+    return only[..., 0, :], _exact_scores(attn, only, **settings)[..., 0]
 
 
 def folds(num_sets: int, num_folds: int) -> list[range]:

@@ -503,3 +503,27 @@ def test_optimal_weights_rejects_counts_out_of_range_by_name(argument, value, bo
     message = rf"{argument} must be an integer {bound}, got {value}"
     with pytest.raises(ValueError, match=message):
         weighting.optimal_weights(TWO_CAUSAL_HEADS, "hitting_time", **settings)
+
+
+@pytest.mark.parametrize("objective", ["fidelity", "hitting_time"])
+def test_one_head_is_its_own_optimum_without_a_search(monkeypatch, objective):
+    """One head: weights exactly 1 for every problem, the value that head's own objective
+    (mean over the sets), and no candidate proposed or polished; a bad `init` is still
+    refused."""
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched a one-head problem")
+
+    monkeypatch.setattr(weighting, "_propose", no_search)
+    monkeypatch.setattr(weighting, "pattern_search", no_search)
+    attn = graphs.random_causal(4, (2, 3, 1), 9)  # L x N x 1 x T x T
+    w, value = weighting.optimal_weights(attn, objective, horizon=20, max_steps=20)
+    np.testing.assert_array_equal(np.asarray(w), np.ones((2, 1)))
+    head = attn[:, :, 0]
+    if objective == "fidelity":
+        own = metrics.minimax_fidelity(head, horizon=20)
+    else:
+        own = metrics.hitting_time(head, max_steps=20)
+    np.testing.assert_allclose(np.asarray(value), np.asarray(own).mean(-1), rtol=1e-6)
+    with pytest.raises(ValueError, match="init"):
+        weighting.optimal_weights(attn, objective, init=np.zeros((2, 1), np.float32))

@@ -76,8 +76,6 @@ def optimal_mixes(attn, weights, spec: EvalSpec) -> dict:
     # batch over devices, so sequences split over devices would be moved twice.
     per_layer = np.swapaxes(np.asarray(attn), 0, 1)
     n = per_layer.shape[1]
-    if per_layer.shape[2] == 1:
-        return _one_head_mixes(n, weights)
     settings = dict(walk=spec.walk, horizon=spec.horizon, max_steps=spec.max_steps)
     num_folds = len(weighting.folds(n, spec.folds))
     w = np.asarray(weights)
@@ -95,15 +93,6 @@ def optimal_mixes(attn, weights, spec: EvalSpec) -> dict:
         out[held_name] = np.swapaxes(np.asarray(held["weights"]), 0, 1)
         out[inside_name] = np.broadcast_to(np.asarray(inside), (n, *w.shape))
     return out
-
-
-def _one_head_mixes(n: int, weights) -> dict:
-    """`optimal_mixes` of one-head layers: the only mix is the head itself (weight 1),
-    which the search would find after compiling and running it for nothing."""
-    ones = np.ones((n, *np.shape(weights)), np.float32)
-    names = (record.OPTIMAL, record.OPTIMAL_IN_SAMPLE)
-    names += (record.OPTIMAL_HITTING_TIME, record.OPTIMAL_HITTING_TIME_IN_SAMPLE)
-    return {name: ones for name in names}
 
 
 def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> dict:

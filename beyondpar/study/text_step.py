@@ -17,7 +17,7 @@ import optax
 from jax import flatten_util
 from jax.sharding import PartitionSpec as P
 
-from beyondpar.base import allocator, parallel
+from beyondpar.base import parallel
 from beyondpar.study import train
 
 
@@ -90,8 +90,8 @@ def jitted_update(module, tx, mesh, microbatches: int, dtype_name: str, windows_
     The gradient norm is before clipping (what the clip acted on). `windows_shape` (B,
     T + 1) of a `model.Transformer`'s batches packs the step's temporaries into blocks
     that the CPU device threads' heaps keep mapped (`allocator.bounded_temporaries`):
-    packed whole, at 8 heads of the cpu size, every step faulted its pages in afresh and
-    took 1.4x as long."""
+    packed whole, at 8 and 16 heads of the cpu size, every step faulted its pages in
+    afresh and took 1.56x as long."""
     dtype = jnp.dtype(dtype_name)
     gradients = sharded_gradients(module, mesh, microbatches, dtype)
 
@@ -107,8 +107,7 @@ def jitted_update(module, tx, mesh, microbatches: int, dtype_name: str, windows_
     options = {}
     if windows_shape is not None:
         sequences = -(-windows_shape[0] // (mesh.shape[parallel.DATA] * microbatches))
-        largest = train.largest_tensor_bytes(module.config, sequences, windows_shape[1] - 1)
-        options = allocator.bounded_temporaries(largest, mesh.devices.flat[0].platform)
+        options = train.step_compiler_options(module.config, mesh, sequences, windows_shape[1] - 1)
     return jax.jit(
         step_fn,
         donate_argnums=0,

@@ -166,9 +166,16 @@ def jitted_update(module, tx, mesh, batch_shape: tuple[int, int]):
     shardings = dict(in_shardings=(repl, data, repl), out_shardings=(repl, repl))
     # Temporaries in blocks that the device threads' heaps keep mapped between steps.
     sequences, tokens = batch_shape
-    largest = largest_tensor_bytes(module.config, -(-sequences // mesh.size), tokens)
-    options = allocator.bounded_temporaries(largest, mesh.devices.flat[0].platform)
+    options = step_compiler_options(module.config, mesh, -(-sequences // mesh.size), tokens)
     return jax.jit(step_fn, donate_argnums=0, compiler_options=options, **shardings)
+
+
+def step_compiler_options(cfg, mesh, sequences: int, tokens: int) -> dict:
+    """`jax.jit` options of a training step whose devices each run `sequences` sequences
+    of `tokens` tokens at a time: temporaries in blocks that the device threads' heaps
+    keep mapped between steps (`allocator.bounded_temporaries`, CPU only)."""
+    largest = largest_tensor_bytes(cfg, sequences, tokens)
+    return allocator.bounded_temporaries(largest, mesh.devices.flat[0].platform)
 
 
 def sharded_loss_and_gradients(module, mesh):

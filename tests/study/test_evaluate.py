@@ -481,14 +481,15 @@ def test_the_pages_flows_are_measured_over_the_evaluations_horizon():
 
 
 def test_one_head_layers_mix_their_head_alone_without_a_search(monkeypatch):
-    """With one head the only mix is the head (weight 1, which the search returns exactly):
-    every optimum is 1 for every sequence and layer, and no search is compiled or run."""
+    """With one head the only mix is the head (weight 1): every optimum is 1 for every
+    sequence and layer, and no search is compiled or run (`weighting.optimal_weights`
+    returns it at once)."""
 
     def no_search(*args, **kwargs):
         raise AssertionError("searched a one-head layer")
 
-    monkeypatch.setattr(weighting, "optimal_weights", no_search)
-    monkeypatch.setattr(synergy, "optimal_weights", no_search)
+    monkeypatch.setattr(weighting, "_propose", no_search)
+    monkeypatch.setattr(weighting, "pattern_search", no_search)
     attn = np.asarray(graphs.random_causal(3, (5, 4, 1), 12))  # N x L x H x T x T
     weights = np.full((4, 1), 0.7, np.float32)
     got = evaluate.optimal_mixes(attn, weights, evaluate.EvalSpec(pruning=False))
