@@ -320,22 +320,17 @@ def plot_graphs_vs_heads(runs: list[dict]):
 
 def plot_vs_step(runs: list[dict]):
     """Bits per byte and the optimal mix's wins against step, a line per head count
-    (mean over seeds)."""
+    (mean over seeds), each head count in one colour in both panels."""
     plt = files.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     panels = [(BPB_KEY, 1.0, LOSSES[BPB_KEY]), (OPTIMAL_WINS, 100.0, "optimal mix wins (%)")]
+    colours = {h: f"C{i}" for i, h in enumerate(lm_stats.by_heads(runs))}
     for ax, (metric, scale, label) in zip(axes, panels, strict=True):
         for h, by_step in lm_stats.over_steps(runs, metric).items():
             if metric == OPTIMAL_WINS and h == 1:
                 continue
-            steps = list(by_step)
-            ax.plot(
-                steps,
-                [scale * s["mean"] for s in by_step.values()],
-                marker="o",
-                ms=3,
-                label=f"H={h}",
-            )
+            means = [scale * s["mean"] for s in by_step.values()]
+            ax.plot(list(by_step), means, marker="o", ms=3, color=colours[h], label=f"H={h}")
         ax.set(xlabel="step", ylabel=label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

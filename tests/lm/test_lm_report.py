@@ -182,3 +182,24 @@ def test_wins_change_runs_from_first_to_last_graph_evaluation_of_multi_head_runs
     got = change["change"]
     want = brute_interval([0.5 - 0.2, 0.6 - 0.4, 0.7 - 0.3])
     np.testing.assert_allclose([got["mean"], got["low"], got["high"]], want, rtol=1e-12)
+
+
+def test_step_plot_draws_each_head_count_in_one_colour_in_both_panels(tmp_path):
+    """Left: bits per byte of every head count; right: the optimal mix's wins (%) of the
+    multi-head ones. A head count keeps its colour across the panels, and each line is
+    its head count's mean over seeds at every step."""
+    runs = write_runs(tmp_path)
+    fig = lm_report.plot_vs_step(runs)
+    left, right = ({ln.get_label(): ln for ln in ax.get_lines()} for ax in fig.axes)
+    assert list(left) == [f"H={h}" for h in HEADS] and list(right) == [f"H={h}" for h in HEADS[1:]]
+    assert len({ln.get_color() for ln in left.values()}) == len(HEADS)
+    for h in HEADS:
+        bpb_means = [np.mean([bpb(h, s, step, -1) for s in SEEDS]) for step in STEPS]
+        np.testing.assert_allclose(left[f"H={h}"].get_ydata(), bpb_means, rtol=1e-12)
+        if h == 1:
+            continue
+        assert right[f"H={h}"].get_color() == left[f"H={h}"].get_color()
+        wins_means = [
+            100 * np.mean([np.mean(wins(h, s, step, 1)) for s in SEEDS]) for step in STEPS
+        ]
+        np.testing.assert_allclose(right[f"H={h}"].get_ydata(), wins_means, rtol=1e-12)
