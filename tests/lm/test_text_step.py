@@ -212,6 +212,7 @@ def test_text_blocks_are_sized_by_each_devices_share_of_a_microbatch(monkeypatch
     largest = train.largest_tensor_bytes
     assert _block_asked_for(monkeypatch, four, 2, (48, 21)) == largest(_TEXT_MODEL, 6, 20)
     assert _block_asked_for(monkeypatch, one, 1, (48, 21)) == largest(_TEXT_MODEL, 48, 20)
+    assert _block_asked_for(monkeypatch, four, 2, (50, 21)) == largest(_TEXT_MODEL, 7, 20)
     assert _block_asked_for(monkeypatch, four, 1, None) is None
 
 

@@ -135,7 +135,8 @@ def _block_asked_for(monkeypatch, module, mesh, batch_shape) -> int:
 
 
 def test_blocks_are_sized_by_each_devices_share_of_the_batch(monkeypatch):
-    """A step of 48 sequences of 20 tokens: 12 per device on 4 devices, 48 on one."""
+    """A step of 48 sequences of 20 tokens: 12 per device on 4 devices, 48 on one; of 50,
+    the largest share is 13 (a device holding fewer never needs more)."""
     cfg = model_lib.ModelConfig(num_heads=16, max_len=30)
     module = model_lib.Transformer(cfg)
     four, one = parallel.data_mesh(jax.devices()[:4]), parallel.data_mesh(jax.devices()[:1])
@@ -144,6 +145,9 @@ def test_blocks_are_sized_by_each_devices_share_of_the_batch(monkeypatch):
     )
     assert _block_asked_for(monkeypatch, module, one, (48, 20)) == (
         train.largest_tensor_bytes(cfg, 48, 20)
+    )
+    assert _block_asked_for(monkeypatch, module, four, (50, 20)) == (
+        train.largest_tensor_bytes(cfg, 13, 20)
     )
 
 
