@@ -334,7 +334,7 @@ def chain(t: int, keep: float) -> np.ndarray:
     return c
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.float64)])
 def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
     """Causal operators stop the recursion once the minimum is settled; the value must be
     that of all `horizon` steps, bit for bit: sparse and dense mixes of causal heads (they
@@ -361,7 +361,7 @@ def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
     assert np.argmax(np.asarray(metrics.sink_signal(cases[-1], 60))[0, :, 1]) > 5
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.float64)])
 @pytest.mark.parametrize("walk", WALKS)
 def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     """The hitting time stops summing once the survival mass left would round away; the
@@ -386,7 +386,7 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     got = metrics.objective_unchecked(cases[0].astype(dtype), "hitting_time", 5, 1, walk)
     np.testing.assert_allclose(got, np.full(6, 29 / 30), rtol=1e-6)  # S_0 only: (T - 1) / T
     # The slow chain's walks are not done by the last step: every step counts.
-    slow = [float(metrics.hitting_time(chain(12, 0.95), k, walk)) for k in (60, 100)]
+    slow = [float(metrics.hitting_time(chain(12, 0.95).astype(dtype), k, walk)) for k in (60, 100)]
     assert slow[1] > slow[0] + 20
 
 
