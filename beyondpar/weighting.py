@@ -90,8 +90,7 @@ def optimal_weights(
     settings["causal"] = metrics.is_causal(a)
     sign = 1.0 if objective == "fidelity" else -1.0
     num_heads = a.shape[-3]
-    # Built before the one-head answer too: it checks `init` for every head count.
-    pool = start_pool(num_heads, init, a.shape[:-4], a.dtype, random_starts, seed)
+    pool = start_pool(num_heads, init, a.shape[:-4], a.dtype, random_starts, seed)  # checks init
     if num_heads == 1:
         return _only_head(a, settings)
     sub = _subsample(a, search_sequences)
