@@ -45,18 +45,14 @@ import pytest  # noqa: E402
 
 from beyondpar import checkpoints, tasks  # noqa: E402
 from beyondpar import model as model_lib  # noqa: E402
-from helpers.markers import float64_without_marker  # noqa: E402
+from helpers.markers import refuse_float64_without_marker  # noqa: E402
 from helpers.memory_maps import release_compiled_programs  # noqa: E402
 from helpers.paths import DATA, FIXTURES, load_fixture  # noqa: E402
 from helpers.trained_runs import shared_folder, smoke_config, trained_once  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):
-    unmarked = float64_without_marker(items)
-    if unmarked:
-        raise pytest.UsageError(
-            f"float64 parameters need the float64 marker (x64 is off without it): {unmarked}"
-        )
+    refuse_float64_without_marker(items)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers.markers import float64_without_marker, is_float64_dtype
+from helpers.markers import (
+    float64_without_marker,
+    is_float64_dtype,
+    refuse_float64_without_marker,
+)
 
 
 class FakeItem:
@@ -27,6 +31,8 @@ class FakeItem:
         (jnp.bfloat16, False),
         ("float64", False),  # a string parameter is data
         ("d", False),
+        (np.floating, False),  # abstract scalar classes: NumPy refuses them as dtypes
+        (np.generic, False),
         (64, False),
         (None, False),
     ],
@@ -43,3 +49,12 @@ def test_only_unmarked_float64_parameters_are_named():
         FakeItem("d[walk]", {"walk": "reference"}, marked=False),
     ]
     assert float64_without_marker(items) == ["a[float64]"]
+
+
+def test_collection_stops_on_any_unmarked_item_naming_it():
+    """Checked over every item, the first included; a marked or float32 run goes on."""
+    first = FakeItem("first[float64]", {"dtype": np.float64}, marked=False)
+    fine = [FakeItem("b", {"dtype": np.float32}, marked=False)]
+    with pytest.raises(pytest.UsageError, match=r"float64 marker.*'first\[float64\]'"):
+        refuse_float64_without_marker([first, *fine])
+    assert refuse_float64_without_marker(fine) is None

@@ -527,3 +527,22 @@ def test_one_head_is_its_own_optimum_without_a_search(monkeypatch, objective):
     np.testing.assert_allclose(np.asarray(value), np.asarray(own).mean(-1), rtol=1e-6)
     with pytest.raises(ValueError, match="init"):
         weighting.optimal_weights(attn, objective, init=np.zeros((2, 1), np.float32))
+
+
+def test_start_pool_random_starts_follow_the_seed():
+    """The anchors (uniform, every head, every pair: 7 rows for 3 heads) are fixed; the
+    random starts are the seed's: equal for one seed, different for another."""
+    pools = [np.asarray(weighting.start_pool(3, None, (), jnp.float32, 6, s)) for s in (0, 0, 1)]
+    np.testing.assert_array_equal(pools[0], pools[1])
+    np.testing.assert_array_equal(pools[0][:7], pools[2][:7])
+    assert np.abs(pools[0][7:] - pools[2][7:]).min() > 1e-6
+
+
+@pytest.mark.float64
+def test_one_head_optimum_keeps_the_attentions_dtype():
+    """float32 attention with x64 on: the one head's weight and value stay float32, as a
+    search's would."""
+    attn = graphs.random_causal(4, (3, 1), 9).astype(np.float32)
+    w, value = weighting.optimal_weights(attn, horizon=20, max_steps=20)
+    assert (w.dtype, value.dtype) == (jnp.float32, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(w), [1.0])

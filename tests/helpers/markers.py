@@ -1,6 +1,7 @@
 """Collection checks on the suite's markers."""
 
 import numpy as np
+import pytest
 
 
 def is_float64_dtype(value) -> bool:
@@ -26,3 +27,12 @@ def float64_without_marker(items) -> list[str]:
         ):
             unmarked.append(item.nodeid)
     return unmarked
+
+
+def refuse_float64_without_marker(items) -> None:
+    """Stop the collection of `items` when any would run float64 parameters in float32."""
+    unmarked = float64_without_marker(items)
+    if unmarked:
+        raise pytest.UsageError(
+            f"float64 parameters need the float64 marker (x64 is off without it): {unmarked}"
+        )

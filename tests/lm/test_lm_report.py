@@ -203,3 +203,19 @@ def test_step_plot_draws_each_head_count_in_one_colour_in_both_panels(tmp_path):
             100 * np.mean([np.mean(wins(h, s, step, 1)) for s in SEEDS]) for step in STEPS
         ]
         np.testing.assert_allclose(right[f"H={h}"].get_ydata(), wins_means, rtol=1e-12)
+
+
+def test_evaluations_in_any_order_are_read_in_step_order():
+    """A run's evaluations may come in any order (a resumed run's lines): the first and
+    last are the smallest and largest steps, and the curves run in step order."""
+    w = lm_stats.OPTIMAL_WINS
+    runs = [
+        {"run": "a", "heads": 4, "seed": 0, "evals": {20: {w: 0.9}, 0: {w: 0.1}, 10: {w: 0.5}}},
+        {"run": "b", "heads": 4, "seed": 1, "evals": {10: {w: 0.4}, 20: {w: 0.7}, 5: {w: 0.2}}},
+    ]
+    change = lm_stats.wins_change(runs)
+    assert change["first"] == pytest.approx((0.1 + 0.2) / 2, rel=1e-12)
+    assert change["last"] == pytest.approx((0.9 + 0.7) / 2, rel=1e-12)
+    curve = lm_stats.over_steps(runs, w)[4]
+    assert list(curve) == [0, 5, 10, 20]
+    assert [curve[s]["mean"] for s in curve] == pytest.approx([0.1, 0.2, 0.45, 0.8], rel=1e-12)

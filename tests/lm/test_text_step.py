@@ -235,3 +235,26 @@ def test_text_training_compiles_its_step_for_the_configured_windows(tmp_path, mo
     with pytest.raises(_Stop):
         runs.train_and_evaluate(config, str(tmp_path / "run"))
     assert seen == [(3, (12, 11))]
+
+
+def test_jitted_update_computes_in_the_dtype_it_is_given():
+    """ "bfloat16": the step's loss is the bfloat16 pass's (parameters rounded), not the
+    float32 one, whose loss it differs from by the rounding of the thirds in the table."""
+    mesh = parallel.data_mesh()
+    tx = optax.sgd(0.0)
+    windows = parallel.shard_batch(_windows(), mesh)
+    losses = {}
+    for name in ("bfloat16", "float32"):
+        params = {"table": jnp.asarray(_table(), jnp.float32)}
+        state = {"step": jnp.asarray(0, jnp.int32), "params": params, "opt_state": tx.init(params)}
+        state = jax.device_put(state, parallel.replicated(mesh))
+        update = text_step.jitted_update(Bigram(), tx, mesh, 1, name)
+        losses[name] = float(update(state, windows, jax.random.PRNGKey(0))[1]["loss"])
+    tokens = _windows().shape[0] * (_windows().shape[1] - 1)
+    np.testing.assert_allclose(
+        losses["bfloat16"], _nats64(_bf16(_table()), _windows()).sum() / tokens, rtol=2e-6
+    )
+    np.testing.assert_allclose(
+        losses["float32"], _nats64(_table(), _windows()).sum() / tokens, rtol=1e-6
+    )
+    assert abs(losses["bfloat16"] - losses["float32"]) > 1e-4
