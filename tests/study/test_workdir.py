@@ -251,24 +251,26 @@ def test_workdir_change_rules_field_by_field():
 
 
 def test_checksums_follow_checkpoint_rotation(run, tmp_path):
-    """keep_checkpoints = 2: after four saves only the two newest steps remain, and the
-    checksums file holds exactly theirs, so a damaged kept step is caught."""
+    """keep_checkpoints = 2: after three saves (8, then 12 and 16) only the two newest
+    steps remain, and the checksums file holds exactly theirs, so a damaged kept step is
+    caught."""
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     config = short()
-    config.optim.num_epochs = 4
+    config.optim.num_epochs = 2
+    config.checkpoint_every_steps = 4
     train.train_and_evaluate(config, str(copy))
     folder = copy / "checkpoints"
-    assert checkpoints.list_steps(folder) == [24, 32]
+    assert checkpoints.list_steps(folder) == [12, 16]
     sums = json.loads((folder / "checksums.json").read_text())
-    assert set(sums) == {"24", "32"}
-    for step in (24, 32):
+    assert set(sums) == {"12", "16"}
+    for step in (12, 16):
         _, state = checkpoints.load(folder, step)
         assert checkpoints.checksum(state) == sums[str(step)]
-    sums["24"] = "f" * 64
+    sums["12"] = "f" * 64
     (folder / "checksums.json").write_text(json.dumps(sums))
-    with pytest.raises(checkpoints.CheckpointError, match="step 24 does not match its checksum"):
-        checkpoints.load(folder, 24)
+    with pytest.raises(checkpoints.CheckpointError, match="step 12 does not match its checksum"):
+        checkpoints.load(folder, 12)
 
 
 def test_a_busy_workdir_stops_a_second_process_at_once(command_lines, tmp_path):
