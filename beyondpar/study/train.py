@@ -328,11 +328,13 @@ def _train(config, workdir: Path, mesh, main: bool) -> dict:
     tx = adam(config.optim.learning_rate)
     k = keys(config.seed)
     last_step = total_steps(config)
+    if main:  # a changed experiment is refused before the model is built
+        workdir_lib.check(workdir, config)
     state = jax.device_put(
         create_state(module, k["init"], tx, config.task.seq_len), parallel.replicated(mesh)
     )
     saved = checkpoints.list_steps(workdir / CHECKPOINT_DIR)
-    if main:  # refuses a changed experiment before anything is written
+    if main:  # checked again, then config.json and the history written
         workdir_lib.prepare(workdir, config, saved[-1] if saved else 0)
     mgr = checkpoints.manager(
         workdir / CHECKPOINT_DIR, config.checkpoint_every_steps, config.keep_checkpoints

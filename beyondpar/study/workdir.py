@@ -46,17 +46,36 @@ def read_config(path: str | os.PathLike) -> dict:
     return files.read_json(file)
 
 
+def check(path: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
+    """Refuse a resume that would change the experiment, writing nothing: a run calls it
+    before it builds the model, so that a refusal costs no initialisation."""
+    path = Path(path)
+    if (path / CONFIG_FILE).exists():
+        settings.refuse_changes(read_config(path), _wanted(config), *_refusal(path), is_mutable)
+
+
 def prepare(path: str | os.PathLike, config: ml_collections.ConfigDict, step: int) -> None:
     """Write config.json for a new run, or check and record a resumed run's changes."""
     path = Path(path)
     saved = read_config(path) if (path / CONFIG_FILE).exists() else None
     settings.guard(
         path / CONFIG_FILE,
-        settings.json_form(config.to_dict()),  # as config.json would hold it
-        f"workdir {path} holds another experiment; resuming it with this config would change",
-        "use a new workdir, or the old values",
+        _wanted(config),
+        *_refusal(path),
         free=is_mutable,
         saved=saved,
         history=path / HISTORY_FILE,
         step=step,
+    )
+
+
+def _wanted(config: ml_collections.ConfigDict) -> dict:
+    return settings.json_form(config.to_dict())  # as config.json would hold it
+
+
+def _refusal(path: Path) -> tuple[str, str]:
+    """(holder, advice) of a refused resume's message."""
+    return (
+        f"workdir {path} holds another experiment; resuming it with this config would change",
+        "use a new workdir, or the old values",
     )

@@ -1,8 +1,6 @@
 """Ablations: the grid, dry runs, resumption without retraining, the CLI."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +8,7 @@ import pytest
 from beyondpar import checkpoints
 from beyondpar.study import ablation, config_lib, evaluate, train
 from configs import ablation as ablation_config
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers.launchers import launch_many
 
 
 def smoke_ablation():
@@ -44,6 +41,16 @@ def test_dry_run_prints_train_commands(tmp_path):
     assert commands[0].startswith("python launch/train.py --config=")
 
 
+def two_task_ablation():
+    """Two runs of one model (H=2 on copy and on cycle), one epoch each: the grid, its
+    resumption and its report, with every program compiled once for both runs."""
+    config = smoke_ablation()
+    config.levels.heads = (2,)
+    config.levels.task = ("copy", "cycle")
+    config.overrides.optim__num_epochs = 1
+    return config
+
+
 @pytest.mark.slow
 def test_interrupted_ablation_resumes_without_retraining(tmp_path, monkeypatch):
     real_train = train.train_and_evaluate
@@ -58,22 +65,19 @@ def test_interrupted_ablation_resumes_without_retraining(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train, "train_and_evaluate", counting)
     with pytest.raises(KeyboardInterrupt):
-        ablation.run(smoke_ablation(), tmp_path, progress=False)
-    first = tmp_path / "heads-1_seed-0_task-copy"
-    stamp = (first / "checkpoints" / "16").stat().st_mtime_ns
-    written, failures = ablation.run(smoke_ablation(), tmp_path, progress=False)
-    assert trained == [
-        "heads-1_seed-0_task-copy",
-        "heads-2_seed-0_task-copy",
-        "heads-2_seed-0_task-copy",
-    ]
+        ablation.run(two_task_ablation(), tmp_path, progress=False)
+    first, second = tmp_path / "heads-2_seed-0_task-copy", tmp_path / "heads-2_seed-0_task-cycle"
+    stamp = (first / "checkpoints" / "8").stat().st_mtime_ns
+    written, failures = ablation.run(two_task_ablation(), tmp_path, progress=False)
+    assert trained == [first.name, second.name, second.name]
     assert failures == []
-    assert (first / "checkpoints" / "16").stat().st_mtime_ns == stamp
-    assert checkpoints.list_steps(tmp_path / "heads-2_seed-0_task-copy" / "checkpoints")[-1] == 16
+    assert (first / "checkpoints" / "8").stat().st_mtime_ns == stamp
+    assert checkpoints.list_steps(second / "checkpoints")[-1] == 8
     records = evaluate.read_records(tmp_path / evaluate.RECORDS_FILE)
-    assert sorted(r["heads"] for r in records) == [1, 2]
+    assert sorted(r["task"] for r in records) == ["copy", "cycle"]
     text = (tmp_path / "report" / "report.md").read_text()
-    assert "| layer | H=1 | H=2 |" in text
+    assert "## Task: copy" in text and "## Task: cycle" in text
+    assert "| layer | H=2 |" in text
     assert {p.name for p in written} >= {
         "report.md",
         "results.csv",
@@ -81,7 +85,7 @@ def test_interrupted_ablation_resumes_without_retraining(tmp_path, monkeypatch):
         "index.html",
     }
     # A third run trains and evaluates nothing.
-    ablation.run(smoke_ablation(), tmp_path, progress=False)
+    ablation.run(two_task_ablation(), tmp_path, progress=False)
     assert len(trained) == 3 and len(evaluate.read_records(tmp_path / evaluate.RECORDS_FILE)) == 2
 
 
@@ -117,23 +121,28 @@ def test_a_missing_base_config_is_one_error_for_the_whole_grid(tmp_path):
 
 @pytest.mark.slow
 def test_ablate_cli(tmp_path):
-    args = [
-        sys.executable,
-        str(ROOT / "launch" / "ablate.py"),
+    """The dry run and the run, from one batch of command lines (`launch_many`); the dry
+    run is given a workdir of its own, where it may write nothing."""
+    flags = [
         "--config=configs/ablation.py:base=smoke",
         "--config.levels.heads=(2,)",
         "--config.levels.task=('cycle',)",
+        "--config.overrides.optim__num_epochs=1",
         "--config.overrides.evaluation__pruning=False",
         "--config.overrides.evaluation__optimal_weights=False",
-        f"--workdir={tmp_path}",
     ]
-    dry = subprocess.run([*args, "--dry_run"], capture_output=True, text=True, cwd=ROOT)
+    dry_dir, run_dir = tmp_path / "dry", tmp_path / "run"
+    dry, result = launch_many(
+        [
+            ("ablate.py", [*flags, f"--workdir={dry_dir}", "--dry_run"]),
+            ("ablate.py", [*flags, f"--workdir={run_dir}"]),
+        ]
+    )
     assert dry.returncode == 0, dry.stderr[-2000:]
-    assert dry.stdout.count("launch/train.py") == 1 and not (tmp_path / "report").exists()
-    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    assert dry.stdout.count("launch/train.py") == 1 and not dry_dir.exists()
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"wrote {tmp_path / 'report' / 'report.md'}" in result.stdout
-    assert "## Task: cycle" in (tmp_path / "report" / "report.md").read_text()
+    assert f"wrote {run_dir / 'report' / 'report.md'}" in result.stdout
+    assert "## Task: cycle" in (run_dir / "report" / "report.md").read_text()
 
 
 def test_run_reports_training_and_evaluation_failures_together(tmp_path, monkeypatch):

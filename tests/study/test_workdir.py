@@ -1,6 +1,7 @@
 """Trustworthy runs: one experiment and one process per workdir, damaged files named and
 skipped, failed runs recorded, finite checkpoints, readable output."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from beyondpar.base import files, locks, settings
 from beyondpar.study import ablation, evaluate, report, train, workdir
 from configs import ablation as ablation_config
 from configs import smoke
+from helpers.launchers import launch_many
 from helpers.paths import DATA
 from helpers.short_reference import short_reference
 
@@ -53,6 +55,84 @@ def snapshot(path: Path) -> dict:
     return {p: p.stat().st_mtime_ns for p in files}
 
 
+LOCK_HOLDER = """
+import sys, time
+from beyondpar.base import locks
+with locks.lock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+@contextlib.contextmanager
+def held_by_another_process(folder: Path):
+    """A process holding `folder`'s lock until the block ends (then killed: a killed
+    holder releases the lock); yields that process."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+
+
+def damaged_tree(run: Path, root: Path) -> Path:
+    """Three copies of `run` under `root`: good, bad_config (garbled config.json) and
+    bad_checkpoint (its step 8 cut short)."""
+    for name in ("good", "bad_config", "bad_checkpoint"):
+        shutil.copytree(run, root / name)
+    (root / "bad_config" / "config.json").write_text('{"model": ')
+    for data in (root / "bad_checkpoint" / "checkpoints" / "8").rglob("d/*"):
+        data.write_bytes(data.read_bytes()[:20])
+    return root
+
+
+@pytest.fixture(scope="module")
+def command_lines(run, tmp_path_factory):
+    """The command lines of this file's tests that need nothing done between them, run as
+    a user runs them but from one batch (`launch_many`: the launchers' libraries imported
+    once, each command line in a process of its own): {test: (its result, its folder)}.
+    `busy`'s workdir is held by another process while they run."""
+    folder = {
+        name: tmp_path_factory.mktemp(name)
+        for name in ("busy", "overrides", "damaged", "nothing", "summary")
+    }
+    damaged_tree(run, folder["damaged"])
+    cases = {
+        "busy": ("train.py", ["--config=configs/smoke.py", f"--workdir={folder['busy']}"]),
+        "overrides": (
+            "ablate.py",
+            [
+                "--config=configs/ablation.py:base=smoke",
+                "--config.overrides.optim__learning_rate=1e-2",
+                f"--workdir={folder['overrides']}",
+                "--dry_run",
+            ],
+        ),
+        "damaged": ("evaluate.py", [f"--runs={folder['damaged']}"]),
+        "nothing": ("evaluate.py", [f"--runs={folder['nothing']}"]),
+        "summary": (
+            "train.py",
+            [
+                "--config=configs/smoke.py",
+                f"--workdir={folder['summary']}",
+                "--config.optim.num_epochs=1",
+                "--config.progress_bar=False",
+            ],
+        ),
+    }
+    with held_by_another_process(folder["busy"]):
+        done = launch_many(list(cases.values()))
+    return {name: (result, folder[name]) for name, result in zip(cases, done, strict=True)}
+
+
 # ---------------------------------------------------------------- one experiment
 
 
@@ -65,7 +145,9 @@ def snapshot(path: Path) -> dict:
         (lambda c: c.update(seed=3), "seed: 0 -> 3"),
     ],
 )
-def test_resume_with_another_experiment_is_refused_before_writing(run, change, listed):
+def test_resume_with_another_experiment_is_refused_before_writing(run, change, listed, monkeypatch):
+    """Refused before anything is written, and before the model is built."""
+    monkeypatch.setattr(train, "create_state", lambda *a: pytest.fail("built the model"))
     config = short()
     change(config)
     before = snapshot(run)
@@ -169,44 +251,30 @@ def test_workdir_change_rules_field_by_field():
 
 
 def test_checksums_follow_checkpoint_rotation(run, tmp_path):
-    """keep_checkpoints = 2: after four saves only the two newest steps remain, and the
-    checksums file holds exactly theirs, so a damaged kept step is caught."""
+    """keep_checkpoints = 2: after three saves (8, then 12 and 16) only the two newest
+    steps remain, and the checksums file holds exactly theirs, so a damaged kept step is
+    caught."""
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     config = short()
-    config.optim.num_epochs = 4
+    config.optim.num_epochs = 2
+    config.checkpoint_every_steps = 4
     train.train_and_evaluate(config, str(copy))
     folder = copy / "checkpoints"
-    assert checkpoints.list_steps(folder) == [24, 32]
+    assert checkpoints.list_steps(folder) == [12, 16]
     sums = json.loads((folder / "checksums.json").read_text())
-    assert set(sums) == {"24", "32"}
-    for step in (24, 32):
+    assert set(sums) == {"12", "16"}
+    for step in (12, 16):
         _, state = checkpoints.load(folder, step)
         assert checkpoints.checksum(state) == sums[str(step)]
-    sums["24"] = "f" * 64
+    sums["12"] = "f" * 64
     (folder / "checksums.json").write_text(json.dumps(sums))
-    with pytest.raises(checkpoints.CheckpointError, match="step 24 does not match its checksum"):
-        checkpoints.load(folder, 24)
+    with pytest.raises(checkpoints.CheckpointError, match="step 12 does not match its checksum"):
+        checkpoints.load(folder, 12)
 
 
-LOCK_HOLDER = """
-import sys, time
-from beyondpar.base import locks
-with locks.lock(sys.argv[1]):
-    print("locked", flush=True)
-    time.sleep(60)
-"""
-
-
-def test_a_busy_workdir_stops_a_second_process_at_once(tmp_path):
-    holder = subprocess.Popen(
-        [sys.executable, "-c", LOCK_HOLDER, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+def test_a_busy_workdir_stops_a_second_process_at_once(command_lines, tmp_path):
+    with held_by_another_process(tmp_path) as holder:
         start = time.perf_counter()
         with pytest.raises(
             locks.FolderBusy, match=f"workdir {tmp_path} is in use .*pid {holder.pid}"
@@ -214,12 +282,9 @@ def test_a_busy_workdir_stops_a_second_process_at_once(tmp_path):
             train.train_and_evaluate(short(), str(tmp_path))
         assert time.perf_counter() - start < 5
         assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
-        cli = launch("train.py", "--config=configs/smoke.py", f"--workdir={tmp_path}")
-        assert cli.returncode == 2 and "is in use by another process" in cli.stderr
-    finally:
-        holder.send_signal(signal.SIGKILL)  # a killed holder releases the lock
-        holder.wait()
-        holder.stdout.close()
+    cli, busy = command_lines["busy"]
+    assert cli.returncode == 2 and "is in use by another process" in cli.stderr
+    assert not (busy / "checkpoints").exists()
     with locks.lock(tmp_path), locks.lock(tmp_path):  # free again, and re-entrant
         pass
 
@@ -289,14 +354,8 @@ def test_failed_runs_are_recorded_and_the_grid_goes_on(run, tmp_path, monkeypatc
     assert "| layer | H=2 |" in text  # the rest is reported
 
 
-def test_overrides_from_the_command_line(tmp_path):
-    result = launch(
-        "ablate.py",
-        "--config=configs/ablation.py:base=smoke",
-        "--config.overrides.optim__learning_rate=1e-2",
-        f"--workdir={tmp_path}",
-        "--dry_run",
-    )
+def test_overrides_from_the_command_line(command_lines):
+    result, _ = command_lines["overrides"]
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("--config.optim.learning_rate=0.01") == 8
 
@@ -380,14 +439,8 @@ def test_checksum_mismatch_and_flipped_bits_never_load(run, tmp_path):
         checkpoints.load(copy / "checkpoints")
 
 
-def test_evaluation_names_damaged_files_and_goes_on(run, tmp_path):
-    root = tmp_path / "tree"
-    for name in ("good", "bad_config", "bad_checkpoint"):
-        shutil.copytree(run, root / name)
-    (root / "bad_config" / "config.json").write_text('{"model": ')
-    for data in (root / "bad_checkpoint" / "checkpoints" / "8").rglob("d/*"):
-        data.write_bytes(data.read_bytes()[:20])
-    result = launch("evaluate.py", f"--runs={root}")
+def test_evaluation_names_damaged_files_and_goes_on(command_lines):
+    result, root = command_lines["damaged"]
     assert result.returncode == 1
     out = result.stdout
     assert "evaluated 1 checkpoint(s), skipped 0 already recorded, failed 2" in out
@@ -406,22 +459,30 @@ def test_evaluation_names_damaged_files_and_goes_on(run, tmp_path):
     assert "skipped 1 already recorded" in again.stdout
 
 
-def test_nothing_to_evaluate_is_an_error(tmp_path):
-    result = launch("evaluate.py", f"--runs={tmp_path}")
+def test_nothing_to_evaluate_is_an_error(command_lines):
+    result, empty = command_lines["nothing"]
     assert result.returncode == 2
     assert (
-        f"no runs under {tmp_path}: looked for folders holding config.json and checkpoints/"
+        f"no runs under {empty}: looked for folders holding config.json and checkpoints/"
         in result.stderr
     )
 
 
-def test_damaged_reference_files_are_named(tmp_path):
-    short_reference(tmp_path)  # the released cycle model at 16 tokens
-    (tmp_path / "4_heads_copy.npz").write_bytes((DATA / "4_heads_copy.npz").read_bytes()[:1000])
-    (tmp_path / "2_heads_copy.npz").write_bytes(b"garbage" * 100)
-    records, failures = evaluate.evaluate_reference_folder(
-        tmp_path, evaluate.EvalSpec(num_sequences=2, pruning=False, optimal_weights=False)
+@pytest.fixture(scope="module")
+def damaged_references(tmp_path_factory):
+    """(records, failures) of a folder of the released cycle model at 16 tokens, a
+    4_heads_copy.npz cut short and a 2_heads_copy.npz of garbage."""
+    folder = tmp_path_factory.mktemp("references")
+    short_reference(folder)
+    (folder / "4_heads_copy.npz").write_bytes((DATA / "4_heads_copy.npz").read_bytes()[:1000])
+    (folder / "2_heads_copy.npz").write_bytes(b"garbage" * 100)
+    return evaluate.evaluate_reference_folder(
+        folder, evaluate.EvalSpec(num_sequences=2, pruning=False, optimal_weights=False)
     )
+
+
+def test_damaged_reference_files_are_named(damaged_references):
+    records, failures = damaged_references
     assert [r["run"] for r in records] == ["1_heads_cycle.npz"]
     assert records[0]["step"] is None and records[0]["seed"] is None
     assert [name for name, _ in failures] == ["2_heads_copy.npz", "4_heads_copy.npz"]
@@ -496,17 +557,11 @@ def jax_tree_where(bad, tree):
     )
 
 
-def test_train_cli_ends_with_one_summary_line(tmp_path):
-    result = launch(
-        "train.py",
-        "--config=configs/smoke.py",
-        f"--workdir={tmp_path}",
-        "--config.optim.num_epochs=1",
-        "--config.progress_bar=False",
-    )
+def test_train_cli_ends_with_one_summary_line(command_lines):
+    result, workdir = command_lines["summary"]
     assert result.returncode == 0, result.stderr[-2000:]
     last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("trained copy H=2 to step 8 in ") and f"workdir {tmp_path}" in last
+    assert last.startswith("trained copy H=2 to step 8 in ") and f"workdir {workdir}" in last
     assert "Unable to initialize backend" not in result.stdout + result.stderr
 
 
@@ -531,17 +586,13 @@ def test_float64_in_float32_mode_warns_once():
     assert count == "1" and "float64 but JAX runs in float32 mode" in message
 
 
-def test_report_of_reference_records_shows_no_placeholders():
-
-    record = evaluate.evaluate_reference(
-        DATA / "1_heads_cycle.npz",
-        evaluate.EvalSpec(num_sequences=2, pruning=False, optimal_weights=False),
-        seq_len=16,  # the shape of test_damaged_reference_files_are_named: one compile
-    )
-    text = report.markdown([record])
+def test_report_of_reference_records_shows_no_placeholders(damaged_references):
+    """The record of the released cycle model, evaluated on 16 tokens."""
+    records, _ = damaged_references
+    text = report.markdown(records)
     assert "| 1_heads_cycle.npz | - | cycle | 1 | - |" in text
     assert "Single-head models only: nothing to mix." in text
-    assert np.isfinite(record["metrics"]["fidelity"]["mean"]).all()
+    assert np.isfinite(records[0]["metrics"]["fidelity"]["mean"]).all()
 
 
 def test_a_damaged_npz_is_named_and_its_file_closed(tmp_path):
