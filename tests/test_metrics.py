@@ -375,9 +375,9 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     rng = np.random.default_rng(1)
     cases = [np.einsum("nh,nhij->nij", rng.dirichlet(np.full(4, 0.5), 6), heads)]
     cases.append(cases[0] * (1 + 9e-5))
-    # Of the mixes' shape, so that their programs serve both.
+    # All of the mixes' shape (6 x 30 x 30), so that the programs of one serve the others.
     cases.append(np.stack([bidirectional(s, 30) for s in range(6)]))
-    cases.append(np.stack([chain(12, 0.95), chain(12, 0.5)]))
+    cases.append(np.stack([chain(30, keep) for keep in (0.95, 0.5, 0.6, 0.7, 0.8, 0.9)]))
     for c, k in zip(cases, (100, 7, 100, 100), strict=True):
         c = np.asarray(c, dtype)
         early = metrics.hitting_time(c, k, walk, validate=False)
