@@ -72,7 +72,7 @@ def numpy_baseline(t: int, horizon: int, max_steps: int, eps: float) -> dict:
     return out
 
 
-@pytest.mark.parametrize("t", [6, 8])
+@pytest.mark.parametrize("t", [10, T])
 def test_baseline_is_uniform_causal_attention_field_by_field(t):
     got = measure.baseline(t, SPEC)
     want = numpy_baseline(t, SPEC.horizon, SPEC.max_steps, SPEC.eps)
@@ -205,7 +205,7 @@ def test_cross_head_share_minimax_is_at_the_first_mixs_worst_served_token():
 def test_baselines_are_uniform_causal_attention_of_each_windows_length(sink_tokens):
     """The baseline without the sink tokens is uniform causal attention over the T - k
     tokens left: its minimax fidelity is the sink's own share, 1 / (T - k)."""
-    t = 8  # and 6 without the sink tokens: the lengths of the field-by-field test
+    t = T  # and T - 2 without the sink tokens: the lengths of the field-by-field test
     spec = with_spec(sink_tokens=sink_tokens)
     got = measure.baselines(t, spec)
     np.testing.assert_allclose(got["baseline"]["fidelity"], 1 / t, rtol=1e-5)
@@ -305,11 +305,9 @@ def test_rollout_of_a_model_weighs_the_residual_and_multiplies_later_layers_on_t
     the sink's row of that product, at r = 0.2, where swapping r and 1 - r shows."""
     model = DATA / "hf" / "gpt2-tiny"
     module, params, _ = pretrained.load(model)
-    ids = np.asarray([[5, 17, 3, 42, 8, 11, 29, 2, 7]])
+    ids = np.asarray([[5, 17, 3, 42, 8, 11, 29, 2, 7, 13, 21, 34]])  # T tokens: the baseline's
     residual = 0.2
-    spec = measure.MeasureSpec(
-        horizon=10, max_steps=10, pairwise=False, layers=(0,), residual=residual
-    )
+    spec = with_spec(layers=(0,), residual=residual)
     record = text_lib.analyze_tokens(module, params, ids, spec)
     _, attn = pretrained.apply_with_attention(module, params, ids)
     attn = np.asarray(attn, np.float64)[0]  # L x H x T x T
