@@ -1,5 +1,6 @@
 """Metric kernels: closed forms, a brute-force reference, batching and dtypes."""
 
+import functools
 import math
 
 import chex
@@ -374,8 +375,9 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     rng = np.random.default_rng(1)
     cases = [np.einsum("nh,nhij->nij", rng.dirichlet(np.full(4, 0.5), 6), heads)]
     cases.append(cases[0] * (1 + 9e-5))
-    cases.append(np.stack([bidirectional(s, 20) for s in range(5)]))
-    cases.append(np.stack([chain(12, 0.95), chain(12, 0.5)]))
+    # All of the mixes' shape (6 x 30 x 30), so that the programs of one serve the others.
+    cases.append(np.stack([bidirectional(s, 30) for s in range(6)]))
+    cases.append(np.stack([chain(30, keep) for keep in (0.95, 0.5, 0.6, 0.7, 0.8, 0.9)]))
     for c, k in zip(cases, (100, 7, 100, 100), strict=True):
         c = np.asarray(c, dtype)
         early = metrics.hitting_time(c, k, walk, validate=False)
@@ -386,7 +388,8 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     got = metrics.objective_unchecked(cases[0].astype(dtype), "hitting_time", 5, 1, walk)
     np.testing.assert_allclose(got, np.full(6, 29 / 30), rtol=1e-6)  # S_0 only: (T - 1) / T
     # The slow chain's walks are not done by the last step: every step counts.
-    slow = [float(metrics.hitting_time(chain(12, 0.95).astype(dtype), k, walk)) for k in (60, 100)]
+    chains = np.asarray(cases[3], dtype)  # the first: keep 0.95
+    slow = [float(metrics.hitting_time(chains, k, walk)[0]) for k in (60, 100)]
     assert slow[1] > slow[0] + 20
 
 
@@ -436,7 +439,8 @@ def test_dividing_blocks_give_the_padded_blocks_numbers(monkeypatch):
 
     divided = every_number()
     monkeypatch.setattr(batching, "_dividing_block", lambda block, per_device: block)
-    jax.clear_caches()
+    for kernel in (fused._sweep_jit, early_stop._settled_minimax_jit):  # traced again
+        kernel.clear_cache()
     for fast, padded in zip(divided, every_number(), strict=True):
         np.testing.assert_array_equal(fast, padded)
 
@@ -451,6 +455,22 @@ def test_triangular_path_only_for_causal_operators(short_triangular):
     assert jax.jit(lambda x: metrics.triangular_tile(x) is None)(c)  # traced: dense
 
 
+def record_tiles(monkeypatch) -> list:
+    """The tile (None: the dense path) of every sweep asked for, in order. The sweep is
+    traced but not compiled or run (its numbers are zeros of its shapes): these tests are
+    about the path chosen, whose numbers the tests above compare."""
+    tiles = []
+    real = fused._sweep_jit
+
+    def traced_only(c, **settings):
+        tiles.append(settings["tile"])
+        shapes = jax.eval_shape(functools.partial(real, **settings), c)
+        return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+    monkeypatch.setattr(fused, "_sweep_jit", traced_only)
+    return tiles
+
+
 def test_the_sweep_goes_triangular_later_when_its_recursions_share_c(monkeypatch):
     """On CPU the dense path streams c once a step for every recursion on it, so a sweep
     of only the sink signal and the normalised walk stays dense longer; one with a
@@ -462,11 +482,7 @@ def test_the_sweep_goes_triangular_later_when_its_recursions_share_c(monkeypatch
         assert fused._triangular_min_tokens(horizon, walks) == 9
     assert fused._triangular_min_tokens(0, ("normalized",)) == 9
     c = causal(2, (2,), 12)
-    compiled = []
-    real = fused._sweep_jit
-    monkeypatch.setattr(
-        fused, "_sweep_jit", lambda c, **kw: compiled.append(kw["tile"]) or real(c, **kw)
-    )
+    compiled = record_tiles(monkeypatch)
     for walk in WALKS:
         metrics.operator_metrics(c, horizon=6, max_steps=7, walk=walk)
     metrics.hitting_time(c, 7, walk="normalized")
@@ -477,11 +493,7 @@ def test_the_papers_length_takes_the_triangular_path_unless_its_recursions_share
     """At the paper's T = 100 (measured on CPU: 1.2x for fidelity with the reference walk,
     1.3x for a hitting time) causal attention skips its zeros; with only the sink signal
     and the normalised walk on c the dense path stays (0.9x triangular), up to T = 128."""
-    compiled = []
-    real = fused._sweep_jit
-    monkeypatch.setattr(
-        fused, "_sweep_jit", lambda c, **kw: compiled.append(kw["tile"]) or real(c, **kw)
-    )
+    compiled = record_tiles(monkeypatch)
     for t in (63, 64, 100, 128):
         c = causal(t, (1,), t)
         for walk in WALKS:
@@ -876,7 +888,7 @@ def test_a_known_causality_skips_the_check_and_picks_the_path(monkeypatch, short
     real = fused._triangular_paths
     monkeypatch.setattr(fused, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
     for hint in (True, False):
-        jax.clear_caches()
+        fused._sweep_jit.clear_cache()  # traced again: its path recorded
         paths.clear()
         hinted = run(causal=hint) + scores(causal=hint)
         for want, got in zip(checked + checked_scores, hinted, strict=True):
@@ -897,7 +909,7 @@ def test_an_unknown_causality_is_checked_and_picks_the_path(monkeypatch, short_t
     ]
     for c, triangular in ((causal(2, (3,), 12), True), (bidirectional(2, 12)[None], False)):
         for call in calls:
-            jax.clear_caches()
+            fused._sweep_jit.clear_cache()  # traced again: its path recorded
             paths.clear()
             call(c)
             assert bool(paths) == triangular

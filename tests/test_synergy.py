@@ -266,17 +266,17 @@ def test_cross_head_share_of_signals_is_the_share_of_the_layer_analysis():
     """The layer analysis takes the share from the sink signals of its metric sweep (the
     first mix and every head) instead of a second recursion: same numbers, and the
     first mix is the learned one, not the uniform mix beside it."""
-    attn = graphs.random_causal(5, (2, 3), 12, dtype=np.float64)
+    attn = graphs.random_causal(5, (2, 3), 10, dtype=np.float64)  # as the tests below
     w = np.array([0.2, 0.5, 0.3])
-    spec = measure.MeasureSpec(horizon=20, max_steps=25, pairwise=False)
+    spec = measure.MeasureSpec(horizon=30, max_steps=25, pairwise=False)
     out = measure.measure_layer(attn, w, spec)
-    share = np.asarray(synergy.cross_head_share(attn, w, 20))
+    share = np.asarray(synergy.cross_head_share(attn, w, 30))
     np.testing.assert_allclose(out["cross_head_share_mean"], share.mean(-1), rtol=1e-5)
-    uniform = np.asarray(synergy.cross_head_share(attn, np.ones(3), 20)).mean(-1)
+    uniform = np.asarray(synergy.cross_head_share(attn, np.ones(3), 30)).mean(-1)
     assert np.all(np.abs(uniform - share.mean(-1)) > 1e-3)
     np.testing.assert_allclose(out["head_diversity"], synergy.head_diversity(attn), rtol=1e-5)
-    signals = metrics.sink_signal(attn, 20)
-    mixed = metrics.sink_signal(graphs.combine_heads(attn, w), 20)
+    signals = metrics.sink_signal(attn, 30)
+    mixed = metrics.sink_signal(graphs.combine_heads(attn, w), 30)
     from_signals = synergy.cross_head_share_of_signals(mixed, signals, w / w.sum())
     np.testing.assert_allclose(from_signals, share, rtol=1e-12)
 
@@ -384,17 +384,17 @@ def test_pairwise_synergy_follows_mass_that_returns_to_later_tokens():
 def test_public_functions_take_attention_and_weights_by_the_same_keywords():
     """One name per concept across the public API: `attn`, `weights` and `importances`,
     as in graphs.combine_heads and synergy.optimal_weights."""
-    attn = graphs.random_causal(3, (2,), 8, dtype=np.float64)
-    w = np.array([0.25, 0.75])
+    attn = graphs.random_causal(3, (2, 3), 10, dtype=np.float64)  # shapes of the tests above
+    w = np.array([0.25, 0.5, 0.25])
     np.testing.assert_array_equal(
         synergy.head_diversity(attn=attn, validate=True), synergy.head_diversity(attn)
     )
     np.testing.assert_array_equal(
-        synergy.pairwise_synergy(attn=attn, horizon=12), synergy.pairwise_synergy(attn, 12)
+        synergy.pairwise_synergy(attn=attn, horizon=30), synergy.pairwise_synergy(attn, 30)
     )
     np.testing.assert_array_equal(
-        synergy.cross_head_share(attn=attn, weights=w, horizon=12),
-        synergy.cross_head_share(attn, w, 12),
+        synergy.cross_head_share(attn=attn, weights=w, horizon=30),
+        synergy.cross_head_share(attn, w, 30),
     )
     np.testing.assert_array_equal(
         graphs.combine_heads(attn=attn, weights=w), graphs.combine_heads(attn, w)
@@ -403,7 +403,7 @@ def test_public_functions_take_attention_and_weights_by_the_same_keywords():
     np.testing.assert_array_equal(
         graphs.drop_sink_tokens(attn=attn, sink_tokens=1), graphs.drop_sink_tokens(attn, 1)
     )
-    layers = attn[None, None]  # N x L x H x T x T
+    layers = attn[None, :1]  # N x L x H x T x T
     assert pruning.fidelity_order(attn=layers, importances=[w], horizon=12) == (
         pruning.fidelity_order(layers, [w], 12)
     )

@@ -2,6 +2,8 @@
 float64 computation, mixes kept apart on the graph without the sink tokens, and the
 optimum cross-fitted over the sequences of a layer."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,7 +14,24 @@ from beyondpar.measure import layer as layer_module
 from helpers.paths import DATA
 
 WALKS = metrics.WALKS
-SPEC = measure.MeasureSpec(horizon=30, max_steps=40, eps=0.3, pairwise=False)
+# One spec and one layer shape (B x H x T = 2 x 3 x 12) for the whole file, so that its
+# tests share compiled kernels; horizon and step cap differ so that a mix-up shows.
+SPEC = measure.MeasureSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False)
+SHAPE, T = (2, 3), 12
+
+
+def with_spec(**changes) -> measure.MeasureSpec:
+    """The file's spec with some settings changed (sink tokens, weight search)."""
+    return dataclasses.replace(SPEC, **changes)
+
+
+@pytest.fixture
+def short_triangular(monkeypatch):
+    """The triangular path (causal operators, by default only long ones) at T = 12: for
+    the test of every field on it, and for the tests of the sink tokens, whose numbers do
+    not depend on the path, so that they share its compiled kernels."""
+    monkeypatch.setattr(metrics.fused, "TRIANGULAR_MIN_TOKENS", 8)
+    monkeypatch.setattr(metrics.fused, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
 
 
 def numpy_baseline(t: int, horizon: int, max_steps: int, eps: float) -> dict:
@@ -53,7 +72,7 @@ def numpy_baseline(t: int, horizon: int, max_steps: int, eps: float) -> dict:
     return out
 
 
-@pytest.mark.parametrize("t", [6, 17])
+@pytest.mark.parametrize("t", [10, T])
 def test_baseline_is_uniform_causal_attention_field_by_field(t):
     got = measure.baseline(t, SPEC)
     want = numpy_baseline(t, SPEC.horizon, SPEC.max_steps, SPEC.eps)
@@ -63,9 +82,9 @@ def test_baseline_is_uniform_causal_attention_field_by_field(t):
     np.testing.assert_allclose(got["fidelity"], 1 / t, rtol=1e-5)  # the sink's own share
 
 
-def test_without_sink_mixes_use_their_own_weights():
-    attn = graphs.random_causal(3, (2, 3), 12)  # B x H x T x T
-    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False, sink_tokens=1)
+def test_without_sink_mixes_use_their_own_weights(short_triangular):
+    attn = graphs.random_causal(3, SHAPE, T)  # B x H x T x T
+    spec = with_spec(sink_tokens=1)
     one_hot = lambda h: np.eye(3, dtype=np.float32)[h]
     out = measure.measure_layer(
         attn, None, spec, extra={"x": one_hot(0)}, extra_without_sink={"x": one_hot(2)}
@@ -82,57 +101,56 @@ def test_without_sink_mixes_use_their_own_weights():
 
 
 @pytest.mark.parametrize("sink_tokens", [0, 1, 2])
-def test_sink_mass_is_the_attention_on_the_dropped_tokens(sink_tokens):
+def test_sink_mass_is_the_attention_on_the_dropped_tokens(sink_tokens, short_triangular):
     """Uniform causal attention puts min(k, i + 1) / (i + 1) of query i on the first k keys:
     the sink mass is its mean over queries, k the tokens dropped (the first token when
     none are)."""
-    t = 8
-    attn = np.broadcast_to(graphs.uniform_causal(t), (1, 2, t, t))
-    spec = measure.MeasureSpec(horizon=10, max_steps=10, pairwise=False, sink_tokens=sink_tokens)
-    out = measure.measure_layer(attn, None, spec)
+    t = T
+    attn = np.broadcast_to(graphs.uniform_causal(t), (*SHAPE, t, t))
+    # Two mixes (learned and uniform), as in the other tests: the same compiled kernels.
+    out = measure.measure_layer(attn, np.ones(3), with_spec(sink_tokens=sink_tokens))
     k = max(sink_tokens, 1)
     want = np.mean([min(k, i + 1) / (i + 1) for i in range(t)])
-    np.testing.assert_allclose(out["sink_mass"], np.full((1, 2), want), rtol=1e-6)
+    np.testing.assert_allclose(out["sink_mass"], np.full(SHAPE, want), rtol=1e-6)
 
 
 def test_per_sequence_mixes_weigh_each_sequence_with_its_own_weights():
-    attn = graphs.random_causal(4, (3, 2), 10)
-    w = np.asarray([[1, 0], [0, 1], [0.5, 0.5]], np.float32)  # B x H
-    out = measure.measure_layer(
-        attn, None, measure.MeasureSpec(horizon=30, pairwise=False), extra={"w": w}
-    )
+    attn = graphs.random_causal(4, SHAPE, T)
+    w = np.asarray([[1, 0, 0], [0, 0.5, 0.5]], np.float32)  # B x H
+    out = measure.measure_layer(attn, None, SPEC, extra={"w": w})
     mixed = jnp.einsum("bh,bhij->bij", w, attn)
     np.testing.assert_allclose(
-        out["mixes"]["w"]["fidelity"], metrics.minimax_fidelity(mixed, 30), rtol=1e-5
+        out["mixes"]["w"]["fidelity"], metrics.minimax_fidelity(mixed, SPEC.horizon), rtol=1e-5
     )
 
 
 def test_the_optimum_of_several_sequences_is_held_out():
-    attn = graphs.random_causal(8, (4, 3), 10)
-    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False, optimal_weights=True)
-    out = measure.measure_layer(attn, np.ones(3), spec)
+    attn = graphs.random_causal(8, (4, 3), T)
+    out = measure.measure_layer(attn, np.ones(3), with_spec(optimal_weights=True))
     o = out["optimal"]
     assert o["held_out"] and o["fold"].tolist() == [0, 0, 1, 1]
     assert o["search_sets"] == [[2, 3], [0, 1]]
     per_sequence = np.asarray(o["fold_weights"])[o["fold"]]
     mixed = jnp.einsum("bh,bhij->bij", per_sequence, jnp.asarray(attn))
     np.testing.assert_allclose(
-        out["mixes"]["optimal"]["fidelity"], metrics.minimax_fidelity(mixed, 30), rtol=1e-5
+        out["mixes"]["optimal"]["fidelity"],
+        metrics.minimax_fidelity(mixed, SPEC.horizon),
+        rtol=1e-5,
     )
     for fold, sets in enumerate(o["search_sets"]):  # in sample: its own sequences
         own = jnp.einsum(
             "h,bhij->bij", o["fold_weights"][fold], jnp.asarray(attn)[np.asarray(sets)]
         )
         np.testing.assert_allclose(
-            o["in_sample"][fold], np.mean(metrics.minimax_fidelity(own, 30)), rtol=1e-5
+            o["in_sample"][fold], np.mean(metrics.minimax_fidelity(own, SPEC.horizon)), rtol=1e-5
         )
         best_head = np.max(np.mean(out["heads"]["fidelity"][np.asarray(sets)], 0))
         assert o["in_sample"][fold] >= best_head - 1e-7  # never worse than a head where searched
 
 
 def test_one_sequence_has_nothing_to_hold_out():
-    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
-    out = measure.measure_layer(graphs.random_causal(2, (1, 3), 8), None, spec)
+    spec = with_spec(optimal_weights=True)
+    out = measure.measure_layer(graphs.random_causal(2, (1, 3), T), None, spec)
     assert not out["optimal"]["held_out"]
     np.testing.assert_allclose(
         out["mixes"]["optimal"]["fidelity"], out["optimal"]["in_sample"], rtol=1e-5
@@ -155,29 +173,28 @@ def test_bad_spec_names_the_flag(bad, message):
 
 
 def test_gain_is_over_the_best_head_and_cross_head_share_is_the_learned_mix():
-    attn = graphs.random_causal(6, (3, 4), 10)  # B x H x T x T
-    learned = np.asarray([0.7, 0.1, 0.1, 0.1], np.float32)
-    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False)
-    best = np.argmax(np.asarray(metrics.minimax_fidelity(attn, 30)), -1)
-    one_hot = np.eye(4, dtype=np.float32)[best]  # each sequence's best head as a mix
-    out = measure.measure_layer(attn, learned, spec, extra={"best": one_hot})
+    attn = graphs.random_causal(6, SHAPE, T)  # B x H x T x T
+    learned = np.asarray([0.7, 0.2, 0.1], np.float32)
+    best = np.argmax(np.asarray(metrics.minimax_fidelity(attn, SPEC.horizon)), -1)
+    one_hot = np.eye(3, dtype=np.float32)[best]  # each sequence's best head as a mix
+    out = measure.measure_layer(attn, learned, SPEC, extra={"best": one_hot})
     heads = out["heads"]["fidelity"]
     np.testing.assert_allclose(out["mixes"]["best"]["gain"], 0.0, atol=1e-6)
     for mix in out["mixes"].values():
         np.testing.assert_allclose(mix["gain"], mix["fidelity"] - heads.max(-1), atol=1e-7)
-    share = synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), 30)
+    share = synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), SPEC.horizon)
     np.testing.assert_allclose(out["cross_head_share_mean"], np.mean(share, -1), rtol=1e-5)
 
 
 def test_cross_head_share_minimax_is_at_the_first_mixs_worst_served_token():
     """The minimax share is the cross-head share of the token the learned mix serves worst
     (least node fidelity), the token that sets its minimax fidelity."""
-    attn = graphs.random_causal(7, (3, 4), 10)
-    learned = np.asarray([0.4, 0.3, 0.2, 0.1], np.float32)
-    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False)
-    out = measure.measure_layer(attn, learned, spec)
-    share = np.asarray(synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), 30))
-    node = np.asarray(metrics.node_fidelity(graphs.combine_heads(attn, learned), 30))
+    attn = graphs.random_causal(7, SHAPE, T)
+    learned = np.asarray([0.5, 0.3, 0.2], np.float32)
+    out = measure.measure_layer(attn, learned, SPEC)
+    k = SPEC.horizon
+    share = np.asarray(synergy.cross_head_share(jnp.asarray(attn), jnp.asarray(learned), k))
+    node = np.asarray(metrics.node_fidelity(graphs.combine_heads(attn, learned), k))
     worst = np.argmin(node, -1)
     want = share[np.arange(len(worst)), worst]
     np.testing.assert_allclose(out["cross_head_share_minimax"], want, rtol=1e-5, atol=1e-7)
@@ -188,8 +205,8 @@ def test_cross_head_share_minimax_is_at_the_first_mixs_worst_served_token():
 def test_baselines_are_uniform_causal_attention_of_each_windows_length(sink_tokens):
     """The baseline without the sink tokens is uniform causal attention over the T - k
     tokens left: its minimax fidelity is the sink's own share, 1 / (T - k)."""
-    t = 9
-    spec = measure.MeasureSpec(horizon=30, max_steps=30, pairwise=False, sink_tokens=sink_tokens)
+    t = T  # and T - 2 without the sink tokens: the lengths of the field-by-field test
+    spec = with_spec(sink_tokens=sink_tokens)
     got = measure.baselines(t, spec)
     np.testing.assert_allclose(got["baseline"]["fidelity"], 1 / t, rtol=1e-5)
     assert ("baseline_without_sink" in got) == (sink_tokens > 0)
@@ -199,15 +216,13 @@ def test_baselines_are_uniform_causal_attention_of_each_windows_length(sink_toke
         assert inner == measure.baseline(t - sink_tokens, spec)
 
 
-def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch):
+def test_every_field_is_the_kernel_on_the_operator_it_names(monkeypatch, short_triangular):
     """Heads and mixes go through the kernels in separate calls; each field must still be
     the kernel's number on its own head, its own mix, and on the graph without the sink
-    token; the layer's causality is checked once for all of them."""
-    monkeypatch.setattr(metrics.fused, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
-    monkeypatch.setattr(metrics.fused, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
-    attn = graphs.random_causal(9, (2, 3), 12)
+    token; the layer's causality is checked once for all of them (on the causal path)."""
+    attn = graphs.random_causal(9, SHAPE, T)
     learned = np.asarray([0.5, 0.3, 0.2], np.float32)
-    spec = measure.MeasureSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False, sink_tokens=1)
+    spec = with_spec(sink_tokens=1)
     checks = []
     real = metrics.is_causal
     for where in (metrics, metrics.operators):  # the public name and the kernels' own
@@ -252,18 +267,16 @@ def assert_fields_are_the_kernels(out, attn, mixes, spec):
         np.testing.assert_array_equal(graph["best_head"], np.argmax(graph["heads"]["fidelity"], -1))
 
 
-def test_a_layer_with_a_head_that_reads_later_tokens_is_not_causal(monkeypatch):
+def test_a_layer_with_a_head_that_reads_later_tokens_is_not_causal(short_triangular):
     """Causality is a property of the whole layer: one head that reads later tokens
     (beside a causal first head) sends every head and mix down the general path, and
     each field is that of its head or mix measured alone, without a hint."""
-    monkeypatch.setattr(metrics.fused, "TRIANGULAR_MIN_TOKENS", 8)  # the causal path, at T = 12
-    monkeypatch.setattr(metrics.fused, "TRIANGULAR_SHARED_MIN_TOKENS", 8)
-    attn = graphs.random_causal(4, (2, 3), 12)
-    dense = np.random.default_rng(4).random((2, 12, 12)) ** 3
+    attn = graphs.random_causal(4, SHAPE, T)
+    dense = np.random.default_rng(4).random((2, T, T)) ** 3
     attn[:, 1] = dense / dense.sum(-1, keepdims=True)
     assert metrics.is_causal(attn[:, 0]) and not metrics.is_causal(attn)
     learned = np.asarray([0.2, 0.5, 0.3], np.float32)
-    spec = measure.MeasureSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False)
+    spec = SPEC
     out = measure.measure_layer(attn, learned, spec)
     weights = np.stack([learned, np.full(3, 1 / 3, np.float32)])
     # With the sink signals, as the layer asks: the same programs, run without a hint.
@@ -279,11 +292,11 @@ def test_a_layer_with_a_head_that_reads_later_tokens_is_not_causal(monkeypatch):
 
 def test_bad_mix_weights_are_named_by_their_argument():
     """A mix's weights that cannot be normalised name where they came from."""
-    attn = graphs.random_causal(3, (2, 4), 12)
+    attn = graphs.random_causal(3, SHAPE, T)
     with pytest.raises(ValueError, match=r"weights_H must not be all zero"):
-        measure.measure_layer(attn, np.zeros(4), SPEC)
+        measure.measure_layer(attn, np.zeros(3), SPEC)
     with pytest.raises(ValueError, match=r"extra\['mine'\] must be non-negative, got minimum -1"):
-        measure.measure_layer(attn, None, SPEC, extra={"mine": [1.0, -1.0, 1.0, 1.0]})
+        measure.measure_layer(attn, None, SPEC, extra={"mine": [1.0, -1.0, 1.0]})
 
 
 def test_rollout_of_a_model_weighs_the_residual_and_multiplies_later_layers_on_the_left():
@@ -292,11 +305,9 @@ def test_rollout_of_a_model_weighs_the_residual_and_multiplies_later_layers_on_t
     the sink's row of that product, at r = 0.2, where swapping r and 1 - r shows."""
     model = DATA / "hf" / "gpt2-tiny"
     module, params, _ = pretrained.load(model)
-    ids = np.asarray([[5, 17, 3, 42, 8, 11, 29, 2, 7]])
+    ids = np.asarray([[5, 17, 3, 42, 8, 11, 29, 2, 7, 13, 21, 34]])  # T tokens: the baseline's
     residual = 0.2
-    spec = measure.MeasureSpec(
-        horizon=10, max_steps=10, pairwise=False, layers=(0,), residual=residual
-    )
+    spec = with_spec(layers=(0,), residual=residual)
     record = text_lib.analyze_tokens(module, params, ids, spec)
     _, attn = pretrained.apply_with_attention(module, params, ids)
     attn = np.asarray(attn, np.float64)[0]  # L x H x T x T
