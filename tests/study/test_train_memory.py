@@ -14,7 +14,7 @@ from beyondpar import model as model_lib
 from beyondpar import tasks
 from beyondpar.base import allocator, parallel
 from beyondpar.benchmarks import train as train_benchmark
-from beyondpar.study import train
+from beyondpar.study import config_lib, train
 from configs import smoke
 
 
@@ -66,21 +66,24 @@ def test_blocks_hold_the_largest_tensor_on_cpu_only():
     assert allocator.bounded_temporaries(default + 12, "tpu") == {}
 
 
-# Page faults per step of a paper-sized training step (heads and batch size from argv) on
-# two CPU devices, after warm-up. At 16 heads its temporaries (about 180 MB per device) are
-# more than a device thread's 64 MB heap: packed as one block, each step mapped it afresh
-# (90,000 faults per step); in blocks, but with emptied heaps unmapped, 37,000.
+# Page faults per step of a paper-sized training step (heads, layers and batch size from
+# argv) on two CPU devices, after warm-up. At 16 heads its temporaries (about 180 MB per
+# device at 4 layers) are more than a device thread's 64 MB heap: packed as one block, each
+# step mapped it afresh (90,000 faults per step); in blocks, but with emptied heaps
+# unmapped, 37,000. Two layers are enough to show both (38,600 and 14,800 faults per step,
+# 1,000 as it is; at one layer the single block fits a heap) and compile in half the time.
 STEP_FAULTS = """
 import resource, sys
 import jax, numpy as np, optax
 from beyondpar import model as model_lib, tasks
 from beyondpar.base import allocator, parallel
 from beyondpar.study import train
-heads, batch_size, steps = map(int, sys.argv[1:])
+heads, layers, batch_size, steps = map(int, sys.argv[1:])
 allocator.keep_freed_memory()
 jax.config.update("jax_num_cpu_devices", 2)
 mesh = parallel.data_mesh()
-module, tx = model_lib.Transformer(model_lib.ModelConfig(num_heads=heads)), optax.adam(1e-3)
+cfg = model_lib.ModelConfig(num_heads=heads, num_layers=layers)
+module, tx = model_lib.Transformer(cfg), optax.adam(1e-3)
 state = jax.device_put(
     train.create_state(module, jax.random.PRNGKey(0), tx, 100), parallel.replicated(mesh)
 )
@@ -100,10 +103,10 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / max(steps,
 """
 
 
-def _run_steps(heads: int, batch_size: int, steps: int) -> tuple[float, str]:
+def _run_steps(heads: int, layers: int, batch_size: int, steps: int) -> tuple[float, str]:
     """(page faults per step, stderr) of `steps` steps after warm-up, in a fresh process."""
     out = subprocess.run(
-        [sys.executable, "-c", STEP_FAULTS, str(heads), str(batch_size), str(steps)],
+        [sys.executable, "-c", STEP_FAULTS, *map(str, (heads, layers, batch_size, steps))],
         capture_output=True,
         text=True,
         check=True,
@@ -119,7 +122,7 @@ def test_training_steps_reuse_their_temporaries_without_warnings():
     assert train.largest_tensor_bytes(model_lib.ModelConfig(num_heads=16), 25, 100) > (
         allocator.TEMPORARY_BLOCK_BYTES
     )
-    faults, stderr = _run_steps(heads=16, batch_size=50, steps=4)
+    faults, stderr = _run_steps(heads=16, layers=2, batch_size=50, steps=4)
     assert faults < 10_000
     assert "per-heap size limit" not in stderr
     # The tests' persistent compilation cache cannot hold such a step: no warning about it.
@@ -173,10 +176,12 @@ def test_training_compiles_its_step_for_the_configured_batch(tmp_path, monkeypat
 
 
 def test_benchmark_step_is_compiled_for_its_batch(monkeypatch):
+    """Its examples' shape: 8 sequences of 10 tokens, shorter than the model's 16. (The
+    model and length of the test above: its initialisation is compiled once for both.)"""
     seen = []
     real = train.jitted_update
     monkeypatch.setattr(train, "jitted_update", lambda *a: seen.append(a[3]) or real(*a))
-    cfg = model_lib.ModelConfig(num_heads=2, max_len=16, vocab_size=32, embed_dim=16)
-    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 8, 16, 32)
+    cfg = config_lib.model_config(smoke.get_config())
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 8, 10, cfg.vocab_size)
     train_benchmark._jax_step(cfg, parallel.data_mesh(jax.devices()[:2]), examples)
-    assert seen == [(8, 16)]
+    assert cfg.max_len == 16 and seen == [(8, 10)]
