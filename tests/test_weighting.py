@@ -13,11 +13,19 @@ from configs import smoke
 from helpers.paths import DATA
 
 
-def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100):
+def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
+    """The mean objective over the N sets of each mix; `max_steps` defaults to `horizon`."""
     mixed = jnp.einsum("sh,nhij->snij", jnp.asarray(weights_SxH, attn_NxHxTxT.dtype), attn_NxHxTxT)
     if objective == "fidelity":
         return np.asarray(jnp.mean(metrics.minimax_fidelity(mixed, horizon), -1))
-    return np.asarray(jnp.mean(metrics.hitting_time(mixed, horizon, "reference"), -1))
+    steps = horizon if max_steps is None else max_steps
+    return np.asarray(jnp.mean(metrics.hitting_time(mixed, steps, "reference"), -1))
+
+
+# One search setting (three heads of nine tokens) for the tests of what a search returns:
+# their searches share compiled programs (the searches of each set of five, and of each
+# subsample of three, compile once for the whole file).
+SEARCH = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
 
 
 def best_of(attn, candidates, objective, horizon=100):
@@ -71,6 +79,9 @@ def trained_attention(tmp_path_factory, heads):
     # layers at once, split over the devices, has its own tests below).
     config.model.num_layers = 1
     config.evaluation.update(optimal_weights=False, pruning=False)
+    # Only the last step's checkpoint is read: no earlier save, log or evaluation (they
+    # leave the trained parameters as they are).
+    config.update(checkpoint_every_steps=64, eval_every_steps=64, log_every_steps=64)
     folder = tmp_path_factory.mktemp(f"heads{heads}")
     train.train_and_evaluate(config, str(folder))
     _, state = checkpoints.load(folder / "checkpoints")
@@ -176,12 +187,10 @@ def test_every_single_head_is_scored_on_every_set():
 def test_the_value_is_the_exact_objective_on_every_set():
     """The search runs on a subsample; the value returned is the weights' score on all N."""
 
-    attn = jnp.asarray(graphs.random_causal(7, (9, 4), 12), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(7, (5, 3), 9), jnp.float32)
     for objective in weighting.OBJECTIVES:
-        w, value = synergy.optimal_weights(
-            attn, objective, horizon=20, max_steps=20, search_sequences=3, local_rounds=6
-        )
-        got = exact(attn, np.asarray(w)[None], objective, 20)[0]
+        w, value = synergy.optimal_weights(attn, objective, **SEARCH)
+        got = exact(attn, np.asarray(w)[None], objective, 12, 14)[0]
         np.testing.assert_allclose(float(value), got, rtol=1e-6)
 
 
@@ -219,18 +228,16 @@ def test_a_single_set_is_searched_in_sample():
 
 
 def test_cross_fitted_weights_come_from_a_search_that_did_not_see_the_set():
-    attn = jnp.asarray(graphs.random_causal(11, (6, 3), 10), jnp.float32)  # N x H x T x T
-    found = weighting.cross_fitted(attn, 2, horizon=20, local_rounds=4, random_starts=8)
+    attn = jnp.asarray(graphs.random_causal(11, (6, 3), 9), jnp.float32)  # N x H x T x T
+    found = weighting.cross_fitted(attn, 2, **SEARCH)
     assert found["held_out"] and found["fold"].tolist() == [0, 0, 0, 1, 1, 1]
     assert found["search_sets"] == [[3, 4, 5], [0, 1, 2]]
     for fold, sets in enumerate(found["search_sets"]):
-        w, value = synergy.optimal_weights(
-            attn[np.asarray(sets)], horizon=20, local_rounds=4, random_starts=8
-        )
+        w, value = synergy.optimal_weights(attn[np.asarray(sets)], **SEARCH)
         np.testing.assert_allclose(found["fold_weights"][fold], w, atol=1e-6)
         np.testing.assert_allclose(found["in_sample"][fold], value, rtol=1e-6)
         # In sample: the search's own value is the mean fidelity of its mix on its sets.
-        own = exact(attn[np.asarray(sets)], np.asarray(w)[None], "fidelity", 20)[0]
+        own = exact(attn[np.asarray(sets)], np.asarray(w)[None], "fidelity", 12)[0]
         np.testing.assert_allclose(found["in_sample"][fold], own, rtol=1e-5)
     np.testing.assert_allclose(
         found["weights"][:3], np.broadcast_to(found["fold_weights"][0], (3, 3))
@@ -316,7 +323,7 @@ def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, obje
     layers; the weights and values are those of each layer searched alone, and the
     attention's causality is checked once per search, not per batch of mixes."""
     attn = jnp.asarray(graphs.random_causal(11, (4, 5, 3), 9), jnp.float32)
-    settings = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
+    settings = SEARCH
     checks = []
     real = metrics.is_causal
     count = lambda c: checks.append(c.shape) or real(c)
@@ -367,9 +374,7 @@ def test_one_problem_with_as_many_sets_as_devices_searches_a_subsample_of_them()
     together (only independent problems are split over the devices), and the value is
     the exact objective of the weights on all 8."""
     attn = jnp.asarray(graphs.random_causal(14, (8, 3), 9), jnp.float32)
-    w, value = synergy.optimal_weights(
-        attn, horizon=12, max_steps=12, search_sequences=3, local_rounds=2, random_starts=4
-    )
+    w, value = synergy.optimal_weights(attn, **SEARCH)
     got = exact(attn, np.asarray(w)[None], "fidelity", 12)[0]
     np.testing.assert_allclose(float(value), got, rtol=1e-6)
 
