@@ -341,14 +341,14 @@ def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, obje
 def test_candidates_scored_in_chunks_keep_their_own_scores(monkeypatch, objective):
     """Candidates are mixed and scored a chunk at a time (bounded memory): whatever the
     chunk, each candidate's score is its own exact objective, every candidate scored."""
-    attn = jnp.asarray(graphs.random_causal(12, (3, 3), 8), jnp.float32)  # N x H x T x T
-    candidates = weighting.start_pool(3, None, (), jnp.float32, 4, 0)  # 11 mixes
-    want = exact(attn, np.asarray(candidates), objective, 12)
-    per_candidate = 3 * 8 * 8
+    attn = jnp.asarray(graphs.random_causal(12, (3, 3), 9), jnp.float32)  # N x H x T x T
+    candidates = weighting.start_pool(3, None, (), jnp.float32, 6, 0)  # 13 mixes
+    want = exact(attn, np.asarray(candidates), objective, 12, 14)
+    per_candidate = 3 * 9 * 9
     for chunk in (1, 4, 64):
         monkeypatch.setattr(weighting, "_CHUNK_ENTRIES", chunk * per_candidate)
         got = weighting._exact_scores(
-            attn, candidates, objective=objective, walk="reference", horizon=12, max_steps=12
+            attn, candidates, objective=objective, walk="reference", horizon=12, max_steps=14
         )
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"chunks of {chunk}")
 
@@ -356,14 +356,14 @@ def test_candidates_scored_in_chunks_keep_their_own_scores(monkeypatch, objectiv
 def test_without_a_pattern_search_the_result_is_the_best_start_of_the_pool():
     """`local_rounds` = 0 with the search on every set: the result is the best of the
     pool (here a mix, neither uniform nor a single head), scored exactly."""
-    attn = jnp.asarray(graphs.random_causal(13, (4, 3), 10), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(13, (5, 3), 9), jnp.float32)
     pool = np.asarray(weighting.start_pool(3, None, (), jnp.float32, 16, 0))
     for objective in weighting.OBJECTIVES:
-        scores = exact(attn, pool, objective, 20)
+        scores = exact(attn, pool, objective, 12, 14)
         best = np.argmax(scores) if objective == "fidelity" else np.argmin(scores)
         assert best > 3, (objective, best)  # not an anchor: only the search's pick has it
         w, value = synergy.optimal_weights(
-            attn, objective, horizon=20, max_steps=20, random_starts=16, local_rounds=0
+            attn, objective, horizon=12, max_steps=14, random_starts=16, local_rounds=0
         )
         np.testing.assert_allclose(float(value), scores[best], rtol=1e-6, err_msg=objective)
         np.testing.assert_allclose(w, pool[best], atol=1e-7, err_msg=objective)
