@@ -88,7 +88,8 @@ def trained_attention(tmp_path_factory, heads):
     module = model.Transformer(config_lib.model_config(config))
     # Six sequences: the search runs on all of them, and each random mix is scored on all.
     examples = tasks.make_examples("cycle", jax.random.PRNGKey(5), 6, 16, 16)
-    _, attn = model.apply_with_attention(module, state["params"], examples.inputs)
+    apply = jax.jit(model.apply_with_attention, static_argnums=0)  # not op by op
+    _, attn = apply(module, state["params"], examples.inputs)
     return np.swapaxes(np.asarray(attn, np.float32), 0, 1)
 
 
