@@ -49,8 +49,9 @@ def test_init_params_are_modules_own_initialisation(config):
     samples' float32 rounding, which XLA's fused code may place differently)."""
     module = model.Transformer(model.ModelConfig(**config))
     key = jax.random.PRNGKey(5)
-    got = model.init_params(module, key, 9)
-    want = jax.jit(module.init)(key, jnp.zeros((1, 9), jnp.int32))["params"]
+    got = model.init_params(module, key)  # the program of the other tests' SMALL models
+    tokens = jnp.zeros((1, module.config.max_len), jnp.int32)
+    want = module.init(key, tokens)["params"]
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
@@ -60,7 +61,7 @@ def test_init_params_are_modules_own_initialisation(config):
 @pytest.mark.parametrize("heads", [1, 4])
 def test_logits_do_not_depend_on_later_tokens(heads):
     module = model.Transformer(model.ModelConfig(num_heads=heads, **SMALL))
-    params = model.init_params(module, jax.random.PRNGKey(0), 10)
+    params = model.init_params(module, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 10), 0, 11)
     embed = params["token_emb"]["embedding"][tokens]
 
@@ -273,7 +274,7 @@ def test_norm_eps_reaches_the_norms():
     (parity tests cannot tell 1e-6 from float32 epsilon)."""
     small = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
     large = model.Transformer(model.ModelConfig(num_heads=2, norm_eps=10.0, **SMALL))
-    params = model.init_params(small, jax.random.PRNGKey(0), 8)
+    params = model.init_params(small, jax.random.PRNGKey(0))
     tokens = jnp.arange(8)[None] % 11
     diff = np.abs(small.apply({"params": params}, tokens) - large.apply({"params": params}, tokens))
     assert diff.max() > 1e-2, diff.max()
@@ -560,7 +561,8 @@ def test_training_attention_without_dropout_is_eval_attention_with_its_written_o
     """With dropout 0, training mode gives eval mode's outputs and gradients, computed by
     `attend_with_dropout` without seeds (its written-out backward, not autodiff of the
     softmax), and needs no `dropout` stream."""
-    cfg = model.ModelConfig(num_heads=4, dropout_rate=0.0, **SMALL)
+    # One layer: the attention of every layer is the same code.
+    cfg = model.ModelConfig(num_heads=4, dropout_rate=0.0, **{**SMALL, "num_layers": 1})
     module = model.Transformer(cfg)
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 0, cfg.vocab_size)
     params = jax.tree.map(
