@@ -49,8 +49,9 @@ def test_init_params_are_modules_own_initialisation(config):
     samples' float32 rounding, which XLA's fused code may place differently)."""
     module = model.Transformer(model.ModelConfig(**config))
     key = jax.random.PRNGKey(5)
-    got = model.init_params(module, key, 9)
-    want = module.init(key, jnp.zeros((1, 9), jnp.int32))["params"]
+    got = model.init_params(module, key)  # the program of the other tests' SMALL models
+    tokens = jnp.zeros((1, module.config.max_len), jnp.int32)
+    want = module.init(key, tokens)["params"]
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
@@ -60,7 +61,7 @@ def test_init_params_are_modules_own_initialisation(config):
 @pytest.mark.parametrize("heads", [1, 4])
 def test_logits_do_not_depend_on_later_tokens(heads):
     module = model.Transformer(model.ModelConfig(num_heads=heads, **SMALL))
-    params = model.init_params(module, jax.random.PRNGKey(0), 10)
+    params = model.init_params(module, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 10), 0, 11)
     embed = params["token_emb"]["embedding"][tokens]
 
@@ -77,10 +78,11 @@ def test_logits_do_not_depend_on_later_tokens(heads):
 
     full = module.apply({"params": params}, tokens)
     np.testing.assert_allclose(
-        full[0, 3].sum(), logit_at(3, embed), rtol=1e-5
+        full[0, 3].sum(), jax.jit(logit_at)(3, embed), rtol=1e-5
     )  # the unrolled model is the model
+    grad_at = jax.jit(jax.grad(logit_at, argnums=1))  # one program for every position
     for position in (0, 4, 9):
-        grad = jax.grad(lambda x, p=position: logit_at(p, x))(embed)
+        grad = grad_at(position, embed)
         norms = np.linalg.norm(np.asarray(grad[0]), axis=-1)
         assert np.all(norms[position + 1 :] == 0), (position, norms)
         assert norms[position] > 0
@@ -174,7 +176,9 @@ def test_dropout_split_over_devices_keeps_the_whole_batchs_elements(rate):
         dropout = model.Dropout(rate, data_axis=parallel.DATA)
         return dropout.apply({}, y, deterministic=False, rngs={"dropout": k})
 
-    split = jax.shard_map(shard, mesh=mesh, in_specs=(P(parallel.DATA), P()), out_specs=P("data"))
+    split = jax.jit(
+        jax.shard_map(shard, mesh=mesh, in_specs=(P(parallel.DATA), P()), out_specs=P("data"))
+    )
     assert mesh.size > 1
     np.testing.assert_array_equal(split(x, key), whole)
     assert 0 < np.mean(np.asarray(whole) == 0) < 2 * rate
@@ -238,7 +242,8 @@ def test_attention_dropout_is_unbiased():
     def train_mode(key):
         return out_no_bias(attn.apply(params, x, False, rngs={"dropout": key}))
 
-    mean = jax.vmap(train_mode)(jax.random.split(jax.random.PRNGKey(2), 4000)).mean(0)
+    keys = jax.random.split(jax.random.PRNGKey(2), 4000)
+    mean = jax.jit(jax.vmap(train_mode))(keys).mean(0)
     scale = float(jnp.sum(mean * exact) / jnp.sum(exact * exact))  # 1 when unbiased
     assert scale == pytest.approx(1.0, abs=0.05)
     np.testing.assert_allclose(mean, exact, atol=0.1 * float(jnp.abs(exact).max()))
@@ -269,7 +274,7 @@ def test_norm_eps_reaches_the_norms():
     (parity tests cannot tell 1e-6 from float32 epsilon)."""
     small = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
     large = model.Transformer(model.ModelConfig(num_heads=2, norm_eps=10.0, **SMALL))
-    params = model.init_params(small, jax.random.PRNGKey(0), 8)
+    params = model.init_params(small, jax.random.PRNGKey(0))
     tokens = jnp.arange(8)[None] % 11
     diff = np.abs(small.apply({"params": params}, tokens) - large.apply({"params": params}, tokens))
     assert diff.max() > 1e-2, diff.max()
@@ -278,10 +283,11 @@ def test_norm_eps_reaches_the_norms():
 def test_layer_by_layer_forward_is_the_models_forward():
     """embed, one block at a time, unembed: the same logits and attention as the whole
     model, with a head mask that differs per layer."""
-    cfg = model.ModelConfig(num_heads=4, num_layers=3, mlp_dim=24, max_len=16, vocab_size=20)
+    # The sizes of the other tests here (three layers): their operations are compiled once.
+    cfg = model.ModelConfig(num_heads=4, **{**SMALL, "num_layers": 3})
     module = model.Transformer(cfg)
     params = model.init_params(module, jax.random.PRNGKey(3))
-    tokens = jax.random.randint(jax.random.PRNGKey(4), (2, 11), 0, 20)
+    tokens = jax.random.randint(jax.random.PRNGKey(4), (3, 12), 0, SMALL["vocab_size"])
     mask = jnp.asarray([[1, 0, 1, 1], [0, 0, 0, 1], [1, 1, 0.5, 1]], jnp.float32)
     logits, attn = model.apply_with_attention(module, params, tokens, head_mask=mask)
     x = model.embed(module, params, tokens)
@@ -555,7 +561,8 @@ def test_training_attention_without_dropout_is_eval_attention_with_its_written_o
     """With dropout 0, training mode gives eval mode's outputs and gradients, computed by
     `attend_with_dropout` without seeds (its written-out backward, not autodiff of the
     softmax), and needs no `dropout` stream."""
-    cfg = model.ModelConfig(num_heads=4, dropout_rate=0.0, **SMALL)
+    # One layer: the attention of every layer is the same code.
+    cfg = model.ModelConfig(num_heads=4, dropout_rate=0.0, **{**SMALL, "num_layers": 1})
     module = model.Transformer(cfg)
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 0, cfg.vocab_size)
     params = jax.tree.map(
@@ -568,10 +575,12 @@ def test_training_attention_without_dropout_is_eval_attention_with_its_written_o
     def loss(p, deterministic):
         return jnp.sum(jnp.sin(module.apply(p, tokens, deterministic)))
 
-    train_value, train_grads = jax.value_and_grad(loss)(params, False)
+    # One compiled program per mode (the attention is seen while it is traced).
+    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    train_value, train_grads = value_and_grad(params, False)
     assert seen and all(s == (None, 0.0) for s in seen)
     seen.clear()
-    eval_value, eval_grads = jax.value_and_grad(loss)(params, True)
+    eval_value, eval_grads = value_and_grad(params, True)
     assert not seen
     np.testing.assert_allclose(train_value, eval_value, rtol=1e-12)
     for got, want in zip(jax.tree.leaves(train_grads), jax.tree.leaves(eval_grads), strict=True):
@@ -695,8 +704,9 @@ def test_training_attention_handles_scores_whose_exponential_overflows():
     def loss(attend):
         return lambda q, k, v: jnp.sum(attend(q, k, v, seeds, 0.3) * weights)
 
-    value, got = jax.value_and_grad(loss(model.attend_with_dropout), (0, 1, 2))(q, k, v)
-    want_value, want = jax.value_and_grad(loss(_attention_by_autodiff), (0, 1, 2))(q, k, v)
+    both = lambda attend: jax.jit(jax.value_and_grad(loss(attend), (0, 1, 2)))(q, k, v)
+    value, got = both(model.attend_with_dropout)
+    want_value, want = both(_attention_by_autodiff)
     assert np.isfinite(value)
     np.testing.assert_allclose(value, want_value, rtol=1e-12)
     for g, w in zip(got, want, strict=True):
@@ -756,7 +766,9 @@ def test_model_is_its_flax_layers_with_separate_projections(monkeypatch):
     sees: the model with Flax's RMSNorm and one product per projection (as `nn.Dense`
     computes it) gives the same logits, in evaluation and with dropout, and the same
     gradients to float32 rounding."""
-    cfg = model.ModelConfig(num_heads=4, dropout_rate=0.2, norm_eps=1e-3, **SMALL)
+    # One layer: every layer is the same code, and each layer more doubles the compiling.
+    small = {**SMALL, "num_layers": 1}
+    cfg = model.ModelConfig(num_heads=4, dropout_rate=0.2, norm_eps=1e-3, **small)
     module = model.Transformer(cfg)
     params = model.init_params(module, jax.random.PRNGKey(0), 12)
     params = jax.tree.map(lambda a: a + 0.1 * jnp.cos(jnp.arange(a.size).reshape(a.shape)), params)

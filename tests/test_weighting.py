@@ -13,19 +13,32 @@ from configs import smoke
 from helpers.paths import DATA
 
 
-def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100):
+def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
+    """The mean objective over the N sets of each mix; `max_steps` defaults to `horizon`."""
     mixed = jnp.einsum("sh,nhij->snij", jnp.asarray(weights_SxH, attn_NxHxTxT.dtype), attn_NxHxTxT)
     if objective == "fidelity":
         return np.asarray(jnp.mean(metrics.minimax_fidelity(mixed, horizon), -1))
-    return np.asarray(jnp.mean(metrics.hitting_time(mixed, horizon, "reference"), -1))
+    steps = horizon if max_steps is None else max_steps
+    return np.asarray(jnp.mean(metrics.hitting_time(mixed, steps, "reference"), -1))
+
+
+# One search setting (three heads of nine tokens) for the tests of what a search returns:
+# their searches share compiled programs (the searches of each set of five, and of each
+# subsample of three, compile once for the whole file).
+SEARCH = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
+
+
+def scores_of(attn, candidates, objective, horizon=100):
+    # 16 chunks of one size (one program to compile): padded with copies of the first
+    # candidate, whose scores are dropped.
+    padding = -len(candidates) % 16
+    padded = np.concatenate([candidates, np.repeat(candidates[:1], padding, 0)])
+    scores = np.concatenate([exact(attn, c, objective, horizon) for c in np.split(padded, 16)])
+    return scores[: len(candidates)]
 
 
 def best_of(attn, candidates, objective, horizon=100):
-    # 16 chunks of one size (one program to compile): padded with copies of the first
-    # candidate, which leave the best score as it is.
-    padding = -len(candidates) % 16
-    candidates = np.concatenate([candidates, np.repeat(candidates[:1], padding, 0)])
-    scores = np.concatenate([exact(attn, c, objective, horizon) for c in np.split(candidates, 16)])
+    scores = scores_of(attn, candidates, objective, horizon)
     return scores.max() if objective == "fidelity" else scores.min()
 
 
@@ -44,7 +57,8 @@ def simplex_grid(heads: int, n: int) -> np.ndarray:
 def released_4_heads():
     module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
     examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 4, 100, 256)
-    _, attn = model.apply_with_attention(module, params, examples.inputs)
+    apply = jax.jit(model.apply_with_attention, static_argnums=0)  # not op by op
+    _, attn = apply(module, params, examples.inputs)
     return np.swapaxes(np.asarray(attn, np.float32), 0, 1)[:2]  # layers 1-2: L x N x H x T x T
 
 
@@ -53,9 +67,11 @@ def test_optimum_reaches_a_dense_grid_on_the_released_checkpoint(released_4_head
     weights, value = synergy.optimal_weights(released_4_heads, objective)
     grid = simplex_grid(4, 20)  # 1,771 mixes, steps of 1/20
     for layer, attn in enumerate(released_4_heads):
-        attn = jnp.asarray(attn)
-        best = best_of(attn, grid, objective)
-        got = float(exact(attn, weights[layer][None], objective)[0])
+        # The optimum scored among the grid's chunks: no program of its own to compile.
+        mixes = np.concatenate([np.asarray(weights[layer])[None], grid])
+        scores = scores_of(jnp.asarray(attn), mixes, objective)
+        got = float(scores[0])
+        best = scores[1:].max() if objective == "fidelity" else scores[1:].min()
         np.testing.assert_allclose(got, value[layer], rtol=1e-5)
         if objective == "fidelity":
             assert got >= best * (1 - 1e-6), (layer, got, best)
@@ -71,13 +87,17 @@ def trained_attention(tmp_path_factory, heads):
     # layers at once, split over the devices, has its own tests below).
     config.model.num_layers = 1
     config.evaluation.update(optimal_weights=False, pruning=False)
+    # Only the last step's checkpoint is read: no earlier save, log or evaluation (they
+    # leave the trained parameters as they are).
+    config.update(checkpoint_every_steps=64, eval_every_steps=64, log_every_steps=64)
     folder = tmp_path_factory.mktemp(f"heads{heads}")
     train.train_and_evaluate(config, str(folder))
     _, state = checkpoints.load(folder / "checkpoints")
     module = model.Transformer(config_lib.model_config(config))
     # Six sequences: the search runs on all of them, and each random mix is scored on all.
     examples = tasks.make_examples("cycle", jax.random.PRNGKey(5), 6, 16, 16)
-    _, attn = model.apply_with_attention(module, state["params"], examples.inputs)
+    apply = jax.jit(model.apply_with_attention, static_argnums=0)  # not op by op
+    _, attn = apply(module, state["params"], examples.inputs)
     return np.swapaxes(np.asarray(attn, np.float32), 0, 1)
 
 
@@ -149,7 +169,7 @@ def test_neighbours_stay_on_the_simplex():
     np.testing.assert_allclose(nb[0, 3], np.array([0.25, 0.3, 0.2]) / 0.75)  # half of head 0 off
 
 
-def _uniform_or_identity(uniform_heads_per_set, num_heads=3, t=8):
+def _uniform_or_identity(uniform_heads_per_set, num_heads=3, t=9):
     """N x H x T x T: head h of set n reads every earlier token evenly when h is listed
     for n, else only its own token (which keeps nothing of the other tokens)."""
     uniform = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
@@ -164,11 +184,11 @@ def test_every_single_head_is_scored_on_every_set():
     """The subsample (here set 0 alone) favours heads 0 and 1; on all three sets head 2 is
     best. The result must not be worse than head 2, even with no search at all."""
     attn = _uniform_or_identity([(0, 1), (2,), (2,)])
-    heads = exact(attn, np.eye(3, dtype=np.float32), "fidelity", 20)
+    heads = exact(attn, np.eye(3, dtype=np.float32), "fidelity", 12)
     assert heads[2] > max(heads[0], heads[1])
     for rounds in (0, 4):
         w, value = synergy.optimal_weights(
-            attn, "fidelity", horizon=20, search_sequences=1, local_starts=1, local_rounds=rounds
+            attn, "fidelity", horizon=12, search_sequences=1, local_starts=1, local_rounds=rounds
         )
         assert float(value) >= heads[2] * (1 - 1e-6), (rounds, float(value), heads)
 
@@ -176,12 +196,10 @@ def test_every_single_head_is_scored_on_every_set():
 def test_the_value_is_the_exact_objective_on_every_set():
     """The search runs on a subsample; the value returned is the weights' score on all N."""
 
-    attn = jnp.asarray(graphs.random_causal(7, (9, 4), 12), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(7, (5, 3), 9), jnp.float32)
     for objective in weighting.OBJECTIVES:
-        w, value = synergy.optimal_weights(
-            attn, objective, horizon=20, max_steps=20, search_sequences=3, local_rounds=6
-        )
-        got = exact(attn, np.asarray(w)[None], objective, 20)[0]
+        w, value = synergy.optimal_weights(attn, objective, **SEARCH)
+        got = exact(attn, np.asarray(w)[None], objective, 12, 14)[0]
         np.testing.assert_allclose(float(value), got, rtol=1e-6)
 
 
@@ -219,18 +237,16 @@ def test_a_single_set_is_searched_in_sample():
 
 
 def test_cross_fitted_weights_come_from_a_search_that_did_not_see_the_set():
-    attn = jnp.asarray(graphs.random_causal(11, (6, 3), 10), jnp.float32)  # N x H x T x T
-    found = weighting.cross_fitted(attn, 2, horizon=20, local_rounds=4, random_starts=8)
+    attn = jnp.asarray(graphs.random_causal(11, (6, 3), 9), jnp.float32)  # N x H x T x T
+    found = weighting.cross_fitted(attn, 2, **SEARCH)
     assert found["held_out"] and found["fold"].tolist() == [0, 0, 0, 1, 1, 1]
     assert found["search_sets"] == [[3, 4, 5], [0, 1, 2]]
     for fold, sets in enumerate(found["search_sets"]):
-        w, value = synergy.optimal_weights(
-            attn[np.asarray(sets)], horizon=20, local_rounds=4, random_starts=8
-        )
+        w, value = synergy.optimal_weights(attn[np.asarray(sets)], **SEARCH)
         np.testing.assert_allclose(found["fold_weights"][fold], w, atol=1e-6)
         np.testing.assert_allclose(found["in_sample"][fold], value, rtol=1e-6)
         # In sample: the search's own value is the mean fidelity of its mix on its sets.
-        own = exact(attn[np.asarray(sets)], np.asarray(w)[None], "fidelity", 20)[0]
+        own = exact(attn[np.asarray(sets)], np.asarray(w)[None], "fidelity", 12)[0]
         np.testing.assert_allclose(found["in_sample"][fold], own, rtol=1e-5)
     np.testing.assert_allclose(
         found["weights"][:3], np.broadcast_to(found["fold_weights"][0], (3, 3))
@@ -264,11 +280,11 @@ def test_every_single_head_is_scored_on_every_set_beside_learned_weights():
     """As above, with learned weights among the starts: they take a place in the pool,
     never the last head's place among the anchors."""
     attn = _uniform_or_identity([(0, 1), (2,), (2,)])
-    heads = exact(attn, np.eye(3, dtype=np.float32), "fidelity", 20)
+    heads = exact(attn, np.eye(3, dtype=np.float32), "fidelity", 12)
     w, value = synergy.optimal_weights(
         attn,
         "fidelity",
-        horizon=20,
+        horizon=12,
         init=np.asarray([1.0, 0.0, 0.0], np.float32),
         search_sequences=1,
         local_starts=1,
@@ -291,7 +307,7 @@ def test_fold_edges_are_rounded_so_the_split_reads_the_same_from_either_end(
 
 def test_a_single_fold_of_several_sets_is_in_sample():
     attn = _uniform_or_identity([(0,), (1,), (2,)])
-    found = weighting.cross_fitted(attn, 1, horizon=10, local_rounds=0, random_starts=0)
+    found = weighting.cross_fitted(attn, 1, horizon=12, local_rounds=0, random_starts=0)
     assert found["held_out"] is False and found["fold"].tolist() == [0, 0, 0]
     assert found["search_sets"] == [[0, 1, 2]]
 
@@ -316,7 +332,7 @@ def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, obje
     layers; the weights and values are those of each layer searched alone, and the
     attention's causality is checked once per search, not per batch of mixes."""
     attn = jnp.asarray(graphs.random_causal(11, (4, 5, 3), 9), jnp.float32)
-    settings = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
+    settings = SEARCH
     checks = []
     real = metrics.is_causal
     count = lambda c: checks.append(c.shape) or real(c)
@@ -334,14 +350,14 @@ def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, obje
 def test_candidates_scored_in_chunks_keep_their_own_scores(monkeypatch, objective):
     """Candidates are mixed and scored a chunk at a time (bounded memory): whatever the
     chunk, each candidate's score is its own exact objective, every candidate scored."""
-    attn = jnp.asarray(graphs.random_causal(12, (3, 3), 8), jnp.float32)  # N x H x T x T
-    candidates = weighting.start_pool(3, None, (), jnp.float32, 4, 0)  # 11 mixes
-    want = exact(attn, np.asarray(candidates), objective, 12)
-    per_candidate = 3 * 8 * 8
+    attn = jnp.asarray(graphs.random_causal(12, (3, 3), 9), jnp.float32)  # N x H x T x T
+    candidates = weighting.start_pool(3, None, (), jnp.float32, 6, 0)  # 13 mixes
+    want = exact(attn, np.asarray(candidates), objective, 12, 14)
+    per_candidate = 3 * 9 * 9
     for chunk in (1, 4, 64):
         monkeypatch.setattr(weighting, "_CHUNK_ENTRIES", chunk * per_candidate)
         got = weighting._exact_scores(
-            attn, candidates, objective=objective, walk="reference", horizon=12, max_steps=12
+            attn, candidates, objective=objective, walk="reference", horizon=12, max_steps=14
         )
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"chunks of {chunk}")
 
@@ -349,14 +365,14 @@ def test_candidates_scored_in_chunks_keep_their_own_scores(monkeypatch, objectiv
 def test_without_a_pattern_search_the_result_is_the_best_start_of_the_pool():
     """`local_rounds` = 0 with the search on every set: the result is the best of the
     pool (here a mix, neither uniform nor a single head), scored exactly."""
-    attn = jnp.asarray(graphs.random_causal(13, (4, 3), 10), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(13, (5, 3), 9), jnp.float32)
     pool = np.asarray(weighting.start_pool(3, None, (), jnp.float32, 16, 0))
     for objective in weighting.OBJECTIVES:
-        scores = exact(attn, pool, objective, 20)
+        scores = exact(attn, pool, objective, 12, 14)
         best = np.argmax(scores) if objective == "fidelity" else np.argmin(scores)
         assert best > 3, (objective, best)  # not an anchor: only the search's pick has it
         w, value = synergy.optimal_weights(
-            attn, objective, horizon=20, max_steps=20, random_starts=16, local_rounds=0
+            attn, objective, horizon=12, max_steps=14, random_starts=16, local_rounds=0
         )
         np.testing.assert_allclose(float(value), scores[best], rtol=1e-6, err_msg=objective)
         np.testing.assert_allclose(w, pool[best], atol=1e-7, err_msg=objective)
@@ -367,9 +383,7 @@ def test_one_problem_with_as_many_sets_as_devices_searches_a_subsample_of_them()
     together (only independent problems are split over the devices), and the value is
     the exact objective of the weights on all 8."""
     attn = jnp.asarray(graphs.random_causal(14, (8, 3), 9), jnp.float32)
-    w, value = synergy.optimal_weights(
-        attn, horizon=12, max_steps=12, search_sequences=3, local_rounds=2, random_starts=4
-    )
+    w, value = synergy.optimal_weights(attn, **SEARCH)
     got = exact(attn, np.asarray(w)[None], "fidelity", 12)[0]
     np.testing.assert_allclose(float(value), got, rtol=1e-6)
 
