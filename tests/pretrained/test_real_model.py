@@ -29,9 +29,8 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def first_tokens(smollm2):
-    """The text's first 128 tokens (1, 128), the one shape every test here runs the model
-    on: its programs are compiled once, and the command line reads them from the
-    compilation cache."""
+    """The text's first 128 tokens (1, 128), the one shape the tests in this process run
+    the model on: its programs are compiled once."""
     return np.asarray([smollm2[2].encode(TEXT).ids[:128]])
 
 
@@ -82,11 +81,9 @@ def test_attention_sink_on_the_first_token(smollm2, first_tokens):
     assert np.mean(deep > 0.5) >= 0.5
 
 
-def test_analyze_cli_end_to_end(tmp_path, smollm2, first_tokens):
-    text = smollm2[2].decode(first_tokens[0].tolist())  # the shape the tests above compile
-    assert smollm2[2].encode(text).ids == first_tokens[0].tolist()
+def test_analyze_cli_end_to_end(tmp_path):
     text_file = tmp_path / "text.txt"
-    text_file.write_text(text)
+    text_file.write_text(TEXT[:120])  # 24 tokens: the walks of 100 steps stay cheap
     out = tmp_path / "out"
     result = subprocess.run(
         [
