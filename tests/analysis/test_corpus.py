@@ -473,37 +473,56 @@ def test_pruning_points_are_the_nearest_heads_to_even_spacing(monkeypatch):
     np.testing.assert_allclose(r["loss"], [1.0, 5.0, 8.0, 13.0])
 
 
-def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": "fine"}\nnot json\n')
-    model = f"--model={HF / 'llama-tiny'}"
+BAD_CORPUS_CASES = [
+    (["--corpus={empty}", "--tokens=8"], "holds no document"),
+    (["--corpus={bad}", "--tokens=8"], "{bad}:2 is not JSON"),
+    ([f"--corpus={TEXT}", "--tokens=100"], "longer than the model's context of 64"),
+    ([f"--corpus={TEXT}", "--tokens=16", "--sink_tokens=15"], "--sink_tokens must be less"),
+    ([f"--corpus={TEXT}", "--tokens=16", "--batch_size=0"], "--batch_size must be an integer"),
+]
+SERIES_MODELS = [str(HF / "llama-tiny"), str(HF / "qwen3-tiny")]
+
+
+@pytest.fixture(scope="module")
+def corpus_command_lines(tmp_path_factory):
+    """The command lines of the CLI tests below, all from one interpreter (`launch_many`):
+    (the folder they wrote in, the bad inputs' cases with their results, the good run's
+    result, the series run's result)."""
+    tmp_path = tmp_path_factory.mktemp("cli")
+    paths = {"empty": tmp_path / "empty.txt", "bad": tmp_path / "bad.jsonl"}
+    paths["empty"].write_text("")
+    paths["bad"].write_text('{"text": "fine"}\nnot json\n')
     cases = [
-        ([f"--corpus={empty}", "--tokens=8"], "holds no document"),
-        ([f"--corpus={bad}", "--tokens=8"], f"{bad}:2 is not JSON"),
-        ([f"--corpus={TEXT}", "--tokens=100"], "longer than the model's context of 64"),
-        ([f"--corpus={TEXT}", "--tokens=16", "--sink_tokens=15"], "--sink_tokens must be less"),
-        ([f"--corpus={TEXT}", "--tokens=16", "--batch_size=0"], "--batch_size must be an integer"),
+        ([flag.format(**paths) for flag in flags], message.format(**paths))
+        for flags, message in BAD_CORPUS_CASES
     ]
-    outs = [tmp_path / f"out{i}" for i in range(len(cases))]
-    out = tmp_path / "ok"
+    model = f"--model={HF / 'llama-tiny'}"
+    command_lines = [
+        [model, *flags, f"--out={tmp_path / f'out{i}'}"] for i, (flags, _) in enumerate(cases)
+    ]
     # Two windows: one batch of SPEC_FLAGS' two, the programs the tests here compile.
-    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=2", f"--out={out}", *SPEC_FLAGS]
-    command_lines = [[model, *flags, f"--out={outs[i]}"] for i, (flags, _) in enumerate(cases)]
-    *runs, done = launch_many([("analyze.py", flags) for flags in [*command_lines, [model, *ok]]])
-    for (flags, message), bad_out, refused in zip(cases, outs, runs, strict=True):
+    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=2", f"--out={tmp_path / 'ok'}"]
+    # Two windows a model: one batch of two, as in the good run.
+    series_run = [f"--model={','.join(SERIES_MODELS)}", f"--corpus={TEXT}", "--tokens=16"]
+    series_run += ["--max_windows=2", f"--out={tmp_path / 'series'}", *SPEC_FLAGS]
+    lines = [*command_lines, [model, *ok, *SPEC_FLAGS], series_run]
+    *runs, done, series_done = launch_many([("analyze.py", flags) for flags in lines])
+    return tmp_path, list(zip(cases, runs, strict=True)), done, series_done
+
+
+def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(corpus_command_lines):
+    tmp_path, refusals, done, _ = corpus_command_lines
+    for i, ((flags, message), refused) in enumerate(refusals):
         assert refused.returncode == 2, (flags, refused.stderr[-1500:])
         assert refused.stderr.strip().count("\n") == 0 and message in refused.stderr, refused.stderr
-        assert not bad_out.exists()
+        assert not (tmp_path / f"out{i}").exists()
     assert done.returncode == 0, done.stderr[-2000:]
-    report = (out / "report.md").read_text()
+    report = (tmp_path / "ok" / "report.md").read_text()
     assert "2 windows of 16 tokens" in report and "baseline: uniform causal" in report
 
 
-def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
-
-    models = [str(HF / "llama-tiny"), str(HF / "qwen3-tiny")]
+def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path, corpus_command_lines):
+    models = SERIES_MODELS
     # Two batches of two a model: the shape the other tests of 16 tokens compile.
     cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=4, batch_size=2)
     out = tmp_path / "series"
@@ -527,12 +546,11 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path):
     other = corpus_lib.CorpusSpec(tokens=12, max_windows=3)
     with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
-    # Two windows a model: one batch of two, as in the CLI test above.
-    flags = [f"--model={','.join(models)}", f"--corpus={TEXT}", "--tokens=16", "--max_windows=2"]
-    (done,) = launch_many([("analyze.py", [*flags, f"--out={tmp_path / 'cli'}", *SPEC_FLAGS])])
+    # The same series from the command line (`corpus_command_lines`).
+    cli, _, _, done = corpus_command_lines
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / "cli" / "qwen3-tiny" / "report.md").is_file()
-    assert len((tmp_path / "cli" / "series.jsonl").read_text().splitlines()) == 2
+    assert (cli / "series" / "qwen3-tiny" / "report.md").is_file()
+    assert len((cli / "series" / "series.jsonl").read_text().splitlines()) == 2
 
 
 # ---------------------------------------------------------------- the optimum, held out

@@ -153,7 +153,9 @@ def analyze_many(*command_lines):
 
 
 MESH_VALUES = ("data:2,model", "data:0,model:2", "tensor:2")
-MESH_FLAGS = [f"--text={SHORT}", "--horizon=20", "--nopairwise", "--layers=1"]
+# SPEC's horizon and step cap: the command lines measure what `short_record` measured.
+SPEC_FLAGS = ["--horizon=40", "--max_steps=40", "--nopairwise"]
+MESH_FLAGS = [f"--text={SHORT}", *SPEC_FLAGS, "--layers=1"]
 
 
 def series_flags(folder: Path) -> list[str]:
@@ -195,7 +197,7 @@ def command_lines(tmp_path_factory):
         shutil.copytree(HF / "gpt2-tiny", series_folder / "ckpts" / f"step{step}")
     groups["series"] = (
         series_folder,
-        [[*series_flags(series_folder), "--horizon=20", "--nopairwise"]],
+        [[*series_flags(series_folder), *SPEC_FLAGS]],
     )
     runs = iter(analyze_many(*[line for _, lines in groups.values() for line in lines]))
     return {name: ([next(runs) for _ in lines], folder) for name, (folder, lines) in groups.items()}
@@ -256,7 +258,8 @@ def test_sink_mass_drop_and_uniform_baseline_closed_forms():
 
 
 def test_sink_tokens_analysis_measures_the_graph_without_them():
-    spec = measure.MeasureSpec(horizon=30, max_steps=30, sink_tokens=2, pairwise=False)
+    # SPEC's walks: the per-head programs of `short_record("llama-tiny")`.
+    spec = dataclasses.replace(SPEC, sink_tokens=2, pairwise=False)
     record = text_lib.text_record(HF / "llama-tiny", SHORT, spec)
     module, params, tokenizer = pretrained.load(HF / "llama-tiny")
     ids = np.asarray([tokenizer.encode(SHORT).ids])
@@ -265,7 +268,7 @@ def test_sink_tokens_analysis_measures_the_graph_without_them():
     layer = record["layers"][1]
     np.testing.assert_allclose(layer["sink_mass"], graphs.sink_mass(attn[:, 1], 2), rtol=1e-6)
     dropped = graphs.drop_sink_tokens(attn[:, 1], 2)
-    node = np.asarray(metrics.node_fidelity(dropped, 30))
+    node = np.asarray(metrics.node_fidelity(dropped, 40))
     inner = layer["without_sink"]["heads"]
     np.testing.assert_allclose(inner["fidelity"], node.min(-1), rtol=1e-5)
     np.testing.assert_allclose(inner["fidelity_median"], np.median(node, -1), rtol=1e-5)
@@ -357,9 +360,8 @@ def test_analyze_cli_mesh_flag(command_lines):
     assert too_many.stderr.strip().count("\n") == 0
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads((out / "analysis.json").read_text())["layers"]["1"]["heads"]["fidelity"]
-    # The same analysis on one device, in this process (the flags above, as a spec).
-    spec = measure.MeasureSpec(horizon=20, layers=(1,), pairwise=False)
-    want = text_lib.text_record(HF / "llama-tiny", SHORT, spec)["layers"][1]["heads"]["fidelity"]
+    # The same analysis on one device, in this process (the flags above are SPEC's).
+    want = short_record("llama-tiny")["layers"][1]["heads"]["fidelity"]
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
@@ -371,22 +373,20 @@ def test_series_of_checkpoints_resumes_and_refuses_other_settings(command_lines)
     assert report.index("| step 20 |") < report.index("| step 100 |")
     lines = (out / "series.jsonl").read_text().splitlines()
     assert len(lines) == 2
-    record = text_lib.text_record(
-        tmp_path / "ckpts" / "step20", SHORT, measure.MeasureSpec(horizon=20, pairwise=False)
-    )
+    record = short_record("gpt2-tiny")  # ckpts/step20 is a copy of it, measured with SPEC
     first = json.loads(lines[1])  # step20 sorts after step100 as a path
     assert first["label"] == "step 20"
     uniform = 100 * np.mean(record["layers"][1]["mixes"]["uniform"]["fidelity"])
     assert first["layers"]["1"]["uniform_fidelity_pct"] == pytest.approx(uniform, rel=1e-6)
     mtime = (out / "step20" / "report.md").stat().st_mtime_ns
     again, refused = analyze_many(
-        [*flags, "--horizon=20", "--nopairwise"], [*flags, "--horizon=30", "--nopairwise"]
+        [*flags, *SPEC_FLAGS], [*flags, "--horizon=30", "--max_steps=40", "--nopairwise"]
     )
     assert again.returncode == 0
     assert len((out / "series.jsonl").read_text().splitlines()) == 2
     assert (out / "step20" / "report.md").stat().st_mtime_ns == mtime
     assert refused.returncode == 2
-    assert "other settings (spec.horizon: 20 -> 30)" in refused.stderr
+    assert "other settings (spec.horizon: 40 -> 30)" in refused.stderr
     assert series.label("pythia-160m/step143000") == "step 143000"
     assert series.label("/models/final") == "final"
     with pytest.raises(ValueError, match="matches no file or folder"):
