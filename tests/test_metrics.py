@@ -431,7 +431,11 @@ def test_blocks_divide_each_devices_share_when_they_can():
 
 
 def test_dividing_blocks_give_the_padded_blocks_numbers(monkeypatch):
-    c = causal(3, (24,), 12).astype(np.float32)  # blocks of 8 (or 6 per device), not 10
+    # 56 operators: 14 per device on four devices (28 per thread on one device of two
+    # cores), cut into dividing blocks of 7 where padded blocks would be 10.
+    c = causal(3, (56,), 12).astype(np.float32)
+    per_device = -(-56 // len(jax.local_devices()))
+    assert batching._dividing_block(10, per_device) == 7
 
     def every_number():
         by_walk, signal = metrics.metrics_by_walk(c, 20, 25, 0.25, WALKS, signal=True)
