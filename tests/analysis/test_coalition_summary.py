@@ -129,15 +129,18 @@ def test_a_folder_written_before_coalitions_existed_reads_as_without_them(tmp_pa
 
 def test_one_text_plays_both_games_and_attention_alone_only_fidelity(tmp_path):
     spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, coalitions=True)
-    text = "The heads of a layer read the earlier tokens of the text."
+    text = "The heads of a layer read text."  # 16 tokens, as long as the CLI's windows
     found = text_lib.text_record(MODEL, text, spec)
+    assert len(found["tokens"]) == 16
     module, params, _ = pretrained.load(MODEL)
-    batch = loss_pruning.next_token_batch(np.asarray([found["tokens"]]))
+    # The text twice: the batch of two 16-token windows the loss check above compiled for.
+    batch = loss_pruning.next_token_batch(np.asarray([found["tokens"]] * 2))
     loss = lambda m: pruning.sequence_losses(module, params, batch.inputs, batch.targets, m)
     masked = np.asarray([[0.0] * 4, [1.0] * 4], np.float32)
     cost = float(loss(masked)[0] - loss(np.ones((2, 4), np.float32))[0])
     assert sum(found["coalitions"]["0"]["loss"]["shapley"]["mean"]) == pytest.approx(cost, abs=1e-4)
-    attn = np.load(MODEL / "expected.npz")["attention"][..., :16, :16]  # its first 16 tokens
+    # One sequence of 16 tokens, the text's shape: the text's metric programs serve it.
+    attn = np.load(MODEL / "expected.npz")["attention"][:1, ..., :16, :16]
     np.savez(tmp_path / "attn.npz", attention=attn / attn.sum(-1, keepdims=True))
     alone = text_lib.attention_record(tmp_path / "attn.npz", spec)
     assert set(alone["coalitions"]["0"]) == {"fidelity"}

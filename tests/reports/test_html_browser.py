@@ -46,7 +46,8 @@ def browser():
 @pytest.fixture(scope="module")
 def corpus_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus-page")
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=4, search_windows=1)
+    # One window a batch: the text page's 24-token text then reuses the corpus's programs.
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=1, search_windows=1)
     spec = dataclasses.replace(SPEC, optimal_weights=True, coalitions=True)
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
     corpus_report.write(summary, out)
@@ -56,7 +57,7 @@ def corpus_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def text_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("text-page")
-    text = TEXT.read_text()[:40]
+    text = TEXT.read_text()[:30]  # 24 tokens: the corpus page's first window
     spec = dataclasses.replace(SPEC, coalitions=True)
     text_report.write(text_lib.text_record(HF / "llama-tiny", text, spec), out)
     return out
