@@ -100,7 +100,7 @@ def test_lm_train_gradients_clipped_by_global_norm():
 
 def small_module():
     cfg = model_lib.ModelConfig(
-        vocab_size=17, embed_dim=16, num_layers=2, num_heads=4, mlp_dim=24, max_len=12,
+        vocab_size=17, embed_dim=16, num_layers=1, num_heads=4, mlp_dim=24, max_len=12,
         dropout_rate=0.0,
     )  # fmt: skip
     return model_lib.Transformer(cfg)
