@@ -81,14 +81,21 @@ def test_lm_train_schedule_warms_up_linearly_then_decays_by_cosine():
     np.testing.assert_allclose(float(lr(110)), 1e-3, rtol=1e-5)
 
 
-def test_lm_train_microbatches_give_the_full_batchs_gradient():
+@pytest.fixture(scope="module")
+def one_layer():
+    """A one-layer transformer, its parameters and 8 windows of 8 tokens (and the next):
+    one init program for the microbatch and bfloat16 tests."""
     cfg = model_lib.ModelConfig(
-        vocab_size=17, embed_dim=16, num_layers=2, num_heads=4, mlp_dim=24, max_len=12,
-        dropout_rate=0.0,
-    )  # fmt: skip
+        vocab_size=17, embed_dim=16, num_layers=1, num_heads=2, mlp_dim=16, max_len=8
+    )
     module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(0), 12)
-    windows = jax.random.randint(jax.random.PRNGKey(1), (8, 13), 0, 17)
+    params = model_lib.init_params(module, jax.random.PRNGKey(0), 8)
+    windows = jax.random.randint(jax.random.PRNGKey(1), (8, 9), 0, 17)
+    return module, params, windows
+
+
+def test_lm_train_microbatches_give_the_full_batchs_gradient(one_layer):
+    module, params, windows = one_layer
 
     def mean_loss(p, piece, index):
         total, count = text_step.window_loss_sums(module, p, piece)
@@ -190,15 +197,10 @@ def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_p
     assert steps == list(range(25, 151, 25))
 
 
-def test_lm_train_bfloat16_compute_keeps_float32_parameters():
+def test_lm_train_bfloat16_compute_keeps_float32_parameters(one_layer):
     assert text_step.resolve_dtype("auto", "cpu") == jnp.float32
     assert text_step.resolve_dtype("auto", "gpu") == jnp.bfloat16
-    cfg = model_lib.ModelConfig(
-        vocab_size=17, embed_dim=16, num_layers=1, num_heads=2, mlp_dim=16, max_len=8
-    )
-    module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(0), 8)
-    windows = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 17)
+    module, params, windows = one_layer
     loss = jax.jit(lambda p, dtype: text_step.window_loss_sums(module, p, windows, dtype)[0],
                    static_argnums=1)  # fmt: skip
     grads = jax.jit(jax.grad(loss), static_argnums=1)(params, jnp.bfloat16)
