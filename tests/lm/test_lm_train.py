@@ -32,12 +32,20 @@ from configs import lm, lm_ablation
 from helpers.lm_training import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
+GRAPH_WINDOWS = 2  # the attention graphs of 2 held-out windows: the measures' cost is per window
+
+
+def run_config():
+    """The tiny config with its graphs measured on fewer windows (the killed run's too)."""
+    config = tiny_config()
+    config.evaluation.graph_windows = GRAPH_WINDOWS
+    return config
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("lm") / "run"
-    runs.train_and_evaluate(tiny_config(), str(workdir))
+    runs.train_and_evaluate(run_config(), str(workdir))
     return workdir
 
 
@@ -172,7 +180,9 @@ import sys, jax
 jax.config.update("jax_num_cpu_devices", 4)
 from beyondpar.study import runs
 from helpers.lm_training import tiny_config
-runs.train_and_evaluate(tiny_config(), sys.argv[1])
+config = tiny_config()
+config.evaluation.graph_windows = int(sys.argv[2])
+runs.train_and_evaluate(config, sys.argv[1])
 """
 
 
@@ -180,7 +190,9 @@ def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_p
     """A run killed (SIGKILL) once its step-50 checkpoint is on disk, then started
     again, ends with the uninterrupted run's parameters and metrics lines."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    process = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path)], env=env, cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, str(tmp_path), str(GRAPH_WINDOWS)], env=env, cwd=ROOT
+    )
     deadline = time.monotonic() + 240
     while not checkpoints.list_steps(tmp_path / "checkpoints") and time.monotonic() < deadline:
         assert process.poll() is None, "the run ended before its first checkpoint"
@@ -188,7 +200,7 @@ def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_p
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert checkpoints.list_steps(tmp_path / "checkpoints")[-1] < 150
-    runs.train_and_evaluate(tiny_config(), str(tmp_path))
+    runs.train_and_evaluate(run_config(), str(tmp_path))
     step, resumed = checkpoints.load(Path(tmp_path) / "checkpoints")
     step_full, full = checkpoints.load(text_run / "checkpoints")
     assert step == step_full == 150
