@@ -36,6 +36,8 @@ def tiny_language_ablation(corpus: Path) -> ml_collections.ConfigDict:
             "evaluation__heldout_windows": 4,
             "evaluation__graph_windows": 2,
             "evaluation__graph_tokens": 8,
+            "evaluation__horizon": 20,
+            "evaluation__max_steps": 20,
         }
     )
     c.steps = "latest"

@@ -32,12 +32,20 @@ from configs import lm, lm_ablation
 from helpers.lm_training import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
+GRAPH_WINDOWS = 2  # the attention graphs of 2 held-out windows: the measures' cost is per window
+
+
+def run_config():
+    """The tiny config with its graphs measured on fewer windows (the killed run's too)."""
+    config = tiny_config()
+    config.evaluation.graph_windows = GRAPH_WINDOWS
+    return config
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("lm") / "run"
-    runs.train_and_evaluate(tiny_config(), str(workdir))
+    runs.train_and_evaluate(run_config(), str(workdir))
     return workdir
 
 
@@ -81,14 +89,21 @@ def test_lm_train_schedule_warms_up_linearly_then_decays_by_cosine():
     np.testing.assert_allclose(float(lr(110)), 1e-3, rtol=1e-5)
 
 
-def test_lm_train_microbatches_give_the_full_batchs_gradient():
+@pytest.fixture(scope="module")
+def one_layer():
+    """A one-layer transformer, its parameters and 8 windows of 8 tokens (and the next):
+    one init program for the microbatch and bfloat16 tests."""
     cfg = model_lib.ModelConfig(
-        vocab_size=17, embed_dim=16, num_layers=2, num_heads=4, mlp_dim=24, max_len=12,
-        dropout_rate=0.0,
-    )  # fmt: skip
+        vocab_size=17, embed_dim=16, num_layers=1, num_heads=2, mlp_dim=16, max_len=8
+    )
     module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(0), 12)
-    windows = jax.random.randint(jax.random.PRNGKey(1), (8, 13), 0, 17)
+    params = model_lib.init_params(module, jax.random.PRNGKey(0), 8)
+    windows = jax.random.randint(jax.random.PRNGKey(1), (8, 9), 0, 17)
+    return module, params, windows
+
+
+def test_lm_train_microbatches_give_the_full_batchs_gradient(one_layer):
+    module, params, windows = one_layer
 
     def mean_loss(p, piece, index):
         total, count = text_step.window_loss_sums(module, p, piece)
@@ -165,7 +180,9 @@ import sys, jax
 jax.config.update("jax_num_cpu_devices", 4)
 from beyondpar.study import runs
 from helpers.lm_training import tiny_config
-runs.train_and_evaluate(tiny_config(), sys.argv[1])
+config = tiny_config()
+config.evaluation.graph_windows = int(sys.argv[2])
+runs.train_and_evaluate(config, sys.argv[1])
 """
 
 
@@ -173,7 +190,9 @@ def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_p
     """A run killed (SIGKILL) once its step-50 checkpoint is on disk, then started
     again, ends with the uninterrupted run's parameters and metrics lines."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    process = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path)], env=env, cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, str(tmp_path), str(GRAPH_WINDOWS)], env=env, cwd=ROOT
+    )
     deadline = time.monotonic() + 240
     while not checkpoints.list_steps(tmp_path / "checkpoints") and time.monotonic() < deadline:
         assert process.poll() is None, "the run ended before its first checkpoint"
@@ -181,7 +200,7 @@ def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_p
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert checkpoints.list_steps(tmp_path / "checkpoints")[-1] < 150
-    runs.train_and_evaluate(tiny_config(), str(tmp_path))
+    runs.train_and_evaluate(run_config(), str(tmp_path))
     step, resumed = checkpoints.load(Path(tmp_path) / "checkpoints")
     step_full, full = checkpoints.load(text_run / "checkpoints")
     assert step == step_full == 150
@@ -190,15 +209,10 @@ def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_p
     assert steps == list(range(25, 151, 25))
 
 
-def test_lm_train_bfloat16_compute_keeps_float32_parameters():
+def test_lm_train_bfloat16_compute_keeps_float32_parameters(one_layer):
     assert text_step.resolve_dtype("auto", "cpu") == jnp.float32
     assert text_step.resolve_dtype("auto", "gpu") == jnp.bfloat16
-    cfg = model_lib.ModelConfig(
-        vocab_size=17, embed_dim=16, num_layers=1, num_heads=2, mlp_dim=16, max_len=8
-    )
-    module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(0), 8)
-    windows = jax.random.randint(jax.random.PRNGKey(1), (4, 9), 0, 17)
+    module, params, windows = one_layer
     loss = jax.jit(lambda p, dtype: text_step.window_loss_sums(module, p, windows, dtype)[0],
                    static_argnums=1)  # fmt: skip
     grads = jax.jit(jax.grad(loss), static_argnums=1)(params, jnp.bfloat16)

@@ -91,20 +91,36 @@ def test_lm_train_gradients_clipped_by_global_norm():
     tx = text_optim.optimizer(s)
     params = {"w": jnp.ones((2, 2)), "b": jnp.ones(2)}
     grads = {"w": jnp.array([[3.0, 0.0], [0.0, 0.0]]), "b": jnp.array([4.0, 0.0])}
-    _, opt_state = tx.update(grads, tx.init(params), params)
+    _, opt_state = jax.jit(tx.update)(grads, tx.init(params), params)
     # The first moment is (1 - beta1) times the clipped gradient: g / |g| with |g| = 5.
     mu = adam_mu(opt_state)
     np.testing.assert_allclose(mu["w"], (1 - s.beta1) * grads["w"] / 5, rtol=1e-6)
     np.testing.assert_allclose(mu["b"], (1 - s.beta1) * grads["b"] / 5, rtol=1e-6)
 
 
-def test_lm_train_weight_decay_on_matrices_only():
+def small_module():
+    cfg = model_lib.ModelConfig(
+        vocab_size=17, embed_dim=16, num_layers=1, num_heads=4, mlp_dim=24, max_len=12,
+        dropout_rate=0.0,
+    )  # fmt: skip
+    return model_lib.Transformer(cfg)
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    """The small transformer and its parameters for 12-token windows: one init program
+    for the tests below and the training states they create."""
+    module = small_module()
+    return module, model_lib.init_params(module, jax.random.PRNGKey(0), 12)
+
+
+def test_lm_train_weight_decay_on_matrices_only(small_model):
     s = settings(weight_decay=0.1)
     tx = text_optim.optimizer(s)
-    module = model_lib.Transformer(config_lib.model_config(tiny_config()))
-    params = model_lib.init_params(module, jax.random.PRNGKey(0), 32)
+    _, params = small_model
     zeros = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = tx.update(zeros, tx.init(params), params)
+    # Jitted: one program, not one per parameter shape and operation.
+    updates, _ = jax.jit(tx.update)(zeros, tx.init(params), params)
     shrink = s.learning_rate * s.weight_decay
 
     def check(p, u):
@@ -115,26 +131,18 @@ def test_lm_train_weight_decay_on_matrices_only():
     assert any(p.ndim == 1 for p in jax.tree.leaves(params))
 
 
-def small_module():
-    cfg = model_lib.ModelConfig(
-        vocab_size=17, embed_dim=16, num_layers=2, num_heads=4, mlp_dim=24, max_len=12,
-        dropout_rate=0.0,
-    )  # fmt: skip
-    return model_lib.Transformer(cfg)
-
-
-def test_lm_train_update_logs_mean_token_loss_and_unclipped_gradient_norm():
-    module, mesh = small_module(), parallel.data_mesh()
+def test_lm_train_update_logs_mean_token_loss_and_unclipped_gradient_norm(small_model):
+    (module, params), mesh = small_model, parallel.data_mesh()
     tx = text_optim.optimizer(settings(clip_norm=1e-3))
     windows = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (8, 13), 0, 17))
-    params = model_lib.init_params(module, jax.random.PRNGKey(0), 12)
 
     def mean_loss(p):
         logits = module.apply({"params": p}, windows[:, :-1], deterministic=True)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
         return ce.mean()
 
-    loss, grads = jax.value_and_grad(mean_loss)(params)
+    # Jitted: op by op, the forward and backward passes compiled each operation alone.
+    loss, grads = jax.jit(jax.value_and_grad(mean_loss))(params)
     new_params = []
     for microbatches in (1, 2):
         state = train.create_state(module, jax.random.PRNGKey(0), tx, 12)
