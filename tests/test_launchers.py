@@ -5,8 +5,6 @@ when a run fails, what evaluate.py reports, and which suite benchmark.py runs.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,18 +15,12 @@ from helpers.launchers import launch_many
 ROOT = Path(__file__).parents[1]
 
 
-def probe_lines(probe: str, launcher: str, *args: str) -> list[str]:
-    """The lines `probe` prints, run in a fresh interpreter on launch/`launcher` and `args`
-    (absl's flags are global to a process, so each launcher is read in its own)."""
-    result = subprocess.run(
-        [sys.executable, "-c", probe, str(ROOT / "launch" / launcher), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.splitlines()
+def probe_lines(done) -> list[str]:
+    """The lines a probe printed (a script run in a process of its own, in the batch of
+    `launched`, on the launch/ script and arguments it was given; absl's flags are global
+    to a process, so each launcher is read in its own)."""
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
 
 
 # Loads launch/analyze.py once and, for each command line, reports the source chosen and
@@ -79,22 +71,20 @@ COMMAND_LINES = {
 }
 
 
-@pytest.fixture(scope="module")
-def analyze(tmp_path_factory):
-    """(the outcome of each of COMMAND_LINES, the outcome of reading each text file)."""
-    folder = tmp_path_factory.mktemp("texts")
+def _text_files(folder: Path) -> list[Path]:
+    """A UTF-8 text, a Latin-1 one and a missing one."""
     utf8 = folder / "utf8.txt"
     utf8.write_bytes("naïve café – 東京\n".encode())
     latin1 = folder / "latin1.txt"
     latin1.write_bytes("naïve café\n".encode("latin-1"))
+    return [utf8, latin1, folder / "missing.txt"]
+
+
+@pytest.fixture(scope="module")
+def analyze(launched):
+    """(the outcome of each of COMMAND_LINES, the outcome of reading each text file)."""
     names = list(COMMAND_LINES)
-    printed = probe_lines(
-        _PROBE,
-        "analyze.py",
-        json.dumps([COMMAND_LINES[n] for n in names]),
-        json.dumps([str(utf8), str(latin1), str(folder / "missing.txt")]),
-    )
-    lines = [json.loads(line) for line in printed]
+    lines = [json.loads(line) for line in probe_lines(launched["probe", "analyze"][0])]
     assert len(lines) == len(names) + 3
     return dict(zip(names, lines[: len(names)], strict=True)), lines[len(names) :]
 
@@ -197,9 +187,9 @@ print(json.dumps(calls))
 
 
 @pytest.fixture(scope="module")
-def corpus_runs():
+def corpus_runs(launched):
     """What the runner was given for one model, then for two."""
-    return json.loads(probe_lines(_CORPUS_PROBE, "analyze.py")[-1])
+    return json.loads(probe_lines(launched["probe", "corpus"][0])[-1])
 
 
 def test_analyze_corpus_flags_reach_their_own_corpus_spec_fields(corpus_runs):
@@ -302,16 +292,12 @@ print(json.dumps({"status": status, "ref_status": ref_status, "failed_status": f
 """
 
 
-def _evaluate_probe(root: Path):
-    lines = probe_lines(_EVALUATE_PROBE, "evaluate.py", str(root))
-    return lines[:-1], json.loads(lines[-1])
-
-
 @pytest.fixture(scope="module")
-def evaluated(tmp_path_factory):
+def evaluated(launched):
     """(the runs folder, what the entry points printed, what they returned and wrote)."""
-    root = tmp_path_factory.mktemp("runs")
-    return (root, *_evaluate_probe(root))
+    done, root = launched["probe", "evaluate"]
+    lines = probe_lines(done)
+    return root, lines[:-1], json.loads(lines[-1])
 
 
 def test_evaluate_runs_counts_skips_reports_under_the_runs_and_exits_1_on_failure(evaluated):
@@ -379,10 +365,12 @@ for argv in json.loads(sys.argv[2]):
 """
 
 
-def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given():
-    command_lines = [["metrics"], ["--repeats=3", "train"], ["metrics", "train"], [], ["x"]]
-    command_lines.append(["--repeats=0", "train"])
-    printed = probe_lines(_BENCHMARK_PROBE, "benchmark.py", json.dumps(command_lines))
+BENCHMARK_LINES = [["metrics"], ["--repeats=3", "train"], ["metrics", "train"], [], ["x"]]
+BENCHMARK_LINES.append(["--repeats=0", "train"])
+
+
+def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given(launched):
+    printed = probe_lines(launched["probe", "benchmark"][0])
     outcomes = [json.loads(line) for line in printed]
     refused = "benchmark.py takes one suite, one of ['metrics', 'train'], got "
     assert outcomes == [
@@ -421,8 +409,8 @@ print(json.dumps({"status": status, "runs": runs}))
 """
 
 
-def test_ablate_dry_run_prints_one_train_command_per_run_and_trains_nothing():
-    *commands, outcome = probe_lines(_ABLATE_DRY_RUN_PROBE, "ablate.py")
+def test_ablate_dry_run_prints_one_train_command_per_run_and_trains_nothing(launched):
+    *commands, outcome = probe_lines(launched["probe", "ablate_dry_run"][0])
     assert json.loads(outcome) == {"status": 0, "runs": []}
     assert len(commands) == 8  # heads 1, 4, 8, 16 x tasks copy, cycle
     assert commands[0] == (
@@ -444,6 +432,26 @@ FOLDER_IS_A_FILE = [
     ("ablate.py", ["--config=configs/ablation.py:base=smoke", "--workdir={file}"]),
     ("example2.py", ["--out={file}"]),
 ]
+
+
+def _probe_cases(tmp_path_factory, add) -> None:
+    """Each probe above as a script of its own, on its launcher and arguments (a script
+    given by its absolute path, which `launch_many` takes as it is)."""
+    folder = tmp_path_factory.mktemp("probes")
+    texts = _text_files(tmp_path_factory.mktemp("texts"))
+    root = tmp_path_factory.mktemp("runs")
+    probes = {
+        "analyze": (_PROBE, "analyze.py", [COMMAND_LINES[n] for n in COMMAND_LINES], texts),
+        "corpus": (_CORPUS_PROBE, "analyze.py"),
+        "evaluate": (_EVALUATE_PROBE, "evaluate.py", root),
+        "benchmark": (_BENCHMARK_PROBE, "benchmark.py", BENCHMARK_LINES),
+        "ablate_dry_run": (_ABLATE_DRY_RUN_PROBE, "ablate.py"),
+    }
+    for name, (probe, launcher, *args) in probes.items():
+        script = folder / f"{name}.py"
+        script.write_text(probe)
+        words = [str(a) if isinstance(a, Path) else json.dumps(a, default=str) for a in args]
+        add(("probe", name), root, str(script), [str(ROOT / "launch" / launcher), *words])
 
 
 def _refused_cases(tmp_path_factory, add) -> None:
@@ -494,6 +502,7 @@ def launched(tmp_path_factory):
         named[key] = what
         cases.append((launcher, flags))
 
+    _probe_cases(tmp_path_factory, add)
     _refused_cases(tmp_path_factory, add)
     busy = _failing_cases(tmp_path_factory, add)
     with locks.lock(busy):
