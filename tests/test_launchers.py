@@ -5,8 +5,6 @@ when a run fails, what evaluate.py reports, and which suite benchmark.py runs.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,18 +15,12 @@ from helpers.launchers import launch_many
 ROOT = Path(__file__).parents[1]
 
 
-def probe_lines(probe: str, launcher: str, *args: str) -> list[str]:
-    """The lines `probe` prints, run in a fresh interpreter on launch/`launcher` and `args`
-    (absl's flags are global to a process, so each launcher is read in its own)."""
-    result = subprocess.run(
-        [sys.executable, "-c", probe, str(ROOT / "launch" / launcher), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.splitlines()
+def probe_lines(done) -> list[str]:
+    """The lines a probe printed (a script run in a process of its own, in the batch of
+    `launched`, on the launch/ script and arguments it was given; absl's flags are global
+    to a process, so each launcher is read in its own)."""
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
 
 
 # Loads launch/analyze.py once and, for each command line, reports the source chosen and
@@ -79,22 +71,20 @@ COMMAND_LINES = {
 }
 
 
-@pytest.fixture(scope="module")
-def analyze(tmp_path_factory):
-    """(the outcome of each of COMMAND_LINES, the outcome of reading each text file)."""
-    folder = tmp_path_factory.mktemp("texts")
+def _text_files(folder: Path) -> list[Path]:
+    """A UTF-8 text, a Latin-1 one and a missing one."""
     utf8 = folder / "utf8.txt"
     utf8.write_bytes("naïve café – 東京\n".encode())
     latin1 = folder / "latin1.txt"
     latin1.write_bytes("naïve café\n".encode("latin-1"))
+    return [utf8, latin1, folder / "missing.txt"]
+
+
+@pytest.fixture(scope="module")
+def analyze(launched):
+    """(the outcome of each of COMMAND_LINES, the outcome of reading each text file)."""
     names = list(COMMAND_LINES)
-    printed = probe_lines(
-        _PROBE,
-        "analyze.py",
-        json.dumps([COMMAND_LINES[n] for n in names]),
-        json.dumps([str(utf8), str(latin1), str(folder / "missing.txt")]),
-    )
-    lines = [json.loads(line) for line in printed]
+    lines = [json.loads(line) for line in probe_lines(launched["probe", "analyze"][0])]
     assert len(lines) == len(names) + 3
     return dict(zip(names, lines[: len(names)], strict=True)), lines[len(names) :]
 
@@ -197,9 +187,9 @@ print(json.dumps(calls))
 
 
 @pytest.fixture(scope="module")
-def corpus_runs():
+def corpus_runs(launched):
     """What the runner was given for one model, then for two."""
-    return json.loads(probe_lines(_CORPUS_PROBE, "analyze.py")[-1])
+    return json.loads(probe_lines(launched["probe", "corpus"][0])[-1])
 
 
 def test_analyze_corpus_flags_reach_their_own_corpus_spec_fields(corpus_runs):
@@ -241,28 +231,12 @@ def test_analyze_text_file_is_read_as_utf8(analyze):
     assert "missing.txt cannot be read" in missing["error"]
 
 
-def test_ablate_exits_1_when_a_run_fails(tmp_path):
+def test_ablate_exits_1_when_a_run_fails(launched):
     """A grid whose only run cannot be read (a torn config.json from an earlier, killed
     process) trains nothing, names the run once (its missing checkpoint is the same
     failure), counts it, and exits with status 1, so a script or CI job running the grid
     stops."""
-    run = tmp_path / "heads-1_seed-0_task-copy"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "config.json").write_text('{"model": ')
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "launch" / "ablate.py"),
-            "--config=configs/ablation.py:base=smoke",
-            "--config.levels.heads=(1,)",
-            "--config.levels.task=('copy',)",
-            f"--workdir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    result, run = launched["ablate_failed"]
     assert result.returncode == 1, result.stderr[-2000:]
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
     # the launcher's closing list: the run, once
@@ -318,16 +292,12 @@ print(json.dumps({"status": status, "ref_status": ref_status, "failed_status": f
 """
 
 
-def _evaluate_probe(root: Path):
-    lines = probe_lines(_EVALUATE_PROBE, "evaluate.py", str(root))
-    return lines[:-1], json.loads(lines[-1])
-
-
 @pytest.fixture(scope="module")
-def evaluated(tmp_path_factory):
+def evaluated(launched):
     """(the runs folder, what the entry points printed, what they returned and wrote)."""
-    root = tmp_path_factory.mktemp("runs")
-    return (root, *_evaluate_probe(root))
+    done, root = launched["probe", "evaluate"]
+    lines = probe_lines(done)
+    return root, lines[:-1], json.loads(lines[-1])
 
 
 def test_evaluate_runs_counts_skips_reports_under_the_runs_and_exits_1_on_failure(evaluated):
@@ -395,10 +365,12 @@ for argv in json.loads(sys.argv[2]):
 """
 
 
-def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given():
-    command_lines = [["metrics"], ["--repeats=3", "train"], ["metrics", "train"], [], ["x"]]
-    command_lines.append(["--repeats=0", "train"])
-    printed = probe_lines(_BENCHMARK_PROBE, "benchmark.py", json.dumps(command_lines))
+BENCHMARK_LINES = [["metrics"], ["--repeats=3", "train"], ["metrics", "train"], [], ["x"]]
+BENCHMARK_LINES.append(["--repeats=0", "train"])
+
+
+def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given(launched):
+    printed = probe_lines(launched["probe", "benchmark"][0])
     outcomes = [json.loads(line) for line in printed]
     refused = "benchmark.py takes one suite, one of ['metrics', 'train'], got "
     assert outcomes == [
@@ -411,18 +383,9 @@ def test_benchmark_runs_exactly_one_named_suite_with_the_repeats_given():
     ]
 
 
-def test_analyze_one_model_on_a_text_writes_a_text_report_not_a_series(tmp_path):
+def test_analyze_one_model_on_a_text_writes_a_text_report_not_a_series(launched):
     """A single --model is one analysis (analysis.json and report.md), not a series of one."""
-    out = tmp_path / "out"
-    flags = ["--text=The cat sat on the mat", "--nopairwise", "--horizon=5", "--max_steps=5"]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "analyze.py"), *flags, f"--out={out}"]
-        + [f"--model={ROOT / 'tests' / 'data' / 'hf' / 'llama-tiny'}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    done, out = launched["text_report"]
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "analysis.json").exists() and (out / "report.md").exists()
     assert not (out / "series.jsonl").exists()
@@ -446,8 +409,8 @@ print(json.dumps({"status": status, "runs": runs}))
 """
 
 
-def test_ablate_dry_run_prints_one_train_command_per_run_and_trains_nothing():
-    *commands, outcome = probe_lines(_ABLATE_DRY_RUN_PROBE, "ablate.py")
+def test_ablate_dry_run_prints_one_train_command_per_run_and_trains_nothing(launched):
+    *commands, outcome = probe_lines(launched["probe", "ablate_dry_run"][0])
     assert json.loads(outcome) == {"status": 0, "runs": []}
     assert len(commands) == 8  # heads 1, 4, 8, 16 x tasks copy, cycle
     assert commands[0] == (
@@ -471,26 +434,87 @@ FOLDER_IS_A_FILE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def refused(tmp_path_factory):
-    """What each command line above gave, keyed by (list, case number), with the folder or
-    file it named; all of them run from one batch (`launch_many`)."""
-    named, cases = {}, []
+def _probe_cases(tmp_path_factory, add) -> None:
+    """Each probe above as a script of its own, on its launcher and arguments (a script
+    given by its absolute path, which `launch_many` takes as it is)."""
+    folder = tmp_path_factory.mktemp("probes")
+    texts = _text_files(tmp_path_factory.mktemp("texts"))
+    root = tmp_path_factory.mktemp("runs")
+    probes = {
+        "analyze": (_PROBE, "analyze.py", [COMMAND_LINES[n] for n in COMMAND_LINES], texts),
+        "corpus": (_CORPUS_PROBE, "analyze.py"),
+        "evaluate": (_EVALUATE_PROBE, "evaluate.py", root),
+        "benchmark": (_BENCHMARK_PROBE, "benchmark.py", BENCHMARK_LINES),
+        "ablate_dry_run": (_ABLATE_DRY_RUN_PROBE, "ablate.py"),
+    }
+    for name, (probe, launcher, *args) in probes.items():
+        script = folder / f"{name}.py"
+        script.write_text(probe)
+        words = [str(a) if isinstance(a, Path) else json.dumps(a, default=str) for a in args]
+        add(("probe", name), root, str(script), [str(ROOT / "launch" / launcher), *words])
+
+
+def _refused_cases(tmp_path_factory, add) -> None:
+    """Each command line above, with the folder or file it names."""
     for i, (launcher, flags) in enumerate(EXTRA_WORDS):
-        named["words", i] = out = tmp_path_factory.mktemp("words") / "out"
-        cases.append((launcher, [f.format(out=out) for f in flags] + ["there", "friend"]))
+        out = tmp_path_factory.mktemp("words") / "out"
+        add(("words", i), out, launcher, [f.format(out=out) for f in flags] + ["there", "friend"])
     for i, (launcher, flags) in enumerate(FOLDER_IS_A_FILE):
-        named["file", i] = file = tmp_path_factory.mktemp("file") / "file"
+        file = tmp_path_factory.mktemp("file") / "file"
         file.write_text("keep")
-        cases.append((launcher, [f.format(file=file) for f in flags]))
-    return dict(zip(named, zip(launch_many(cases), named.values(), strict=True), strict=True))
+        add(("file", i), file, launcher, [f.format(file=file) for f in flags])
+
+
+def _failing_cases(tmp_path_factory, add) -> Path:
+    """An ablation grid whose only run has a torn config.json, one analysis of a text,
+    an evaluation into a folder this process holds (returned) and one of a reference
+    folder that does not exist."""
+    grid = tmp_path_factory.mktemp("grid")
+    run = grid / "heads-1_seed-0_task-copy"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text('{"model": ')
+    ablate = ["--config=configs/ablation.py:base=smoke", "--config.levels.heads=(1,)"]
+    ablate += ["--config.levels.task=('copy',)", f"--workdir={grid}"]
+    add("ablate_failed", run, "ablate.py", ablate)
+    text = ["--text=The cat sat on the mat", "--nopairwise", "--horizon=5", "--max_steps=5"]
+    out = tmp_path_factory.mktemp("text") / "out"
+    model = f"--model={ROOT / 'tests' / 'data' / 'hf' / 'llama-tiny'}"
+    add("text_report", out, "analyze.py", [*text, f"--out={out}", model])
+    reference = tmp_path_factory.mktemp("busy") / "reference"
+    reference.mkdir()
+    (reference / "1_heads_copy.npz").write_bytes(b"not a checkpoint")
+    busy = reference.parent / "out"
+    add("busy", busy, "evaluate.py", [f"--reference={reference}", f"--out={busy}"])
+    missing = tmp_path_factory.mktemp("missing")
+    nope, out = missing / "nope", missing / "out"
+    add("missing", (nope, out), "evaluate.py", [f"--reference={nope}", f"--out={out}"])
+    return busy
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """What each command line of this file that runs a launcher gave, keyed by case, with
+    the folder or file it named; all of them run from one batch (`launch_many`), while
+    this process holds the "busy" case's --out folder."""
+    named, cases = {}, []
+
+    def add(key, what, launcher, flags):
+        named[key] = what
+        cases.append((launcher, flags))
+
+    _probe_cases(tmp_path_factory, add)
+    _refused_cases(tmp_path_factory, add)
+    busy = _failing_cases(tmp_path_factory, add)
+    with locks.lock(busy):
+        done = launch_many(cases)
+    return dict(zip(named, zip(done, named.values(), strict=True), strict=True))
 
 
 @pytest.mark.parametrize("case", range(len(EXTRA_WORDS)))
-def test_launchers_refuse_words_that_are_not_flags(refused, case):
+def test_launchers_refuse_words_that_are_not_flags(launched, case):
     """An unquoted flag value with spaces leaves words that are not flags: the launcher
     stops before doing anything, naming them, instead of running on the first word."""
-    done, out = refused["words", case]
+    done, out = launched["words", case]
     launcher = EXTRA_WORDS[case][0]
     assert done.returncode == 2, done.stderr[-2000:]
     extra = "['there', 'friend']"
@@ -499,50 +523,30 @@ def test_launchers_refuse_words_that_are_not_flags(refused, case):
 
 
 @pytest.mark.parametrize("case", range(len(FOLDER_IS_A_FILE)))
-def test_launchers_name_a_folder_flag_that_is_a_file(refused, case):
+def test_launchers_name_a_folder_flag_that_is_a_file(launched, case):
     """A workdir or report folder that is an existing file is a usage error naming the
     flag, not a traceback."""
-    done, file = refused["file", case]
+    done, file = launched["file", case]
     assert done.returncode == 2, done.stderr[-2000:]
     flag = FOLDER_IS_A_FILE[case][1][-1].split("=")[0]
     assert done.stderr == f"error: {flag} must be a folder, got '{file}', which is a file\n"
     assert file.read_text() == "keep"
 
 
-def test_evaluate_reference_stops_at_once_when_another_process_holds_its_out_folder(tmp_path):
+def test_evaluate_reference_stops_at_once_when_another_process_holds_its_out_folder(launched):
     """Two reference evaluations into one --out would each write records.jsonl whole and
     lose the other's: the second stops before evaluating, naming the folder."""
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    (reference / "1_heads_copy.npz").write_bytes(b"not a checkpoint")
-    out = tmp_path / "out"
-    with locks.lock(out):
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "launch" / "evaluate.py")]
-            + [f"--reference={reference}", f"--out={out}"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
+    done, out = launched["busy"]
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.startswith(f"error: workdir {out} is in use by another process (pid ")
     assert done.stdout == ""
     assert sorted(p.name for p in out.iterdir()) == [".lock"]
 
 
-def test_evaluate_reference_that_is_missing_makes_no_out_folder(tmp_path):
+def test_evaluate_reference_that_is_missing_makes_no_out_folder(launched):
     """A --reference folder that does not exist is refused before --out is made or locked."""
-    out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "evaluate.py")]
-        + [f"--reference={tmp_path / 'nope'}", f"--out={out}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done, (nope, out) = launched["missing"]
     assert done.returncode == 2, done.stderr[-2000:]
-    message = f"error: reference folder must be an existing folder, got '{tmp_path / 'nope'}'\n"
+    message = f"error: reference folder must be an existing folder, got '{nope}'\n"
     assert (done.stderr, done.stdout) == (message, "")
     assert not out.exists()

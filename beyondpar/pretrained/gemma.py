@@ -261,8 +261,11 @@ class Gemma(layers.DecoderStack):
 
 
 def block_module(config: GemmaConfig, index: int) -> GemmaBlock:
-    """Layer `index` alone (its window and rope depend on it), to go one layer at a time."""
-    return GemmaBlock(config, index)
+    """Layer `index` alone, to go one layer at a time. Its window and rope depend on it,
+    and nothing else does: the block of the first layer with the same ones stands for it,
+    so that every layer alike runs one compiled program (two for a local/global pattern)."""
+    kinds = list(zip(config.layer_ropes, config.layer_windows, strict=True))
+    return GemmaBlock(config, kinds.index(kinds[index]))
 
 
 hf_name = llama.hf_name

@@ -168,8 +168,11 @@ class Llama(layers.DecoderStack):
 
 
 def block_module(config: LlamaConfig, index: int) -> LlamaBlock:
-    """Layer `index` alone (its window may differ), to go one layer at a time."""
-    return LlamaBlock(config, index if config.layer_windows else 0)
+    """Layer `index` alone, to go one layer at a time. Only its window depends on it: the
+    block of the first layer with the same window stands for it, so that every layer
+    alike runs one compiled program."""
+    windows = config.layer_windows
+    return LlamaBlock(config, windows.index(windows[index]) if windows else 0)
 
 
 def hf_name(path: tuple[str, ...]) -> tuple[str, bool]:

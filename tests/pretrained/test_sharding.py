@@ -16,6 +16,7 @@ from beyondpar import pretrained
 from beyondpar.base import parallel
 from beyondpar.pretrained import hf_folder, sharding
 from beyondpar.pretrained.gguf import quants as gguf_quants
+from beyondpar.pretrained.loading import family
 from helpers.gguf_export import export
 from helpers.hf_fixtures import CONFIG_VARIANTS
 from helpers.paths import DATA
@@ -44,6 +45,9 @@ SHARDED_ON = {
     "phi3-tiny": [(1, 4)],
     "qwen3-tiny": [(2, 2)],
 }
+# A batch that does not split over the devices gathers each layer's attention on the
+# mesh's first device whatever the family: checked on the fixture sharded on both meshes.
+ODD_BATCH_ON = ("gpt2-tiny",)
 # Sharded against one device: float32 sums in another order. Two kinds of random fixture
 # magnify that round-off the most: Gemma 3's (q/k norms, six layers in gemma3-tiny) and
 # phi3-longrope (long factors up to 11), whose float32 attention is 8.6e-6 from its float64
@@ -116,8 +120,26 @@ def test_sharded_run_equals_one_device(unsharded, name, data, model):
         assert {s.data.shape for s in layer_attn.addressable_shards} == {(1, *attn.shape[2:])}
         assert layer_attn.sharding.device_set == set(jax.local_devices())
         np.testing.assert_allclose(layer_attn, attn[:, layer], atol=atol(name, "attention"))
-    odd = pretrained.layer_by_layer(module, params, placed[:2])  # 2 windows on 4 devices
-    assert next(odd)[1].sharding.device_set == {mesh.devices.flat[0]}
+    if name in ODD_BATCH_ON:  # the same branch of `gather_heads` for every family
+        odd = pretrained.layer_by_layer(module, params, placed[:2])  # 2 windows on 4 devices
+        assert next(odd)[1].sharding.device_set == {mesh.devices.flat[0]}
+
+
+@pytest.mark.parametrize(
+    "name,kinds", [("gemma3-tiny", 2), ("gemma3-legacy", 2), ("mistral-window", 1)]
+)
+def test_layers_alike_share_one_block(name, kinds):
+    """Going one layer at a time, the layers with the same window (and, for Gemma, rope)
+    get one block, so one compiled program: gemma3-tiny's five local layers and one
+    global one run two programs, not six. Each block has its own layer's window and rope."""
+    module = pretrained.build(hf_folder.read_config(HF / name))
+    cfg = module.config
+    blocks = [family(module).block_module(cfg, i) for i in range(cfg.num_layers)]
+    assert len(set(blocks)) == kinds < cfg.num_layers
+    ropes = getattr(cfg, "layer_ropes", (None,) * cfg.num_layers)
+    for i, block in enumerate(blocks):
+        assert cfg.layer_windows[block.layer_index] == cfg.layer_windows[i]
+        assert ropes[block.layer_index] == ropes[i]
 
 
 @pytest.mark.parametrize("model", [2, 4])

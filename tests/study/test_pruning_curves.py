@@ -10,17 +10,34 @@ from beyondpar import graphs, metrics, pruning, tasks
 from beyondpar import model as model_lib
 from beyondpar.study import evaluate, pruning_curves
 
+# One horizon and one step cap for every curve on the 4 x 40-token batches (the reference
+# model's and `masked_models`'), and one for the 3 x 12-token ones (`tiny`): the metric
+# kernels compile once per batch shape and setting, and these share them. The horizon
+# and the cap differ, so a curve that swaps them shows.
+HORIZON, MAX_STEPS = 30, 7
+SMALL_SPEC = (10, 6, "normalized")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A small random model (4 layers of 4 heads, 8 features, up to 40 positions) and its
+    parameters: one model config for every test that needs no trained model."""
+    cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=40, mlp_dim=8, embed_dim=8)
+    module = model_lib.Transformer(cfg)
+    return module, model_lib.init_params(module, jax.random.PRNGKey(0))
+
 
 def test_curve_keeps_one_head_and_measures_it(reference):
     module, params, examples, attn, weights = reference
     masks = np.ones((2, 4, 4), np.float32)
     masks[1, 0] = [0, 0, 1, 0]  # layer 0 keeps head 2 only
     got = pruning_curves.curve(
-        module, params, examples, weights, jnp.asarray(masks), 50, 50, "reference"
+        module, params, examples, weights, jnp.asarray(masks), HORIZON, MAX_STEPS, "reference"
     )
-    own = np.mean(metrics.minimax_fidelity(attn[:, 0, 2], 50))
+    own = np.mean(metrics.minimax_fidelity(attn[:, 0, 2], HORIZON))
     np.testing.assert_allclose(got["fidelity"][1][0], own, rtol=1e-4)
-    full = np.mean(metrics.minimax_fidelity(graphs.combine_heads(attn[:, 0], weights[0]), 50))
+    mix = graphs.combine_heads(attn[:, 0], weights[0])
+    full = np.mean(metrics.minimax_fidelity(mix, HORIZON))
     np.testing.assert_allclose(got["fidelity"][0][0], full, rtol=1e-4)
     # A true ablation: later layers read the masked layer's output, so their maps move.
     assert np.abs(np.subtract(got["fidelity"][1][1:], got["fidelity"][0][1:])).max() > 1e-6
@@ -34,24 +51,23 @@ def test_curve_measures_each_point_with_its_horizon_steps_and_walk(reference, wa
     every layer's mix of the heads kept (here, all of them)."""
     module, params, examples, attn, weights = reference
     masks = jnp.ones((1, 4, 4), jnp.float32)
-    got = pruning_curves.curve(module, params, examples, weights, masks, 40, 7, walk)
+    got = pruning_curves.curve(module, params, examples, weights, masks, HORIZON, MAX_STEPS, walk)
     mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
-    fidelity = np.mean(metrics.minimax_fidelity(mixed, 40), axis=0)
-    hitting = np.mean(metrics.hitting_time(mixed, 7, walk), axis=0)
+    fidelity = np.mean(metrics.minimax_fidelity(mixed, HORIZON), axis=0)
+    hitting = np.mean(metrics.hitting_time(mixed, MAX_STEPS, walk), axis=0)
     np.testing.assert_allclose(got["fidelity"][0], fidelity, rtol=1e-4)
     np.testing.assert_allclose(got["hitting_time"][0], hitting, rtol=1e-4)
-    assert np.all(np.asarray(got["hitting_time"][0]) < 7)  # capped at max_steps, not horizon
+    # capped at max_steps, not horizon
+    assert np.all(np.asarray(got["hitting_time"][0]) < MAX_STEPS)
 
 
 @pytest.fixture(scope="module")
-def masked_models():
-    """A small random model, a curve's masks over its 4 x 4 heads, and each mask's whole
+def masked_models(tiny):
+    """The small random model, a curve's masks over its 4 x 4 heads, and each mask's whole
     masked model measured directly: (accuracy, fidelity, hitting time) of every point,
     the last two per layer. Its accuracy moves with every removal, so points cannot be
     swapped unseen."""
-    cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=40, mlp_dim=32, embed_dim=16)
-    module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(5))
+    module, params = tiny
     examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 6)
     weights = np.asarray(model_lib.head_importances(module, params))
     order = [(2, 1), (0, 3), (2, 0), (3, 3), (0, 0), (1, 2)]
@@ -61,8 +77,8 @@ def masked_models():
         logits, attn = model_lib.apply_with_attention(module, params, examples.inputs, mask)
         correct = (np.argmax(logits, -1) == examples.targets) & examples.predictable
         mixes = [graphs.combine_heads(attn[:, i], weights[i] * mask[i]) for i in range(4)]
-        fid = [np.mean(metrics.minimax_fidelity(mix, 30)) for mix in mixes]
-        hit = [np.mean(metrics.hitting_time(mix, 20, "normalized")) for mix in mixes]
+        fid = [np.mean(metrics.minimax_fidelity(mix, HORIZON)) for mix in mixes]
+        hit = [np.mean(metrics.hitting_time(mix, MAX_STEPS, "normalized")) for mix in mixes]
         want.append((correct.sum() / examples.predictable.sum(), fid, hit))
     return (module, params, examples, weights, masks), want
 
@@ -78,39 +94,36 @@ def test_points_that_share_layers_are_each_the_masked_model(
     monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
     monkeypatch.setattr(pruning_curves, "MIX_BYTES", mix_bytes)
     (module, params, examples, weights, masks), want = masked_models
-    got = pruning_curves.curve(module, params, examples, weights, masks, 30, 20, "normalized")
+    spec = (HORIZON, MAX_STEPS, "normalized")
+    got = pruning_curves.curve(module, params, examples, weights, masks, *spec)
     for p, (accuracy, fid, hit) in enumerate(want):
         assert got["accuracy"][p] == pytest.approx(accuracy)
         for layer in range(4):
             np.testing.assert_allclose(got["fidelity"][p][layer], fid[layer], rtol=1e-5)
             np.testing.assert_allclose(got["hitting_time"][p][layer], hit[layer], rtol=1e-5)
-    assert len(set(got["accuracy"])) > 3
+    assert len(set(got["accuracy"])) == len(masks)  # 32, 39, 30, 36, 34, 35, 41 of 50
 
 
-def test_accuracy_counts_predictable_positions_only():
+def test_accuracy_counts_predictable_positions_only(tiny):
     """The accuracy is over predictable positions: targets equal to the model's own
     prediction at even positions only, predictable on the first half, give the share of
     even positions in that half (the others, right or wrong, do not count)."""
-    cfg = model_lib.ModelConfig(
-        num_heads=2, num_layers=2, vocab_size=6, max_len=12, mlp_dim=16, embed_dim=8
-    )
-    module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(1))
+    module, params = tiny
     inputs = jax.random.randint(jax.random.PRNGKey(2), (3, 12), 0, 6)
     predicted = np.argmax(module.apply({"params": params}, inputs), -1)
     even = np.arange(12) % 2 == 0
     targets = np.where(even, predicted, (predicted + 1) % 6)
     predictable = np.broadcast_to(np.arange(12) < 5, (3, 12))  # positions 0, 2, 4 of 5 even
     examples = tasks.Examples(inputs, jnp.asarray(targets), jnp.asarray(predictable))
-    masks = jnp.ones((1, 2, 2), jnp.float32)
+    masks = jnp.ones((1, 4, 4), jnp.float32)
     weights = np.asarray(model_lib.head_importances(module, params))
-    got = pruning_curves.curve(module, params, examples, weights, masks, 5, 5, "normalized")
+    got = pruning_curves.curve(module, params, examples, weights, masks, *SMALL_SPEC)
     assert got["accuracy"] == [pytest.approx(3 / 5)]
 
 
 def test_pruning_curves_cover_every_order(reference):
     module, params, examples, attn, weights = reference
-    spec = evaluate.EvalSpec(horizon=30, max_steps=30)
+    spec = evaluate.EvalSpec(horizon=HORIZON, max_steps=MAX_STEPS)
     curves = pruning_curves.pruning_curves(module, params, examples, weights, attn, spec)
     assert set(curves) == set(pruning.ORDERS)
     for curve in curves.values():
@@ -126,23 +139,23 @@ def test_curve_takes_the_models_mixes_as_causal_without_a_check(reference, monke
     stop (causal operators only) without a pass that checks it."""
     module, params, examples, attn, weights = reference
     mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
-    want = np.mean(metrics.minimax_fidelity(mixed, 30), 0)
+    want = np.mean(metrics.minimax_fidelity(mixed, HORIZON), 0)
     for where in (metrics, metrics.operators):  # the public name and the kernels' own
         monkeypatch.setattr(where, "is_causal", lambda c: pytest.fail("causality checked"))
+    masks = jnp.ones((1, 4, 4), jnp.float32)
     got = pruning_curves.curve(
-        module, params, examples, weights, jnp.ones((1, 4, 4), jnp.float32), 30, 9, "reference"
+        module, params, examples, weights, masks, HORIZON, MAX_STEPS, "reference"
     )
     np.testing.assert_allclose(got["fidelity"][0], want, rtol=1e-4)
 
 
-def test_masks_that_read_one_stream_share_its_attention():
+def test_masks_that_read_one_stream_share_its_attention(tiny):
     """A group's masks only scale the heads' outputs: the softmax runs once on B x H x T x
     T for the whole group, not once per mask, and each mask's results are its own."""
-    cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=12, mlp_dim=8, embed_dim=8)
-    module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(1))
+    module, params = tiny
     stream = jax.random.normal(jax.random.PRNGKey(2), (3, 12, 8))
-    masks = jnp.asarray([[1, 1, 1, 1], [0, 1, 1, 0], [1, 0, 0, 0]], jnp.float32)
+    masks = [[1, 1, 1, 1], [0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 1, 1]]  # a group of 4, padded size
+    masks = jnp.asarray(masks, jnp.float32)
     importance = jnp.asarray([0.1, 0.2, 0.3, 0.4])
     args = (module, params["layers_1"], stream, masks, importance)
     jaxpr = jax.make_jaxpr(pruning_curves._group_runs, static_argnums=0)(*args)
@@ -169,12 +182,10 @@ def _equations(jaxpr):
 
 
 @pytest.fixture(scope="module")
-def small_layer():
-    """A small random model's layer 1, two input streams and five masks, read in an order
+def small_layer(tiny):
+    """The small random model's layer 1, two input streams and five masks, read in an order
     that is not the streams' (masks 0, 2, 4 read stream 1; masks 1, 3 read stream 0)."""
-    cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=12, mlp_dim=8, embed_dim=8)
-    module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(3))
+    module, params = tiny
     streams = jax.random.normal(jax.random.PRNGKey(4), (2, 3, 12, 8))
     inputs = np.array([1, 0, 1, 0, 1])
     masks = jnp.asarray(
@@ -191,16 +202,17 @@ def test_layer_gives_each_mask_its_own_stream_in_mask_order(small_layer, group, 
     mask u, in the order of the masks."""
     monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
     module, layer_params, streams, inputs, masks, importance = small_layer
-    walk = "normalized"
+    horizon, max_steps, walk = SMALL_SPEC
     out, fid, hit = pruning_curves._layer(
-        module, layer_params, streams, inputs, masks, importance, (10, 6, walk)
+        module, layer_params, streams, inputs, masks, importance, SMALL_SPEC
     )
     assert out.shape == (5, 3, 12, 8) and fid.shape == hit.shape == (5,)
     for u, mask in enumerate(masks):
         own, attn = model_lib.apply_layer(module, layer_params, streams[inputs[u]], mask)
         np.testing.assert_allclose(out[u], own, rtol=1e-5, atol=1e-6)
         mix = graphs.combine_heads(attn, importance * mask)
-        fidelity, hitting = metrics.minimax_fidelity(mix, 10), metrics.hitting_time(mix, 6, walk)
+        fidelity = metrics.minimax_fidelity(mix, horizon)
+        hitting = metrics.hitting_time(mix, max_steps, walk)
         np.testing.assert_allclose(fid[u], np.mean(fidelity), rtol=1e-5)
         np.testing.assert_allclose(hit[u], np.mean(hitting), rtol=1e-5)
 
@@ -218,9 +230,7 @@ def test_layer_keeps_each_call_within_the_mix_budget(small_layer, monkeypatch):
         return run(module, layer_params, stream, masks_GxH, importance_H)
 
     monkeypatch.setattr(pruning_curves, "_group_runs", counted)
-    pruning_curves._layer(
-        module, layer_params, streams, inputs, masks, importance, (10, 6, "normalized")
-    )
+    pruning_curves._layer(module, layer_params, streams, inputs, masks, importance, SMALL_SPEC)
     assert sorted(sizes) == [1, 2, 2]  # stream 1: masks 0, 2 | mask 4; stream 0: masks 1, 3
 
 
