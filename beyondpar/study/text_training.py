@@ -52,6 +52,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def _train(config, workdir: Path, mesh, main: bool) -> dict:
     started = time.perf_counter()
+    if main:  # a changed experiment is refused before the corpus or the model is touched
+        workdir_lib.check(workdir, config)
     text_data = data_lib.load(config.data, config.seed, cache_dir=str(workdir))
     data_lib.check_vocab(text_data, config.model.vocab_size)
     module = model_lib.Transformer(config_lib.model_config(config))
@@ -61,7 +63,7 @@ def _train(config, workdir: Path, mesh, main: bool) -> dict:
     state = train.create_state(module, k["init"], tx, config.seq_len)
     state = jax.device_put(state, parallel.replicated(mesh))
     saved = checkpoints.list_steps(workdir / CHECKPOINT_DIR)
-    if main:  # refuses a changed experiment before anything is written
+    if main:  # checked again, then config.json and the history written
         workdir_lib.prepare(workdir, config, saved[-1] if saved else 0)
     mgr = checkpoints.manager(
         workdir / CHECKPOINT_DIR, config.checkpoint_every_steps, config.keep_checkpoints

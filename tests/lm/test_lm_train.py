@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from beyondpar import checkpoints
 from beyondpar import model as model_lib
+from beyondpar.base import locks
 from beyondpar.lm import data as data_lib
 from beyondpar.study import (
     ablation,
@@ -27,7 +28,9 @@ from beyondpar.study import (
     text_optim,
     text_report,
     text_step,
+    train,
 )
+from beyondpar.study import workdir as workdir_lib
 from configs import lm, lm_ablation
 from helpers.lm_training import tiny_config
 
@@ -40,6 +43,24 @@ def run_config():
     config = tiny_config()
     config.evaluation.graph_windows = GRAPH_WINDOWS
     return config
+
+
+def test_lm_train_refuses_a_changed_experiment_before_writing_or_building(tmp_path, monkeypatch):
+    """A workdir of another experiment (another seed) is refused before the corpus is
+    tokenized into it and before the model is initialised."""
+    workdir_lib.prepare(tmp_path, tiny_config(), 0)
+    held = {p.name for p in tmp_path.iterdir()}
+    changed = tiny_config()
+    changed.seed += 1
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built for a refused resume")
+
+    monkeypatch.setattr(train, "create_state", no_model)
+    with pytest.raises(ValueError, match=r"holds another experiment.*seed"):
+        runs.train_and_evaluate(changed, str(tmp_path))
+    # Only the lock the run takes on its workdir; no tokens folder, no other file.
+    assert {p.name for p in tmp_path.iterdir()} == held | {locks.LOCK_FILE}
 
 
 @pytest.fixture(scope="module")
