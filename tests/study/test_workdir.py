@@ -156,6 +156,30 @@ def test_resume_with_another_experiment_is_refused_before_writing(run, change, l
     assert snapshot(run) == before
 
 
+@pytest.mark.parametrize("entry", ["check", "prepare"])
+def test_check_and_prepare_refuse_with_one_message_and_write_nothing(tmp_path, entry):
+    """Both entries to a workdir (`check` before the model is built, `prepare` after)
+    refuse a changed experiment with the same whole message, writing nothing; a change
+    that only extends the run passes `check` and writes nothing either."""
+    workdir.prepare(tmp_path, short(), 0)
+    before = snapshot(tmp_path)
+    changed = short()
+    changed.model.num_heads = 4
+    message = (
+        f"workdir {tmp_path} holds another experiment; resuming it with this config would "
+        "change (model.num_heads: 2 -> 4); use a new workdir, or the old values"
+    )
+    refuse = {"check": workdir.check, "prepare": lambda p, c: workdir.prepare(p, c, 8)}[entry]
+    with pytest.raises(ValueError) as refused:
+        refuse(tmp_path, changed)
+    assert str(refused.value) == message
+    assert snapshot(tmp_path) == before
+    extended = short()
+    extended.optim.num_epochs = 2
+    workdir.check(tmp_path, extended)
+    assert snapshot(tmp_path) == before
+
+
 def test_extending_a_run_is_recorded_in_its_history(run, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
