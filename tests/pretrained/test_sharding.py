@@ -126,19 +126,22 @@ def test_sharded_run_equals_one_device(unsharded, name, data, model):
 
 
 @pytest.mark.parametrize(
-    "name,kinds", [("gemma3-tiny", 2), ("gemma3-legacy", 2), ("mistral-window", 1)]
+    "name,kinds",
+    [("gemma3-tiny", 2), ("gemma3-legacy", 2), ("mistral-window", 1), ("llama-tiny", 1)],
 )
 def test_layers_alike_share_one_block(name, kinds):
     """Going one layer at a time, the layers with the same window (and, for Gemma, rope)
     get one block, so one compiled program: gemma3-tiny's five local layers and one
-    global one run two programs, not six. Each block has its own layer's window and rope."""
+    global one run two programs, not six, and a model without windows one. Each block
+    has its own layer's window and rope."""
     module = pretrained.build(hf_folder.read_config(HF / name))
     cfg = module.config
     blocks = [family(module).block_module(cfg, i) for i in range(cfg.num_layers)]
     assert len(set(blocks)) == kinds < cfg.num_layers
     ropes = getattr(cfg, "layer_ropes", (None,) * cfg.num_layers)
+    windows = cfg.layer_windows or (None,) * cfg.num_layers  # llama-tiny: no windows
     for i, block in enumerate(blocks):
-        assert cfg.layer_windows[block.layer_index] == cfg.layer_windows[i]
+        assert windows[block.layer_index] == windows[i]
         assert ropes[block.layer_index] == ropes[i]
 
 
