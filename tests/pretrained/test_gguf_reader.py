@@ -3,6 +3,7 @@ the way llama.cpp lays them out, at several quantisation types, read through the
 kernels; Gemma's and Phi-3's parameters bit for bit the `gguf` package's values with
 their fix-ups; damaged and unsupported files."""
 
+import dataclasses
 import shutil
 
 import gguf
@@ -134,6 +135,17 @@ def test_new_architectures_read_the_packages_values_with_their_fix_ups(
         np.testing.assert_array_equal(flat[keys], jnp.asarray(values, jnp.bfloat16), str(keys))
 
 
+def folder_as_stored(folder, gguf_module):
+    """(module, params) of a Hugging Face folder, the module's norm epsilon rounded to
+    float32 as a GGUF file stores it (the same float32 model, so one compiled program
+    runs both), after checking that the GGUF file's module is that module."""
+    module, params, _ = pretrained.load(folder)
+    eps = float(np.float32(module.config.eps))
+    module = module.clone(config=dataclasses.replace(module.config, eps=eps))
+    assert gguf_module == module, (gguf_module.config, module.config)
+    return module, params
+
+
 LLAMA_CPP_GEMMA3 = {"query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh"}
 
 
@@ -151,8 +163,8 @@ def test_what_a_gemma_gguf_does_not_record_is_what_llama_cpp_assumes(tmp_path, n
     path = export(HF / name, tmp_path / "model.gguf")
     folder = copy_checkpoint(name, tmp_path, assumed)
     tokens = expected(name)["tokens"]
-    want = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
     module, params, _ = pretrained.load(path)
+    want = pretrained.apply_with_attention(*folder_as_stored(folder, module), tokens)
     got = pretrained.apply_with_attention(module, params, tokens)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
@@ -170,8 +182,9 @@ def test_a_gemma_gguf_sliding_pattern_key_is_read(tmp_path, pattern):
     )
     folder = copy_checkpoint("gemma3-legacy", tmp_path, LLAMA_CPP_GEMMA3)
     tokens = expected("gemma3-legacy")["tokens"]
-    want = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
-    got = pretrained.apply_with_attention(*pretrained.load(path)[:2], tokens)
+    module, params, _ = pretrained.load(path)
+    want = pretrained.apply_with_attention(*folder_as_stored(folder, module), tokens)
+    got = pretrained.apply_with_attention(module, params, tokens)
     np.testing.assert_array_equal(got[1], want[1])
 
 
@@ -466,10 +479,11 @@ def test_a_llama_file_turning_part_of_each_head_is_the_scaled_rope_that_reads_th
     path = export(HF / "llama-tiny", tmp_path / "model.gguf")
     partial = rewrite(path, tmp_path, lambda reader: {"llama.rope.dimension_count": 4})
     tokens = expected("llama-tiny")["tokens"]
-    got, _ = pretrained.apply_with_attention(*pretrained.load(partial)[:2], tokens)
+    module, params, _ = pretrained.load(partial)
+    got, _ = pretrained.apply_with_attention(module, params, tokens)
     rope = {"rope_type": "linear", "factor": 1.0, "rope_theta": 1e4, "partial_rotary_factor": 0.5}
     folder = copy_checkpoint("llama-tiny", tmp_path, {"rope_parameters": rope})
-    want, _ = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
+    want, _ = pretrained.apply_with_attention(*folder_as_stored(folder, module), tokens)
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert np.abs(np.asarray(got) - expected("llama-tiny")["logits"]).max() > 1e-2
 
@@ -505,11 +519,16 @@ def test_a_gemma2_gguf_with_a_rope_scaling_factor_runs_the_linearly_scaled_rope(
     rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     assert gguf_reader.GgufFile(path).config()["rope_parameters"] == rope
     tokens = expected("gemma2-tiny")["tokens"]
-    got, _ = pretrained.apply_with_attention(*pretrained.load(path)[:2], tokens)
+    module, params, _ = pretrained.load(path)
+    got, _ = pretrained.apply_with_attention(module, params, tokens)
     logits = {}
     for name, rope_parameters in (("scaled", rope), ("unscaled", {**rope, "factor": 1.0})):
         change = {"rope_parameters": rope_parameters, "query_pre_attn_scalar": 16}
         folder = copy_checkpoint("gemma2-tiny", tmp_path / name, change)
-        logits[name], _ = pretrained.apply_with_attention(*pretrained.load(folder)[:2], tokens)
+        if name == "scaled":  # the file's model: one program runs both
+            folder_model = folder_as_stored(folder, module)
+        else:
+            folder_model = pretrained.load(folder)[:2]
+        logits[name], _ = pretrained.apply_with_attention(*folder_model, tokens)
     np.testing.assert_allclose(got, logits["scaled"], atol=1e-5)
     assert np.abs(np.asarray(got) - logits["unscaled"]).max() > 1e-3

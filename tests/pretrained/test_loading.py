@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 from beyondpar import pretrained
 from beyondpar.base import parallel
 from beyondpar.benchmarks import gguf_models, reference_gguf
-from beyondpar.pretrained import hf_folder, loading, sharding
+from beyondpar.pretrained import hf_folder, loading, running, sharding
 from beyondpar.pretrained.gguf import quants as gguf_quants
 from beyondpar.pretrained.gguf import reader as gguf_reader
 from helpers.gguf_export import export
@@ -441,9 +441,16 @@ def test_wrong_tensor_shape_is_named(tmp_path):
 )
 def test_norm_epsilon_is_read_from_config(tmp_path, name, field):
     """A large epsilon changes every norm's output: the config's value must reach the
-    module (the fixtures use the defaults, which a misspelt field would fall back to)."""
+    module (the fixtures use the defaults, which a misspelt field would fall back to).
+    Seen through the final norm alone (`unembed`, a small program to compile): the same
+    stream and parameters give other logits than under the fixture's own epsilon."""
     folder = copy_checkpoint(name, tmp_path, {field: 0.5})
     module, params, _ = pretrained.load(folder)
     assert module.config.eps == 0.5
-    logits, _ = pretrained.apply_with_attention(module, params, expected(name)["tokens"])
-    assert np.abs(np.asarray(logits) - expected(name)["logits"]).max() > 1e-3
+    default = pretrained.build(hf_folder.read_config(HF / name))
+    assert default.config.eps < 1e-4
+    x = np.random.default_rng(0).normal(size=(1, 4, module.config.embed_dim))
+    x = x.astype(np.float32)
+    got = running.unembed(module, params, x)
+    want = running.unembed(default, params, x)
+    assert np.abs(np.asarray(got) - np.asarray(want)).max() > 1e-3

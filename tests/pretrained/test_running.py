@@ -23,13 +23,17 @@ def llama():
     return module, params
 
 
-def test_layer_by_layer_takes_each_sequences_own_head_mask(llama):
+def test_layer_by_layer_takes_each_sequences_own_head_mask():
     """A (B, L, H) mask gives each sequence its own heads in every layer: one layer at a
-    time must equal the whole forward with the same mask, for attention and logits."""
-    module, params = llama
-    tokens = np.array([[3, 9, 4, 7, 1], [5, 2, 8, 6, 11], [10, 12, 2, 3, 4]], np.int32)
+    time must equal the whole forward with the same mask, for attention and logits.
+    qwen3-tiny (2 layers, 4 heads) on its fixture's tokens: the whole forward with a
+    per-sequence mask is the program the head-mask test runs."""
+    module, params, _ = pretrained.load(HF / "qwen3-tiny", progress=False)
+    tokens = expected("qwen3-tiny")["tokens"]
+    assert tokens.shape[0] == 2
+    assert (module.config.num_layers, module.config.num_heads) == (2, 4)
     rng = np.random.default_rng(0)
-    mask = rng.uniform(0.0, 1.0, size=(3, 2, 4)).astype(np.float32)
+    mask = rng.uniform(0.0, 1.0, size=(2, 2, 4)).astype(np.float32)
     mask[0, 1, 2] = 0.0
     logits, attn = pretrained.apply_with_attention(module, params, tokens, mask)
     gen = pretrained.layer_by_layer(module, params, tokens, mask)
@@ -125,17 +129,19 @@ def test_gather_heads_on_a_mesh_over_part_of_the_devices_divides_by_every_device
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_layer_by_layer_equals_the_whole_forward(name):
+    """Both sequences of the fixture: the shape the head-mask tests run, so the
+    embedding and the output head are compiled once for both."""
     exp = expected(name)
     module, params, _ = pretrained.load(HF / name)
-    layers = pretrained.layer_by_layer(module, params, exp["tokens"][:1])
+    layers = pretrained.layer_by_layer(module, params, exp["tokens"])
     got = []
     with pytest.raises(StopIteration) as stop:
         while True:
             got.append(next(layers))
     assert [i for i, _ in got] == list(range(module.config.num_layers))
     atol = ATTENTION_ATOL.get(name, 1e-5)
-    np.testing.assert_allclose(np.stack([a for _, a in got], 1), exp["attention"][:1], atol=atol)
-    np.testing.assert_allclose(stop.value.value, exp["logits"][:1], atol=1e-4)
+    np.testing.assert_allclose(np.stack([a for _, a in got], 1), exp["attention"], atol=atol)
+    np.testing.assert_allclose(stop.value.value, exp["logits"], atol=1e-4)
 
 
 def test_texts_longer_than_the_context_are_errors():
@@ -182,8 +188,8 @@ def test_head_mask_of_ones_is_the_model_and_zero_removes_the_head(tmp_path, name
     np.testing.assert_allclose(stop.value.value, want, atol=1e-5)
 
 
-def test_bad_head_masks_are_named():
-    module, params, _ = pretrained.load(HF / "llama-tiny")
+def test_bad_head_masks_are_named(llama):
+    module, params = llama
     tokens = expected("llama-tiny")["tokens"]
     with pytest.raises(ValueError, match=r"head_mask must have shape \(L, H\) = \(2, 4\)"):
         pretrained.apply_with_attention(module, params, tokens, np.ones((2, 3)))

@@ -45,6 +45,22 @@ SHARDED_ON = {
     "phi3-tiny": [(1, 4)],
     "qwen3-tiny": [(2, 2)],
 }
+# One layer at a time on the mesh (a family's blocks sharded, each layer's attention
+# gathered over `model`): one fixture of each family on each mesh, Gemma's with two
+# kinds of layer (gemma3-tiny). That every fixture's blocks go one layer at a time as the
+# whole forward does is test_running's, on one device.
+LAYER_BY_LAYER_ON = {
+    ("gpt2-tiny", (1, 4)),
+    ("gpt2-tiny", (2, 2)),
+    ("neox-tiny", (1, 4)),
+    ("neox-tiny", (2, 2)),
+    ("llama-tiny", (2, 2)),
+    ("mistral-window", (1, 4)),
+    ("gemma3-tiny", (2, 2)),
+    ("gemma2-tiny", (1, 4)),
+    ("phi3-tiny", (1, 4)),
+    ("phi3-longrope", (2, 2)),
+}
 # A batch that does not split over the devices gathers each layer's attention on the
 # mesh's first device whatever the family: checked on the fixture sharded on both meshes.
 ODD_BATCH_ON = ("gpt2-tiny",)
@@ -95,6 +111,12 @@ def test_every_fixture_is_sharded_and_every_family_on_every_mesh():
         family = type(pretrained.build(hf_folder.read_config(HF / name))).__name__
         by_family.setdefault(family, set()).update(meshes)
     assert all(meshes == set(MESHES) for meshes in by_family.values()), by_family
+    layer_by_layer = {}
+    for name, mesh in LAYER_BY_LAYER_ON:
+        assert mesh in SHARDED_ON[name], (name, mesh)
+        family = type(pretrained.build(hf_folder.read_config(HF / name))).__name__
+        layer_by_layer.setdefault(family, set()).add(mesh)
+    assert layer_by_layer == {family: set(MESHES) for family in by_family}, layer_by_layer
 
 
 @pytest.mark.parametrize(
@@ -112,6 +134,12 @@ def test_sharded_run_equals_one_device(unsharded, name, data, model):
     np.testing.assert_allclose(
         got_logits, np.concatenate([expected(name)["logits"]] * 2), atol=1e-4
     )
+    if (name, (data, model)) in LAYER_BY_LAYER_ON:
+        check_one_layer_at_a_time(name, mesh, module, params, placed, attn)
+
+
+def check_one_layer_at_a_time(name, mesh, module, params, placed, attn):
+    """Each layer's attention on the mesh, gathered over `model`, as the whole forward's."""
     run = pretrained.layer_by_layer(module, params, placed)
     for layer in range(module.config.num_layers):
         index, layer_attn = next(run)
