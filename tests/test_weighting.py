@@ -87,12 +87,12 @@ def trained_attention(tmp_path_factory, heads):
     # layers at once, split over the devices, has its own tests below).
     config.model.num_layers = 1
     config.evaluation.update(optimal_weights=False, pruning=False)
-    # Only the last step's checkpoint is read: no earlier save, log or evaluation (they
-    # leave the trained parameters as they are).
+    # Only the last step's state is used: no earlier save, log or evaluation (they leave
+    # the trained parameters as they are); it is the state the run returns, the one its
+    # last checkpoint holds.
     config.update(checkpoint_every_steps=64, eval_every_steps=64, log_every_steps=64)
     folder = tmp_path_factory.mktemp(f"heads{heads}")
-    train.train_and_evaluate(config, str(folder))
-    _, state = checkpoints.load(folder / "checkpoints")
+    state = train.train_and_evaluate(config, str(folder))
     module = model.Transformer(config_lib.model_config(config))
     # Six sequences: the search runs on all of them, and each random mix is scored on all.
     examples = tasks.make_examples("cycle", jax.random.PRNGKey(5), 6, 16, 16)

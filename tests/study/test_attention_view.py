@@ -16,6 +16,10 @@ from beyondpar.reports import packing
 from beyondpar.study import attention_view, config_lib, evaluate
 from beyondpar.study import workdir as workdir_lib
 
+# The model's attention as one compiled program (op by op, a forward pass compiles each of
+# its many small operations on its own).
+apply_with_attention = jax.jit(model_lib.apply_with_attention, static_argnums=0)
+
 
 @pytest.fixture(scope="module")
 def evaluated(one_epoch_run):
@@ -27,7 +31,7 @@ def evaluated(one_epoch_run):
     _, state = checkpoints.load(run / workdir_lib.CHECKPOINT_DIR)
     module = model_lib.Transformer(config_lib.model_config(config))
     inputs = evaluate.eval_examples(config, evaluate.EvalSpec.from_config(config)).inputs
-    _, attn = model_lib.apply_with_attention(module, state["params"], inputs[:1])
+    _, attn = apply_with_attention(module, state["params"], inputs[:1])
     weights = model_lib.head_importances(module, state["params"])
     return record, np.asarray(attn, np.float64), np.asarray(weights), np.asarray(inputs[0])
 
@@ -67,16 +71,16 @@ def test_flows_are_the_kernels_on_that_sequence(evaluated):
             assert packed["mixes"][name]["worst_value"] == pytest.approx(float(want), rel=1e-4)
 
 
-def causal(key, shape):
-    """Random causal attention: rows of a softmax over the keys up to the query."""
-    t = shape[-1]
-    logits = jax.random.normal(key, shape)
-    masked = np.where(np.tril(np.ones((t, t), bool)), np.asarray(logits), -np.inf)
-    return np.asarray(jax.nn.softmax(masked, -1), np.float64)
+def _causal(seed, shape):
+    """Random causal row-stochastic attention of `shape` (..., T, T), float64."""
+    rng = np.random.default_rng(seed)
+    w = np.exp(rng.normal(size=shape))
+    w = np.where(np.tril(np.ones(shape[-2:], bool)), w, 0.0)
+    return w / w.sum(-1, keepdims=True)
 
 
 def test_a_sequence_beyond_the_budget_is_pooled_to_fit(monkeypatch):
-    attn = causal(jax.random.PRNGKey(0), (2, 3, 20, 20))  # L=2, H=3, T=20
+    attn = _causal(0, (2, 3, 20, 20))  # L=2, H=3, T=20
     monkeypatch.setattr(attention_view, "BUDGET_BYTES", 6 * packing.triangle(7))
     weights = {"learned": np.full((2, 3), 1 / 3)}
     view = attention_view.sequence_view(attn, np.arange(20), weights, horizon=10)
@@ -88,14 +92,6 @@ def test_a_sequence_beyond_the_budget_is_pooled_to_fit(monkeypatch):
         np.testing.assert_allclose(pooled.sum(-1), 1.0, atol=1e-6)
         drawn = packing.decode(packed["attention"], packed["shape"])
         assert np.all(np.abs(drawn - pooled) <= packing.max_error(pooled) + 1e-7)
-
-
-def _causal(seed, shape):
-    """Random causal row-stochastic attention of `shape` (..., T, T), float64."""
-    rng = np.random.default_rng(seed)
-    w = np.exp(rng.normal(size=shape))
-    w = np.where(np.tril(np.ones(shape[-2:], bool)), w, 0.0)
-    return w / w.sum(-1, keepdims=True)
 
 
 def _phi64(c_TxT, horizon):

@@ -2,8 +2,6 @@
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -15,9 +13,10 @@ from beyondpar import checkpoints, graphs, measure, metrics, pruning, synergy, t
 from beyondpar import model as model_lib
 from beyondpar.measure import record
 from beyondpar.study import attention_view, evaluate
+from helpers.launchers import launch_many
 from helpers.paths import DATA
+from helpers.short_reference import short_reference
 
-ROOT = Path(__file__).resolve().parents[2]
 # The model's logits and attention as one compiled program per model and shape (run op by
 # op, a forward pass compiles each of its many small operations on its own).
 apply_with_attention = jax.jit(model_lib.apply_with_attention, static_argnums=0)
@@ -49,11 +48,18 @@ def test_reference_checkpoints_reproduce_the_paper(fixture):
     np.testing.assert_allclose(got["gain"], expected["fidelity_learned"] / 100 - best, atol=1e-8)
 
 
-def test_reference_record_names_task_and_heads():
-    spec = evaluate.EvalSpec(  # the shape and spec of the shorter-length test: one compile
+@pytest.fixture(scope="module")
+def short_record():
+    """The released 1-head cycle checkpoint's record on 3 sequences of 8 tokens (below its
+    maximum length), shared by the tests of what it says."""
+    spec = evaluate.EvalSpec(
         num_sequences=3, horizon=20, max_steps=20, optimal_weights=False, pruning=False
     )
-    record = evaluate.evaluate_reference(DATA / "1_heads_cycle.npz", spec, seq_len=8)
+    return evaluate.evaluate_reference(DATA / "1_heads_cycle.npz", spec, seq_len=8)
+
+
+def test_reference_record_names_task_and_heads(short_record):
+    record = short_record
     assert (record["task"], record["heads"], record["num_sequences"]) == ("cycle", 1, 3)
     assert record["metrics"]["accuracy_predictable"]["mean"] > 0.99
     assert len(record["metrics"]["fidelity"]["mean"]) == 4
@@ -88,8 +94,15 @@ def test_tree_evaluation_resumes_and_covers_all_steps(tree, tmp_path):
     assert a["metrics"]["fidelity"]["mean"][0] > 0 and len(a["metrics"]["fidelity"]["mean"]) == 2
 
 
-def test_corrupt_checkpoint_is_reported_and_skipped(tree, tmp_path):
-    root = tmp_path / "runs"
+@pytest.fixture(scope="module")
+def launched(tree, tmp_path_factory):
+    """The two command lines of `launch/evaluate.py` the tests below read, run as a user
+    runs them from one batch (`launch_many`: the libraries are imported once): --runs on
+    a copy of `tree` whose group/b@16 is corrupt and whose records end in a torn line, and
+    --reference on a folder holding the released 1-head cycle checkpoint, cut to 16
+    positions (the same weights and file name; the paper's 100 positions cost seconds of
+    metrics and say nothing more about the command line). Returns {case: (folder, result)}."""
+    root = tmp_path_factory.mktemp("corrupt") / "runs"
     shutil.copytree(tree, root)
     step_dir = root / "group" / "b" / "checkpoints" / "16"
     for f in step_dir.rglob("*"):
@@ -97,12 +110,16 @@ def test_corrupt_checkpoint_is_reported_and_skipped(tree, tmp_path):
             f.write_bytes(b"\0" * 7)
     with open(root / evaluate.RECORDS_FILE, "w") as f:
         f.write('{"run": "torn')  # a writer killed mid-line
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "evaluate.py"), f"--runs={root}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    out = tmp_path_factory.mktemp("reference")
+    short_reference(out / "ref")
+    cases = [("evaluate.py", [f"--runs={root}"])]
+    cases.append(("evaluate.py", [f"--reference={out / 'ref'}", f"--out={out / 'out'}"]))
+    corrupt, reference = launch_many(cases)
+    return {"corrupt": (root, corrupt), "reference": (out / "out", reference)}
+
+
+def test_corrupt_checkpoint_is_reported_and_skipped(launched):
+    root, result = launched["corrupt"]
     assert result.returncode == 1
     assert "FAILED group/b@16" in result.stdout
     records = evaluate.read_records(root / evaluate.RECORDS_FILE)
@@ -110,28 +127,12 @@ def test_corrupt_checkpoint_is_reported_and_skipped(tree, tmp_path):
     assert (root / "report" / "report.md").read_text().count("| a | 16 | copy | 2 | 0 |") == 1
 
 
-@pytest.mark.slow
-def test_evaluate_cli_on_reference(tmp_path):
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    shutil.copy(DATA / "1_heads_cycle.npz", ref)
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "launch" / "evaluate.py"),
-            f"--reference={ref}",
-            f"--out={tmp_path / 'out'}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+def test_evaluate_cli_on_reference(launched):
+    out, result = launched["reference"]
     assert result.returncode == 0, result.stderr[-2000:]
-    records = [
-        json.loads(ln) for ln in (tmp_path / "out" / "records.jsonl").read_text().splitlines()
-    ]
+    records = [json.loads(ln) for ln in (out / "records.jsonl").read_text().splitlines()]
     assert [r["run"] for r in records] == ["1_heads_cycle.npz"]
-    assert "## Task: cycle" in (tmp_path / "out" / "report.md").read_text()
+    assert "## Task: cycle" in (out / "report.md").read_text()
 
 
 def test_bad_steps_argument(tmp_path):
@@ -148,6 +149,9 @@ def test_committed_arrays_are_accepted():
 
 # The weight search's horizon and steps: distinct, so a kernel run with the other fails.
 HORIZON, MAX_STEPS, EPS = 30, 40, 0.3
+# The horizon of the evaluation without the search: at 3 steps most tokens' signal is still
+# reaching the sink, so the page's flows over one step more differ.
+SHORT_HORIZON = 3
 
 
 def copy_on_two_folds():
@@ -161,12 +165,18 @@ def copy_on_two_folds():
 
 
 def evaluated(spec):
-    """(the evaluation of `copy_on_two_folds` under `spec`, its attention in float64, the
-    learned head weights)."""
+    """(the per-sequence values of the evaluation of `copy_on_two_folds` under `spec`, its
+    attention in float64, the learned head weights, its record). The values are those the
+    record summarises, taken as `evaluate_params` hands them to `evaluate.summarize`: one
+    evaluation gives the fields and the page's view."""
     module, params, weights, examples = copy_on_two_folds()
-    got = evaluate.per_sequence(module, params, examples, spec)
+    values = {}
+    summarize = evaluate.summarize
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(evaluate, "summarize", lambda v: values.update(v) or summarize(v))
+        record = evaluate.evaluate_params(module, params, examples, spec)
     _, attn = apply_with_attention(module, params, examples.inputs)
-    return got, np.asarray(attn, np.float64), weights
+    return values, np.asarray(attn, np.float64), weights, record
 
 
 @pytest.fixture(scope="module")
@@ -177,27 +187,35 @@ def searched():
     )
 
 
-def test_every_record_field_is_the_kernel_on_the_operator_it_names(searched):
-    """Fields of the learned mix come from the learned mix, per-head fields from each head,
-    with the optimal mixes among the operators (they shift where the uniform mix and the
-    heads sit)."""
-    got, attn, weights = searched
-    assert_fields_are_their_kernels(got, attn, weights, "reference", HORIZON, MAX_STEPS, EPS)
-
-
-def test_every_record_field_on_the_normalized_walk_without_the_search():
-    """Without the optimal mixes, on the normalised walk: it shows TV mixing unsaturated,
-    so a field from the wrong operator cannot agree by accident."""
+@pytest.fixture(scope="module")
+def normalized():
+    """`evaluated` on the normalised walk, without the search, at the short horizon."""
     spec = evaluate.EvalSpec(
         walk="normalized",
-        horizon=HORIZON,
+        horizon=SHORT_HORIZON,
         max_steps=MAX_STEPS,
         eps=EPS,
         optimal_weights=False,
         pruning=False,
     )
-    got, attn, weights = evaluated(spec)
-    assert_fields_are_their_kernels(got, attn, weights, "normalized", HORIZON, MAX_STEPS, EPS)
+    return evaluated(spec)
+
+
+def test_every_record_field_is_the_kernel_on_the_operator_it_names(searched):
+    """Fields of the learned mix come from the learned mix, per-head fields from each head,
+    with the optimal mixes among the operators (they shift where the uniform mix and the
+    heads sit)."""
+    got, attn, weights, record = searched
+    fidelity = np.asarray(got["fidelity"], np.float64).mean(0).tolist()
+    assert record["metrics"]["fidelity"]["mean"] == fidelity  # the record's own values
+    assert_fields_are_their_kernels(got, attn, weights, "reference", HORIZON, MAX_STEPS, EPS)
+
+
+def test_every_record_field_on_the_normalized_walk_without_the_search(normalized):
+    """Without the optimal mixes, on the normalised walk: it shows TV mixing unsaturated,
+    so a field from the wrong operator cannot agree by accident."""
+    got, attn, weights, _ = normalized
+    assert_fields_are_their_kernels(got, attn, weights, "normalized", SHORT_HORIZON, MAX_STEPS, EPS)
     uniform = graphs.combine_heads(attn)
     uniform_tv = metrics.tv_mixing_time(uniform, EPS, MAX_STEPS, "normalized")
     assert np.any(np.asarray(got["tv_mixing_time"]) != np.asarray(uniform_tv))
@@ -230,7 +248,7 @@ def assert_fields_are_their_kernels(got, attn, weights, walk, horizon, max_steps
 
 
 def test_synergy_fields_of_a_record_are_the_functions_on_its_attention(searched):
-    got, attn, _ = searched
+    got, attn, *_ = searched
     for suffix in ("", "_in_sample"):  # per sequence: its own weights, scored on it
         w_fid = got[f"optimal_weights_fidelity{suffix}"]
         w_hit = got[f"optimal_weights_hitting_time{suffix}"]
@@ -267,7 +285,7 @@ def test_the_optimum_of_each_sequence_is_searched_on_the_other_fold(searched):
     """Four sequences in two folds: the two of a fold share their weights, and those
     weights are optimal where they were searched, on the other fold: there no anchor of the
     search (uniform, learned, each head) beats them, while on their own fold one may."""
-    got, attn, _ = searched
+    got, attn, *_ = searched
     w = got["optimal_weights_fidelity"]  # N x L x H
     np.testing.assert_array_equal(w[0], w[1])
     np.testing.assert_array_equal(w[2], w[3])
@@ -288,9 +306,12 @@ def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
     """The paper's 4-head copy checkpoint needs no head (its target is the current token);
     the 1-head cycle checkpoint falls to about chance without its heads."""
     found = {}
-    for name, heads, task in (("4_heads_copy", 4, "copy"), ("1_heads_cycle", 1, "cycle")):
+    # The copy checkpoint on 4 sequences of 40 tokens, the shape of `copy_on_two_folds`:
+    # its masked forward passes are compiled once for both.
+    cases = (("4_heads_copy", 4, "copy", 4, 40), ("1_heads_cycle", 1, "cycle", 6, 100))
+    for name, heads, task, n, seq_len in cases:
         module, params = checkpoints.import_reference(DATA / f"{name}.npz", heads)
-        examples = tasks.make_examples(task, jax.random.PRNGKey(0), 6, 100, 256)
+        examples = tasks.make_examples(task, jax.random.PRNGKey(0), n, seq_len, 256)
         necessity = pruning.attention_necessity(module, params, examples)
         cases = [
             (np.zeros((4, heads)), necessity["accuracy_without_heads"]),
@@ -357,14 +378,11 @@ def test_eval_examples_follow_the_runs_task_lag_seed_and_count():
     assert not np.array_equal(np.asarray(other.inputs), x)
 
 
-def test_reference_evaluation_at_a_shorter_length():
+def test_reference_evaluation_at_a_shorter_length(short_record):
     """`seq_len` below the checkpoint's maximum length evaluates sequences of that length:
     the record says so, and every layer's hitting time lies within the bounds that
     length gives."""
-    spec = evaluate.EvalSpec(
-        num_sequences=3, horizon=20, max_steps=20, optimal_weights=False, pruning=False
-    )
-    record = evaluate.evaluate_reference(DATA / "1_heads_cycle.npz", spec, seq_len=8)
+    record = short_record
     assert (record["seq_len"], record["num_sequences"]) == (8, 3)
     assert record["evaluation"]["horizon"] == 20
     # Reference walk on causal attention: token 0 never reaches the sink, so it counts
@@ -435,22 +453,11 @@ def test_a_tie_with_the_best_head_is_no_win():
     np.testing.assert_array_equal(got["gain"], [0.0, 0.1, -0.1, 0.0])
 
 
-def test_the_pages_optimal_mix_is_the_held_out_optimum_of_the_first_sequence(searched, monkeypatch):
+def test_the_pages_optimal_mix_is_the_held_out_optimum_of_the_first_sequence(searched):
     """The record's attention view draws, beside the learned mix, the first sequence's
-    held-out optimum of fidelity (not its in-sample one), at the evaluation's horizon.
-    (The search is deterministic: the record gets the optima it found for `searched`
-    rather than searching again.)"""
-    got, attn, _ = searched
-    found = {
-        record.OPTIMAL: got["optimal_weights_fidelity"],
-        record.OPTIMAL_IN_SAMPLE: got["optimal_weights_fidelity_in_sample"],
-        record.OPTIMAL_HITTING_TIME: got["optimal_weights_hitting_time"],
-        record.OPTIMAL_HITTING_TIME_IN_SAMPLE: got["optimal_weights_hitting_time_in_sample"],
-    }
-    monkeypatch.setattr(evaluate, "optimal_mixes", lambda *args: found)
-    module, params, _, examples = copy_on_two_folds()
-    spec = evaluate.EvalSpec(horizon=HORIZON, max_steps=MAX_STEPS, eps=EPS, pruning=False)
-    view = evaluate.evaluate_params(module, params, examples, spec)[attention_view.KEY]
+    held-out optimum of fidelity (not its in-sample one), at the evaluation's horizon."""
+    got, attn, _, found = searched
+    view = found[attention_view.KEY]
     held_out = np.asarray(got["optimal_weights_fidelity"])[0]
     in_sample = np.asarray(got["optimal_weights_fidelity_in_sample"])[0]
     assert not np.allclose(held_out, in_sample)  # the two would tell a swap apart
@@ -461,21 +468,16 @@ def test_the_pages_optimal_mix_is_the_held_out_optimum_of_the_first_sequence(sea
         assert packed["mixes"]["optimal"]["worst_value"] == pytest.approx(float(want), rel=1e-4)
 
 
-def test_the_pages_flows_are_measured_over_the_evaluations_horizon():
+def test_the_pages_flows_are_measured_over_the_evaluations_horizon(normalized):
     """At a horizon of 3 steps most tokens' signal is still reaching the sink, so a flow
     over one step more is larger: the record's view must be the kernels' at exactly the
     evaluation's horizon, for every head and both mixes."""
-    module, params, _, examples = copy_on_two_folds()
-    weights = np.asarray(model_lib.head_importances(module, params))
-    horizon = 3
-    spec = evaluate.EvalSpec(
-        horizon=horizon, max_steps=horizon, optimal_weights=False, pruning=False
-    )
-    view = evaluate.evaluate_params(module, params, examples, spec)[attention_view.KEY]
-    _, attn = apply_with_attention(module, params, examples.inputs)
-    num_heads = module.config.num_heads
+    _, attn, weights, found = normalized
+    view = found[attention_view.KEY]
+    horizon = SHORT_HORIZON
+    num_layers, num_heads = weights.shape
     mixes = {"learned": weights, "uniform": np.full_like(weights, 1 / num_heads)}
-    assert sorted(view["layers"]) == [str(layer) for layer in range(module.config.num_layers)]
+    assert sorted(view["layers"]) == [str(layer) for layer in range(num_layers)]
     for layer, packed in view["layers"].items():
         a = np.asarray(attn, np.float32)[0, int(layer)]
         operators = {"heads": a}
