@@ -86,12 +86,14 @@ def test_logits_do_not_depend_on_later_tokens(heads):
         return jnp.sum((h @ head["kernel"] + head["bias"])[0, position])
 
     full = module.apply({"params": params}, tokens)
+    # One program for the value and for every position's gradient.
+    value_and_grad_at = jax.jit(jax.value_and_grad(logit_at, argnums=1))
+    value, _ = value_and_grad_at(3, embed)
     np.testing.assert_allclose(
-        full[0, 3].sum(), jax.jit(logit_at)(3, embed), rtol=1e-5
+        full[0, 3].sum(), value, rtol=1e-5
     )  # the unrolled model is the model
-    grad_at = jax.jit(jax.grad(logit_at, argnums=1))  # one program for every position
     for position in (0, 4, 9):
-        grad = grad_at(position, embed)
+        _, grad = value_and_grad_at(position, embed)
         norms = np.linalg.norm(np.asarray(grad[0]), axis=-1)
         assert np.all(norms[position + 1 :] == 0), (position, norms)
         assert norms[position] > 0
@@ -281,10 +283,11 @@ def test_sequence_longer_than_positions():
 def test_norm_eps_reaches_the_norms():
     """A large epsilon damps every RMSNorm: the logits move far beyond float rounding
     (parity tests cannot tell 1e-6 from float32 epsilon)."""
-    small = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
-    large = model.Transformer(model.ModelConfig(num_heads=2, norm_eps=10.0, **SMALL))
+    # The heads and token shape of the other SMALL models here: their operations are shared.
+    small = model.Transformer(model.ModelConfig(num_heads=4, **SMALL))
+    large = model.Transformer(model.ModelConfig(num_heads=4, norm_eps=10.0, **SMALL))
     params = model.init_params(small, jax.random.PRNGKey(0))
-    tokens = jnp.arange(8)[None] % 11
+    tokens = jnp.arange(36).reshape(3, 12) % 11
     diff = np.abs(small.apply({"params": params}, tokens) - large.apply({"params": params}, tokens))
     assert diff.max() > 1e-2, diff.max()
 
@@ -312,11 +315,12 @@ def test_layer_by_layer_forward_is_the_models_forward():
 
 def test_unembed_is_the_models_output_layer_with_its_bias():
     """unembed after the blocks gives the model's logits for any head, a bias included."""
-    module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
+    # The heads and token shape of the layer-by-layer test: its operations are shared.
+    module = model.Transformer(model.ModelConfig(num_heads=4, **SMALL))
     params = model.init_params(module, jax.random.PRNGKey(0))
     bias = jax.random.normal(jax.random.PRNGKey(1), params["head"]["bias"].shape)
     params = {**params, "head": {**params["head"], "bias": bias}}
-    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 11)
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (3, 12), 0, 11)
     x = model.embed(module, params, tokens)
     for layer in range(SMALL["num_layers"]):
         x, _ = model.apply_block(module, params, layer, x)
@@ -605,7 +609,8 @@ def test_attention_gradients_keep_each_inputs_dtype():
     q, k, v, seeds = _attention_inputs()
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
     grads = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
-    assert [g.dtype for g in grads(q, k, v)] == [jnp.float64, jnp.float32, jnp.float32]
+    # Jitted: one program, not the backward pass op by op.
+    assert [g.dtype for g in jax.jit(grads)(q, k, v)] == [jnp.float64, jnp.float32, jnp.float32]
 
 
 def _seed_hashing_to(value: int) -> int:
