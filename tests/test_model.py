@@ -758,7 +758,7 @@ def test_block_normalises_both_sublayer_inputs_with_the_configs_epsilon():
     """x + attention(norm(x)), then h + mlp(norm(h)), each norm with `norm_eps` and its own
     scale; an epsilon of 0.5 on inputs of rms about 0.3 shows any other epsilon."""
     cfg = model.ModelConfig(num_heads=2, dropout_rate=0.0, norm_eps=0.5, **SMALL)
-    x = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (2, 5, cfg.embed_dim))
+    x = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (2, 6, cfg.embed_dim))
     block = model.Block(cfg)
     params = block.init(jax.random.PRNGKey(1), x, True)["params"]
     for i, name in enumerate(("ln1", "ln2")):
