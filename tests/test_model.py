@@ -212,7 +212,11 @@ def test_training_logits_split_over_devices_are_the_whole_batchs():
     def logits(module, p, t, k):
         return module.apply({"params": p}, t, deterministic=False, rngs={"dropout": k})
 
-    whole = jax.jit(functools.partial(logits, model.Transformer(cfg)))(params, tokens, key)
+    def whole_and_evaluation(p, t, k):  # one program: the evaluation is not run op by op
+        module = model.Transformer(cfg)
+        return logits(module, p, t, k), module.apply({"params": p}, t)
+
+    whole, evaluation = jax.jit(whole_and_evaluation)(params, tokens, key)
     shard_module = model.Transformer(cfg, data_axis=parallel.DATA)
     split = jax.jit(
         jax.shard_map(
@@ -225,7 +229,6 @@ def test_training_logits_split_over_devices_are_the_whole_batchs():
     assert mesh.size > 1
     np.testing.assert_allclose(split(params, tokens, key), whole, rtol=1e-6, atol=1e-6)
     # Dropout is on: the training logits differ from the evaluation ones.
-    evaluation = model.Transformer(cfg).apply({"params": params}, tokens)
     assert not np.allclose(whole, evaluation, atol=1e-3)
 
 
