@@ -14,6 +14,15 @@ from beyondpar.norm import rms_norm
 SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
 
 
+def small_params(key, num_layers=SMALL["num_layers"]):
+    """The parameters of a SMALL model of `num_layers` layers (at most SMALL's), from the one
+    `init_params` program of SMALL's sizes that the tests here share: Flax draws each
+    layer's parameters from the layer's name, so a shallower model's are the first layers'."""
+    params = model.init_params(model.Transformer(model.ModelConfig(num_heads=1, **SMALL)), key)
+    dropped = {f"layers_{i}" for i in range(num_layers, SMALL["num_layers"])}
+    return {name: p for name, p in params.items() if name not in dropped}
+
+
 def test_parameter_count_is_the_same_for_every_head_count():
     counts = {}
     for heads in (1, 4, 8, 16):
@@ -29,7 +38,7 @@ def test_parameters_are_float32_when_64_bit_arrays_are_on():
     a layer that took the default would train and save float64 weights."""
     assert jnp.zeros(()).dtype == jnp.float64
     module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
-    params = model.init_params(module, jax.random.PRNGKey(0), 5)
+    params = model.init_params(module, jax.random.PRNGKey(0))
     dtypes = {
         jax.tree_util.keystr(p): a.dtype for p, a in jax.tree_util.tree_leaves_with_path(params)
     }
@@ -62,7 +71,8 @@ def test_init_params_are_modules_own_initialisation(config):
 def test_logits_do_not_depend_on_later_tokens(heads):
     module = model.Transformer(model.ModelConfig(num_heads=heads, **SMALL))
     params = model.init_params(module, jax.random.PRNGKey(0))
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 10), 0, 11)
+    # The token shape of the other SMALL models here: their operations are shared.
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11)
     embed = params["token_emb"]["embedding"][tokens]
 
     def logit_at(position, x):
@@ -77,12 +87,14 @@ def test_logits_do_not_depend_on_later_tokens(heads):
         return jnp.sum((h @ head["kernel"] + head["bias"])[0, position])
 
     full = module.apply({"params": params}, tokens)
+    # One program for the value and for every position's gradient.
+    value_and_grad_at = jax.jit(jax.value_and_grad(logit_at, argnums=1))
+    value, _ = value_and_grad_at(3, embed)
     np.testing.assert_allclose(
-        full[0, 3].sum(), jax.jit(logit_at)(3, embed), rtol=1e-5
+        full[0, 3].sum(), value, rtol=1e-5
     )  # the unrolled model is the model
-    grad_at = jax.jit(jax.grad(logit_at, argnums=1))  # one program for every position
     for position in (0, 4, 9):
-        grad = grad_at(position, embed)
+        _, grad = value_and_grad_at(position, embed)
         norms = np.linalg.norm(np.asarray(grad[0]), axis=-1)
         assert np.all(norms[position + 1 :] == 0), (position, norms)
         assert norms[position] > 0
@@ -195,13 +207,17 @@ def test_training_logits_split_over_devices_are_the_whole_batchs():
     mesh = parallel.data_mesh()
     cfg = model.ModelConfig(**{**SMALL, "num_layers": 1, "num_heads": 2, "dropout_rate": 0.3})
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2 * mesh.size, 5), 0, cfg.vocab_size)
-    params = model.init_params(model.Transformer(cfg), jax.random.PRNGKey(1), 5)
+    params = small_params(jax.random.PRNGKey(1), cfg.num_layers)
     key = jax.random.PRNGKey(2)
 
     def logits(module, p, t, k):
         return module.apply({"params": p}, t, deterministic=False, rngs={"dropout": k})
 
-    whole = jax.jit(functools.partial(logits, model.Transformer(cfg)))(params, tokens, key)
+    def whole_and_evaluation(p, t, k):  # one program: the evaluation is not run op by op
+        module = model.Transformer(cfg)
+        return logits(module, p, t, k), module.apply({"params": p}, t)
+
+    whole, evaluation = jax.jit(whole_and_evaluation)(params, tokens, key)
     shard_module = model.Transformer(cfg, data_axis=parallel.DATA)
     split = jax.jit(
         jax.shard_map(
@@ -214,7 +230,6 @@ def test_training_logits_split_over_devices_are_the_whole_batchs():
     assert mesh.size > 1
     np.testing.assert_allclose(split(params, tokens, key), whole, rtol=1e-6, atol=1e-6)
     # Dropout is on: the training logits differ from the evaluation ones.
-    evaluation = model.Transformer(cfg).apply({"params": params}, tokens)
     assert not np.allclose(whole, evaluation, atol=1e-3)
 
 
@@ -272,10 +287,11 @@ def test_sequence_longer_than_positions():
 def test_norm_eps_reaches_the_norms():
     """A large epsilon damps every RMSNorm: the logits move far beyond float rounding
     (parity tests cannot tell 1e-6 from float32 epsilon)."""
-    small = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
-    large = model.Transformer(model.ModelConfig(num_heads=2, norm_eps=10.0, **SMALL))
+    # The heads and token shape of the other SMALL models here: their operations are shared.
+    small = model.Transformer(model.ModelConfig(num_heads=4, **SMALL))
+    large = model.Transformer(model.ModelConfig(num_heads=4, norm_eps=10.0, **SMALL))
     params = model.init_params(small, jax.random.PRNGKey(0))
-    tokens = jnp.arange(8)[None] % 11
+    tokens = jnp.arange(36).reshape(3, 12) % 11
     diff = np.abs(small.apply({"params": params}, tokens) - large.apply({"params": params}, tokens))
     assert diff.max() > 1e-2, diff.max()
 
@@ -283,15 +299,15 @@ def test_norm_eps_reaches_the_norms():
 def test_layer_by_layer_forward_is_the_models_forward():
     """embed, one block at a time, unembed: the same logits and attention as the whole
     model, with a head mask that differs per layer."""
-    # The sizes of the other tests here (three layers): their operations are compiled once.
-    cfg = model.ModelConfig(num_heads=4, **{**SMALL, "num_layers": 3})
+    # The sizes of the other tests here: their operations are compiled once.
+    cfg = model.ModelConfig(num_heads=4, **SMALL)
     module = model.Transformer(cfg)
     params = model.init_params(module, jax.random.PRNGKey(3))
     tokens = jax.random.randint(jax.random.PRNGKey(4), (3, 12), 0, SMALL["vocab_size"])
-    mask = jnp.asarray([[1, 0, 1, 1], [0, 0, 0, 1], [1, 1, 0.5, 1]], jnp.float32)
+    mask = jnp.asarray([[1, 0, 1, 1], [0, 1, 0.5, 1]], jnp.float32)
     logits, attn = model.apply_with_attention(module, params, tokens, head_mask=mask)
     x = model.embed(module, params, tokens)
-    for layer in range(3):
+    for layer in range(cfg.num_layers):
         x, layer_attn = model.apply_block(module, params, layer, x, mask[layer])
         np.testing.assert_allclose(layer_attn, attn[:, layer], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(model.unembed(module, params, x), logits, rtol=1e-5, atol=1e-6)
@@ -303,11 +319,12 @@ def test_layer_by_layer_forward_is_the_models_forward():
 
 def test_unembed_is_the_models_output_layer_with_its_bias():
     """unembed after the blocks gives the model's logits for any head, a bias included."""
-    module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
+    # The heads and token shape of the layer-by-layer test: its operations are shared.
+    module = model.Transformer(model.ModelConfig(num_heads=4, **SMALL))
     params = model.init_params(module, jax.random.PRNGKey(0))
     bias = jax.random.normal(jax.random.PRNGKey(1), params["head"]["bias"].shape)
     params = {**params, "head": {**params["head"], "bias": bias}}
-    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 11)
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (3, 12), 0, 11)
     x = model.embed(module, params, tokens)
     for layer in range(SMALL["num_layers"]):
         x, _ = model.apply_block(module, params, layer, x)
@@ -565,9 +582,11 @@ def test_training_attention_without_dropout_is_eval_attention_with_its_written_o
     cfg = model.ModelConfig(num_heads=4, dropout_rate=0.0, **{**SMALL, "num_layers": 1})
     module = model.Transformer(cfg)
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 0, cfg.vocab_size)
-    params = jax.tree.map(
-        lambda p: p.astype(jnp.float64), module.init(jax.random.PRNGKey(1), tokens, True)
-    )
+    params = {
+        "params": jax.tree.map(
+            lambda p: p.astype(jnp.float64), small_params(jax.random.PRNGKey(1), 1)
+        )
+    }
     seen = []
     real = model.attend_with_dropout
     monkeypatch.setattr(model, "attend_with_dropout", lambda *a: seen.append(a[3:]) or real(*a))
@@ -594,7 +613,8 @@ def test_attention_gradients_keep_each_inputs_dtype():
     q, k, v, seeds = _attention_inputs()
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
     grads = jax.grad(lambda *a: jnp.sum(model.attend_with_dropout(*a, seeds, 0.2)), (0, 1, 2))
-    assert [g.dtype for g in grads(q, k, v)] == [jnp.float64, jnp.float32, jnp.float32]
+    # Jitted: one program, not the backward pass op by op.
+    assert [g.dtype for g in jax.jit(grads)(q, k, v)] == [jnp.float64, jnp.float32, jnp.float32]
 
 
 def _seed_hashing_to(value: int) -> int:
@@ -742,7 +762,7 @@ def test_block_normalises_both_sublayer_inputs_with_the_configs_epsilon():
     """x + attention(norm(x)), then h + mlp(norm(h)), each norm with `norm_eps` and its own
     scale; an epsilon of 0.5 on inputs of rms about 0.3 shows any other epsilon."""
     cfg = model.ModelConfig(num_heads=2, dropout_rate=0.0, norm_eps=0.5, **SMALL)
-    x = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (2, 5, cfg.embed_dim))
+    x = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (2, 6, cfg.embed_dim))
     block = model.Block(cfg)
     params = block.init(jax.random.PRNGKey(1), x, True)["params"]
     for i, name in enumerate(("ln1", "ln2")):
@@ -770,7 +790,7 @@ def test_model_is_its_flax_layers_with_separate_projections(monkeypatch):
     small = {**SMALL, "num_layers": 1}
     cfg = model.ModelConfig(num_heads=4, dropout_rate=0.2, norm_eps=1e-3, **small)
     module = model.Transformer(cfg)
-    params = model.init_params(module, jax.random.PRNGKey(0), 12)
+    params = small_params(jax.random.PRNGKey(0), 1)
     params = jax.tree.map(lambda a: a + 0.1 * jnp.cos(jnp.arange(a.size).reshape(a.shape)), params)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11)
     rngs = {"dropout": jax.random.PRNGKey(2)}

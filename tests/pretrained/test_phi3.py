@@ -157,7 +157,7 @@ def test_a_missing_kv_head_count_means_one_kv_head_per_query_head():
     config = {k: v for k, v in config_of("phi3-tiny").items() if k != "num_key_value_heads"}
     module = pretrained.build(config)
     assert (module.config.num_heads, module.config.num_kv_heads) == (4, 4)
-    variables = module.init(jax.random.key(0), np.zeros((1, 5), np.int32))
+    variables = jax.eval_shape(module.init, jax.random.key(0), np.zeros((1, 5), np.int32))
     kernel = variables["params"]["layers_0"]["qkv_proj"]["kernel"]
     assert kernel.shape == (32, 96)
 
@@ -168,7 +168,7 @@ def test_an_explicit_head_dim_wins_over_hidden_over_heads():
     64 inputs, and half of each head (8 features, 4 rates) rotates."""
     module = pretrained.build({**config_of("phi3-tiny"), "head_dim": 16})
     assert module.config.head_dim == 16
-    variables = module.init(jax.random.key(0), np.zeros((1, 5), np.int32))
+    variables = jax.eval_shape(module.init, jax.random.key(0), np.zeros((1, 5), np.int32))
     layer = variables["params"]["layers_0"]
     assert layer["qkv_proj"]["kernel"].shape == (32, 128)
     assert layer["o_proj"]["kernel"].shape == (64, 32)
