@@ -18,7 +18,7 @@ HORIZON = 50
 def small():
     module = model_lib.Transformer(model_lib.ModelConfig(num_heads=4, **SMALL))
     params = model_lib.init_params(module, jax.random.PRNGKey(0))
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11)
+    tokens = np.random.default_rng(1).integers(0, 11, (3, 12), dtype=np.int32)
     return module, params, tokens
 
 

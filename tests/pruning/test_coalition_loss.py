@@ -27,7 +27,7 @@ def small():
     """A 4-head, 2-layer model of the paper's family on 3 random sequences."""
     module = model_lib.Transformer(model_lib.ModelConfig(num_heads=4, **SMALL))
     params = model_lib.init_params(module, jax.random.PRNGKey(0))
-    tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11))
+    tokens = np.random.default_rng(1).integers(0, 11, (3, 12), dtype=np.int32)
     targets = np.roll(tokens, -1, axis=1)
     return module, params, batches.Batch(tokens, targets, np.ones(tokens.shape, bool))
 
