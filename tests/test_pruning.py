@@ -9,13 +9,16 @@ from beyondpar import graphs, metrics, pruning, tasks
 from beyondpar import model as model_lib
 
 SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
+# One horizon for the greedy orders on the released model's attention: each horizon and
+# each count of candidate mixes is a program of its own.
+HORIZON = 50
 
 
 @pytest.fixture(scope="module")
 def small():
     module = model_lib.Transformer(model_lib.ModelConfig(num_heads=4, **SMALL))
     params = model_lib.init_params(module, jax.random.PRNGKey(0))
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11)
+    tokens = np.random.default_rng(1).integers(0, 11, (3, 12), dtype=np.int32)
     return module, params, tokens
 
 
@@ -59,8 +62,9 @@ def test_per_sequence_masks_equal_separate_calls(small):
     masks[2, 1, :3] = 0.0
     together = module.apply({"params": params}, tokens, head_mask=masks)
     for b in range(3):
-        alone = module.apply({"params": params}, tokens[b : b + 1], head_mask=masks[b])
-        np.testing.assert_allclose(together[b], alone[0], rtol=1e-6, atol=1e-6)
+        # The batch under sequence b's mask alone: row b is sequence b's separate call.
+        alone = module.apply({"params": params}, tokens, head_mask=masks[b])
+        np.testing.assert_allclose(together[b], alone[b], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -83,17 +87,19 @@ def test_bad_masks(small, mask, message):
 @pytest.mark.float64
 def test_gradient_importance_is_the_finite_difference(small):
     module, params, tokens = small
-    params64 = jax.tree.map(lambda x: x.astype(jnp.float64), params)
-    examples = tasks.make_examples("shift", jax.random.PRNGKey(2), 3, 12, 11, lag=2)
+    params64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+    examples = tasks.label("shift", tokens, 11, lag=2)
     got = np.asarray(pruning.gradient_importance(module, params64, examples))
     assert got.shape == (2, 4)
     step = 1e-5
+    # One program for every bumped mask (run op by op, each operation compiles alone).
+    losses = jax.jit(
+        lambda m: pruning.sequence_losses(module, params64, examples.inputs, examples.targets, m)
+    )
     for layer, head in [(0, 0), (1, 3)]:
         bump = np.zeros((2, 4))
         bump[layer, head] = step
-        loss = lambda m: np.asarray(
-            pruning.sequence_losses(module, params64, examples.inputs, examples.targets, m)
-        )
+        loss = lambda m: np.asarray(losses(m))
         diff = (loss(1 + bump) - loss(1 - bump)) / (2 * step)  # per sequence
         np.testing.assert_allclose(got[layer, head], np.mean(np.abs(diff)), rtol=1e-3)
 
@@ -112,11 +118,11 @@ def test_greedy_sequences_record_the_fidelity_each_removal_loses(reference):
     before the removal minus that after it: losses are positive where fidelity drops and
     sum to the full mix's fidelity minus that of the head kept."""
     _, _, _, attn, weights = reference
-    per_layer = pruning.greedy_sequences(attn, weights, horizon=50)
+    per_layer = pruning.greedy_sequences(attn, weights, horizon=HORIZON)
 
     def fidelity(layer, alive):
         mixed = graphs.combine_heads(attn[:, layer], weights[layer] * alive)
-        return float(np.mean(metrics.minimax_fidelity(mixed, 50)))
+        return float(np.mean(metrics.minimax_fidelity(mixed, HORIZON)))
 
     for layer, sequence in enumerate(per_layer):
         alive = np.ones(4)
@@ -135,16 +141,16 @@ def test_heads_left_without_importance_are_mixed_uniformly(reference):
     weight: each later mix weighs the heads still alive equally, never a removed one."""
     _, _, _, attn, weights = reference
     attn, weights = attn[:, :1], weights[:1]  # one layer
-    alone = [float(np.mean(metrics.minimax_fidelity(attn[:, 0, h], 40))) for h in range(4)]
+    alone = [float(np.mean(metrics.minimax_fidelity(attn[:, 0, h], HORIZON))) for h in range(4)]
     weak = int(np.argmin(alone))
     importances = np.where(np.arange(4) == weak, weights, 0.0)
-    (sequence,) = pruning.greedy_sequences(attn, importances, horizon=40)
+    (sequence,) = pruning.greedy_sequences(attn, importances, horizon=HORIZON)
     assert weak in [head for _, _, head in sequence]  # the uniform mixes are reached
 
     def fidelity(alive):
         w = importances[0] * alive
         mixed = graphs.combine_heads(attn[:, 0], w if w.sum() > 0 else alive)
-        return float(np.mean(metrics.minimax_fidelity(mixed, 40)))
+        return float(np.mean(metrics.minimax_fidelity(mixed, HORIZON)))
 
     alive = np.ones(4)
     for lost, _, head in sequence:
@@ -157,9 +163,9 @@ def test_greedy_sequences_of_layers_split_over_devices_are_each_layer_alone(refe
     """Four layers on the tests' four devices (one each) give every layer the sequence
     it has alone (one layer, on one device)."""
     _, _, _, attn, weights = reference
-    together = pruning.greedy_sequences(attn, weights, horizon=30)
+    together = pruning.greedy_sequences(attn, weights, horizon=HORIZON)
     for layer in range(4):
-        alone = pruning.greedy_sequences(attn[:, [layer]], weights[[layer]], horizon=30)[0]
+        alone = pruning.greedy_sequences(attn[:, [layer]], weights[[layer]], horizon=HORIZON)[0]
         assert [head for _, _, head in alone] == [head for _, _, head in together[layer]]
         lost_alone = [lost for lost, _, _ in alone]
         lost_together = [lost for lost, _, _ in together[layer]]
@@ -168,7 +174,7 @@ def test_greedy_sequences_of_layers_split_over_devices_are_each_layer_alone(refe
 
 def test_greedy_fidelity_order_takes_the_cheapest_head_first(reference):
     module, params, examples, attn, weights = reference
-    order = pruning.fidelity_order(attn, weights, horizon=50)
+    order = pruning.fidelity_order(attn, weights, horizon=HORIZON)
     assert len(order) == 4 * 3 and len(set(order)) == 12
     for layer in range(4):
         kept = [h for h in range(4) if (layer, h) not in order]
@@ -178,7 +184,7 @@ def test_greedy_fidelity_order_takes_the_cheapest_head_first(reference):
         for drop in range(4):
             w = weights[layer] * (np.arange(4) != drop)
             mixed = graphs.combine_heads(attn[:, layer], w)
-            candidates.append(float(np.mean(metrics.minimax_fidelity(mixed, 50))))
+            candidates.append(float(np.mean(metrics.minimax_fidelity(mixed, HORIZON))))
         assert first == int(np.argmax(candidates))
 
 
@@ -191,7 +197,7 @@ def test_greedy_sequences_check_causality_once(reference, monkeypatch):
     count = lambda c: seen.append(c.shape) or real(c)
     for where in (metrics, metrics.operators):  # the public name and the kernels' own
         monkeypatch.setattr(where, "is_causal", count)
-    pruning.greedy_sequences(attn, weights, horizon=20)
+    pruning.greedy_sequences(attn, weights, horizon=HORIZON)
     assert seen == [attn.shape]
 
 
@@ -216,10 +222,10 @@ def test_greedy_orders_name_attention_whose_rows_do_not_sum_to_one(order):
 def test_greedy_orders_default_to_a_horizon_of_100_steps():
     """Slowly mixing heads (strong self-attention) whose order within 10 steps differs
     from that within 100: both greedy functions look 100 steps ahead unless told."""
-    rng = np.random.default_rng(0)
-    heads = np.tril(rng.random((1, 2, 3, 12, 12)) ** 4) + 20.0 * np.eye(12)
+    rng = np.random.default_rng(5)  # two layers of two heads (a round of mixes each)
+    heads = np.tril(rng.random((1, 2, 2, 12, 12)) ** 4) + 20.0 * np.eye(12)
     attn = (heads / heads.sum(-1, keepdims=True)).astype(np.float32)
-    weights = rng.random((2, 3))
+    weights = rng.random((2, 2))
     within_100 = pruning.fidelity_order(attn, weights, horizon=100)
     assert within_100 != pruning.fidelity_order(attn, weights, horizon=10)
     assert pruning.fidelity_order(attn, weights) == within_100
@@ -241,8 +247,11 @@ def test_orders_rank_each_order_by_its_own_scores():
 
 def test_masked_scores_count_accuracy_on_predictable_positions_only(small):
     module, params, tokens = small
-    masks = np.ones((2, 2, 4))
+    # Four masks (as `attention_necessity` scores): one program serves both tests.
+    masks = np.ones((4, 2, 4))
     masks[1, 1] = 0.0
+    masks[2, 0, 1:] = 0.0
+    masks[3] = 0.0
     logits = np.asarray(module.apply({"params": params}, tokens), np.float64)
     targets = logits.argmax(-1)
     targets[0, 0] = (targets[0, 0] + 1) % 11  # the one wrong prediction
@@ -251,15 +260,16 @@ def test_masked_scores_count_accuracy_on_predictable_positions_only(small):
     predictable[0, 0] = True
     examples = tasks.Examples(tokens, jnp.asarray(targets), jnp.asarray(predictable))
     loss, accuracy = pruning.masked_scores(module, params, examples, masks)
-    assert loss.shape == accuracy.shape == (2,)
+    assert loss.shape == accuracy.shape == (4,)
     count = predictable.sum()
     assert accuracy[0] == pytest.approx((count - 1) / count)
     log_p = np.asarray(jax.nn.log_softmax(logits))
     picked = np.take_along_axis(log_p, targets[..., None], axis=-1)
     assert loss[0] == pytest.approx(-picked.mean(), rel=1e-5)
-    masked = np.asarray(module.apply({"params": params}, tokens, head_mask=masks[1]))
-    correct = (masked.argmax(-1) == targets) & predictable
-    assert accuracy[1] == pytest.approx(correct.sum() / count)
+    for k in (1, 2, 3):
+        masked = np.asarray(module.apply({"params": params}, tokens, head_mask=masks[k]))
+        correct = (masked.argmax(-1) == targets) & predictable
+        assert accuracy[k] == pytest.approx(correct.sum() / count)
 
 
 def test_area_integrates_over_the_share_of_heads_pruned():

@@ -3,11 +3,18 @@ early stops against the full recursions."""
 
 import functools
 
+import jax
 import numpy as np
 import pytest
 
 from beyondpar import coalitions, graphs, metrics
 from beyondpar.coalitions import kernel
+
+# The recursions as one program each (run op by op, every operation compiles alone), on
+# operators of one shape.
+settled_minimax = jax.jit(kernel.settled_minimax, static_argnums=1)
+settled_hitting = jax.jit(kernel.settled_hitting, static_argnums=(1, 2))
+MIXES, TOKENS = 6, 20
 
 
 @pytest.mark.parametrize("threads", [None, 2, 3])
@@ -30,12 +37,12 @@ def test_threads_and_devices_give_the_same_values(threads):
 
 @pytest.mark.parametrize("walk", ["reference", "normalized"])
 def test_early_stops_give_the_full_recursions_values(walk):
-    mixed = graphs.random_causal(1, (6,), 20)
+    mixed = graphs.random_causal(1, (MIXES,), TOKENS)
     np.testing.assert_allclose(
-        kernel.settled_minimax(mixed, 100), metrics.minimax_fidelity(mixed, 100), rtol=1e-6
+        settled_minimax(mixed, 100), metrics.minimax_fidelity(mixed, 100), rtol=1e-6
     )
     np.testing.assert_allclose(
-        kernel.settled_hitting(mixed, 100, walk), metrics.hitting_time(mixed, 100, walk), rtol=1e-5
+        settled_hitting(mixed, 100, walk), metrics.hitting_time(mixed, 100, walk), rtol=1e-5
     )
 
 
@@ -47,10 +54,10 @@ def test_block_size_fits_the_cache_on_cpu():
 def test_a_token_the_walk_never_leaves_is_counted_at_once():
     """Token 0 of causal attention on the reference walk: its steps counted without the
     loop, the value that of the full recursion."""
-    mixed = graphs.random_causal(2, (4,), 30)
+    mixed = graphs.random_causal(2, (MIXES,), TOKENS)
     assert np.all(np.asarray(metrics.transition_matrix(mixed))[:, 0, 0] == 1)
     np.testing.assert_allclose(
-        kernel.settled_hitting(mixed, 100, "reference"),
+        settled_hitting(mixed, 100, "reference"),
         metrics.hitting_time(mixed, 100, "reference"),
         rtol=1e-5,
     )

@@ -8,6 +8,11 @@ import pytest
 from beyondpar import coalitions, graphs, metrics
 from beyondpar.study import worked_example
 
+# The games below share one shape (2 sequences of 5 heads of 9 tokens) and one horizon:
+# each shape, horizon, objective and walk is a program of the coalition kernel.
+B, H, T = 2, 5, 9
+HORIZON = 30
+
 
 def _example_two():
     ops = worked_example.operators()
@@ -25,15 +30,15 @@ def test_example_two_values_and_shapley():
 @pytest.mark.parametrize("objective", ["fidelity", "hitting_time"])
 @pytest.mark.parametrize("walk", ["reference", "normalized"])
 def test_values_are_each_mix_measured_alone(objective, walk):
-    attn = graphs.random_causal(0, (2, 4), 9)  # B x H x T x T
-    weights = np.array([[1.0, 2.0, 0.5, 1.0], [0.2, 1.0, 1.0, 3.0]], np.float32)
-    horizon = 30
+    attn = graphs.random_causal(0, (B, H), T)  # B x H x T x T
+    weights = np.array([[1.0, 2.0, 0.5, 1.0, 0.7], [0.2, 1.0, 1.0, 3.0, 0.4]], np.float32)
+    horizon = HORIZON
     got = coalitions.values(attn, weights, objective, horizon=horizon, walk=walk)
-    assert got.shape == (2, 16) and got.dtype == np.float32
-    for c in range(16):
-        members = [h for h in range(4) if c >> h & 1]
+    assert got.shape == (B, 32) and got.dtype == np.float32
+    for c in range(32):
+        members = [h for h in range(H) if c >> h & 1]
         if not members:
-            mix = jnp.broadcast_to(jnp.eye(9), (2, 9, 9))  # the empty coalition: identity
+            mix = jnp.broadcast_to(jnp.eye(T), (B, T, T))  # the empty coalition: identity
         else:
             mix = graphs.combine_heads(attn[:, members], weights[:, members])
         if objective == "fidelity":
@@ -51,17 +56,20 @@ def test_empty_coalition_values():
 
 
 def test_uniform_weights_are_the_default_and_shared_weights_broadcast():
-    attn = graphs.random_causal(1, (3, 3), 7)
-    uniform = coalitions.values(attn)
-    np.testing.assert_allclose(coalitions.values(attn, np.ones(3)), uniform, rtol=1e-6)
-    np.testing.assert_allclose(coalitions.values(attn, np.ones((3, 3))), uniform, rtol=1e-6)
+    attn = graphs.random_causal(1, (B, H), T)
+    uniform = coalitions.values(attn, horizon=HORIZON)
+    np.testing.assert_allclose(coalitions.values(attn, np.ones(H), horizon=HORIZON), uniform)
+    shared = coalitions.values(attn, np.ones((B, H)), horizon=HORIZON)
+    np.testing.assert_allclose(shared, uniform, rtol=1e-6)
+    weighted = coalitions.values(attn, np.arange(1.0, H + 1), horizon=HORIZON)
+    assert np.abs(weighted - uniform).max() > 1e-4  # the weights do change the mixes
 
 
 def test_small_blocks_give_the_same_values():
     """Blocks of a memory budget, the last padded to the common shape."""
-    attn = graphs.random_causal(2, (2, 5), 8)
-    whole = coalitions.values(attn)
-    fn = coalitions.mix_value_fn(attn, block_size=3)
+    attn = graphs.random_causal(2, (B, H), T)
+    whole = coalitions.values(attn, horizon=HORIZON)
+    fn = coalitions.mix_value_fn(attn, horizon=HORIZON, block_size=3)
     np.testing.assert_allclose(coalitions.values(value_fn=fn), whole, rtol=1e-6)
     masks = coalitions.coalition_masks(5)[[31, 0, 4, 7, 4]]
     np.testing.assert_allclose(fn(masks), whole[:, [31, 0, 4, 7, 4]], rtol=1e-6)
@@ -70,11 +78,11 @@ def test_small_blocks_give_the_same_values():
 def test_axioms_on_attention():
     """Efficiency; two copies of one head get equal values; a head of weight 0 gets 0 and
     interacts with no one."""
-    attn = graphs.random_causal(3, (2, 4), 10)
+    attn = graphs.random_causal(3, (B, H), T)
     attn[:, 1] = attn[:, 0]
-    weights = np.array([1.0, 1.0, 2.0, 0.0])
+    weights = np.array([1.0, 1.0, 2.0, 0.0, 0.5])
     for objective in ("fidelity", "hitting_time"):
-        v = coalitions.values(attn, weights, objective)
+        v = coalitions.values(attn, weights, objective, HORIZON)
         phi = np.asarray(coalitions.shapley(v))
         np.testing.assert_allclose(phi.sum(-1), v[:, -1] - v[:, 0], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(phi[:, 0], phi[:, 1], rtol=1e-5, atol=1e-6)
@@ -83,12 +91,12 @@ def test_axioms_on_attention():
 
 
 def test_a_value_fn_stands_in_for_attention():
-    attn = graphs.random_causal(4, (1, 3), 6)
-    fn = coalitions.mix_value_fn(attn, objective="hitting_time", horizon=20)
-    assert fn.num_heads == 3
+    attn = graphs.random_causal(4, (B, H), T)
+    fn = coalitions.mix_value_fn(attn, objective="hitting_time", horizon=HORIZON)
+    assert fn.num_heads == H
     np.testing.assert_array_equal(
         coalitions.values(value_fn=fn),
-        coalitions.values(attn, objective="hitting_time", horizon=20),
+        coalitions.values(attn, objective="hitting_time", horizon=HORIZON),
     )
     table = np.arange(8, dtype=np.float32)[None]
     plain = lambda masks: table[:, np.asarray(masks, int) @ np.array([1, 2, 4])]  # noqa: E731
@@ -126,17 +134,17 @@ def test_bad_inputs_are_refused():
 def test_long_and_non_causal_attention(causal):
     """Past the kernels' triangular threshold (64 tokens), and on attention that reads
     later tokens too (no early stop of the fidelity)."""
-    t = 70 if causal else 12
-    attn = graphs.random_causal(6, (2, 3), t)
+    t = 70 if causal else T
+    attn = graphs.random_causal(6, (B, H), t)
     if not causal:
-        attn = np.random.default_rng(6).dirichlet(np.ones(t), (2, 3, t)).astype(np.float32)
+        attn = np.random.default_rng(6).dirichlet(np.ones(t), (B, H, t)).astype(np.float32)
     for objective, measure in [
-        ("fidelity", lambda c: metrics.minimax_fidelity(c, 100)),
-        ("hitting_time", lambda c: metrics.hitting_time(c, 100, "reference")),
+        ("fidelity", lambda c: metrics.minimax_fidelity(c, HORIZON)),
+        ("hitting_time", lambda c: metrics.hitting_time(c, HORIZON, "reference")),
     ]:
-        v = coalitions.values(attn, objective=objective)
-        for c in (1, 5, 7):
-            members = [h for h in range(3) if c >> h & 1]
+        v = coalitions.values(attn, objective=objective, horizon=HORIZON)
+        for c in (1, 5, 7, 26):
+            members = [h for h in range(H) if c >> h & 1]
             want = measure(graphs.combine_heads(attn[:, members]))
             np.testing.assert_allclose(v[:, c], want, rtol=2e-5, atol=1e-6, err_msg=objective)
 
@@ -144,10 +152,10 @@ def test_long_and_non_causal_attention(causal):
 def test_the_table_and_the_mask_batches_agree():
     """`every_coalition` (high and low parts of the index) against calls on masks, with a
     weightless head and per-sequence weights."""
-    attn = graphs.random_causal(7, (2, 5), 9)
+    attn = graphs.random_causal(7, (B, H), T)
     weights = np.array([[1.0, 0.0, 2.0, 1.0, 0.5], [0.0, 1.0, 1.0, 3.0, 1.0]])
     for block in (1, 4, 64):
-        fn = coalitions.mix_value_fn(attn, weights, block_size=block)
+        fn = coalitions.mix_value_fn(attn, weights, horizon=HORIZON, block_size=block)
         np.testing.assert_allclose(
             fn.every_coalition(), fn(coalitions.coalition_masks(5)), rtol=1e-6, atol=1e-7
         )

@@ -1,18 +1,21 @@
 """The heads' coalitions in the per-layer measurement: the fidelity game of the learned
 mix, exact against sampled Shapley values, and the per-layer summary's picks."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from beyondpar import coalitions, measure
 from beyondpar.measure import coalition_game, record
 
+# Every measurement below on the same horizon and step count: each is a program.
 SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, coalitions=True)
 
 
 @pytest.fixture(scope="module")
 def layer(reference):
-    """Layer 0 of the released 4-head copy model on 3 sequences, cut to 48 tokens."""
+    """Layer 0 of the released 4-head copy model on 3 sequences (of 40 tokens)."""
     _, _, _, attn, weights = reference
     return attn[:3, 0, :, :48, :48].astype(np.float32), weights[0]
 
@@ -36,9 +39,7 @@ def test_the_fidelity_game_is_the_learned_mix_of_every_coalition(layer):
 def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer):
     attn, weights = layer
     exact = measure.measure_layer(attn, weights, SPEC)[record.COALITIONS]
-    sampled_spec = measure.MeasureSpec(
-        horizon=20, pairwise=False, coalitions=True, exact_coalition_heads=3, permutations=30
-    )
+    sampled_spec = dataclasses.replace(SPEC, exact_coalition_heads=3, permutations=30)
     sampled = measure.measure_layer(attn, weights, sampled_spec)[record.COALITIONS]
     assert set(sampled) == {"shapley_fidelity", "shapley_stderr_fidelity"}
     gap = np.abs(sampled["shapley_fidelity"] - exact["shapley_fidelity"])
@@ -47,7 +48,7 @@ def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer
 
 def test_no_coalitions_unless_asked_and_none_of_one_head(layer):
     attn, weights = layer
-    plain = measure.MeasureSpec(horizon=20, pairwise=False)
+    plain = dataclasses.replace(SPEC, coalitions=False)
     assert record.COALITIONS not in measure.measure_layer(attn, weights, plain)
     assert record.COALITIONS not in measure.measure_layer(attn[:, :1], None, SPEC)
 
