@@ -78,8 +78,8 @@ def fixture(request):
 
 @pytest.fixture(scope="session")
 def reference():
-    """The paper's released 4-head copy model on 40 copy sequences of 256 tokens: (module,
-    params, examples, attention in float64 as NumPy, head importances)."""
+    """The paper's released 4-head copy model on 4 copy sequences of 40 tokens (vocabulary
+    256): (module, params, examples, attention in float64 as NumPy, head importances)."""
     module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
     examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 256)
     _, attn = model_lib.apply_with_attention(module, params, examples.inputs)
