@@ -61,3 +61,16 @@ def test_a_token_the_walk_never_leaves_is_counted_at_once():
         metrics.hitting_time(mixed, 100, "reference"),
         rtol=1e-5,
     )
+
+
+def test_a_mix_that_reads_later_tokens_is_never_stopped_early():
+    """Non-causal attention (tokens 0 and 1 read later tokens): after three steps no share
+    sits on or after the sink, the token with the lowest running maximum (0.25), which a
+    causal walk could never raise again; here token 0 reads the sink and raises it to
+    0.8125, so the minimax is 0.75. An early stop that took the operator for causal would
+    return 0.25."""
+    c = np.array([[0, 0, 0, 1], [0, 0, 0.75, 0.25], [1, 0, 0, 0], [0, 1, 0, 0]], np.float32)[None]
+    want = metrics.minimax_fidelity(c, 5)
+    np.testing.assert_allclose(want, [0.75], rtol=1e-6)
+    np.testing.assert_allclose(settled_minimax(c, 5), want, rtol=1e-6)
+    np.testing.assert_allclose(settled_minimax(c, 5, c), want, rtol=1e-6)
