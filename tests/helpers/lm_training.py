@@ -1,6 +1,6 @@
 """A language-model config small enough for tests: 2 layers of d 32 on 32 bytes, 150 steps
 of batch 16 on the default corpus (tests/lm/test_lm_train.py, and the process it kills),
-and a 4-step variant for two processes (tests/lm/test_lm_train_processes.py)."""
+and a 4-step one-layer variant for two processes (tests/lm/test_lm_train_processes.py)."""
 
 from configs import lm
 
@@ -24,11 +24,12 @@ def tiny_config(steps=150, **optim):
 
 
 def two_process_config(corpus):
-    """The tiny model with one head (no optimal-weight search to compile) on the corpus
-    at `corpus`, 4 steps of batch 8, evaluated once (at the end), checkpoints at steps 2
-    and 4: a two-process run (tests/lm/test_lm_train_processes.py) kept short."""
+    """The tiny model with one layer and one head (no optimal-weight search; the two
+    processes compile every program side by side, neither reading the other's cache) on
+    the corpus at `corpus`, 4 steps of batch 8, evaluated once (at the end), checkpoints
+    at steps 2 and 4: a two-process run (tests/lm/test_lm_train_processes.py) kept short."""
     config = tiny_config(steps=4, warmup_steps=2)
-    config.model.num_heads = 1
+    config.model.update(num_heads=1, num_layers=1)
     config.data.path = str(corpus)
     config.optim.batch_size = 8
     config.log_every_steps = 2

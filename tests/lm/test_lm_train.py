@@ -234,11 +234,14 @@ def test_lm_train_bfloat16_compute_keeps_float32_parameters(one_layer):
     assert text_step.resolve_dtype("auto", "cpu") == jnp.float32
     assert text_step.resolve_dtype("auto", "gpu") == jnp.bfloat16
     module, params, windows = one_layer
-    loss = jax.jit(lambda p, dtype: text_step.window_loss_sums(module, p, windows, dtype)[0],
-                   static_argnums=1)  # fmt: skip
-    grads = jax.jit(jax.grad(loss), static_argnums=1)(params, jnp.bfloat16)
+
+    def loss(p, dtype):
+        return text_step.window_loss_sums(module, p, windows, dtype)[0]
+
+    # Two programs: the bfloat16 loss with its gradients, and the float32 loss.
+    half, grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, jnp.bfloat16)
     assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
-    full, half = loss(params, jnp.float32), loss(params, jnp.bfloat16)
+    full = jax.jit(loss, static_argnums=1)(params, jnp.float32)
     np.testing.assert_allclose(half, full, rtol=2e-2)
 
 

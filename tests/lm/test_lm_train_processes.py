@@ -68,7 +68,7 @@ def test_lm_train_two_processes_log_one_processs_losses(run):
     for name in ("train/loss", "train/grad_norm", "eval/loss", "eval/bits_per_byte"):
         got, want = [r[name] for r in lines2 if name in r], [r[name] for r in lines1 if name in r]
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
-    assert "eval/loss" in lines2[-1] and lines2[-1]["layer2/sink_mass"] > 0
+    assert "eval/loss" in lines2[-1] and lines2[-1]["layer1/sink_mass"] > 0
 
 
 def test_lm_train_each_process_loads_its_half_of_every_global_batch(run):

@@ -55,14 +55,16 @@ def _bf16(x):
 
 def test_window_nats_is_each_windows_summed_cross_entropy():
     params = {"table": jnp.asarray(_table(), jnp.float32)}
-    got = text_step.window_nats(Bigram(), params, jnp.asarray(_windows()))
+    # Jitted: one program, not one per operation.
+    got = jax.jit(text_step.window_nats, static_argnums=0)(Bigram(), params, _windows())
     np.testing.assert_allclose(got, _nats64(_table(), _windows()), rtol=1e-5)
 
 
 def test_window_loss_sums_runs_bfloat16_on_rounded_params():
     params = {"table": jnp.asarray(_table(), jnp.float32)}
     windows = jnp.asarray(_windows())
-    total, count = text_step.window_loss_sums(Bigram(), params, windows, jnp.bfloat16)
+    sums = jax.jit(text_step.window_loss_sums, static_argnums=(0, 3))
+    total, count = sums(Bigram(), params, windows, jnp.bfloat16)
     expected = _nats64(_bf16(_table()), _windows()).sum()
     assert float(count) == windows.shape[0] * (windows.shape[1] - 1)
     np.testing.assert_allclose(float(total), expected, rtol=2e-6)
@@ -84,7 +86,8 @@ def test_accumulated_gradients_are_the_whole_batchs_mean():
         return jnp.mean((piece * p) ** 2)
 
     p = jnp.asarray(0.5)
-    loss, grad = text_step.accumulated_gradients(loss_fn, p, x, microbatches=4)
+    gradients = jax.jit(text_step.accumulated_gradients, static_argnums=(0, 3))
+    loss, grad = gradients(loss_fn, p, x, 4)
     # mean over all of (x p)^2 = p^2 mean(x^2); its derivative 2 p mean(x^2).
     mean_sq = float(np.mean(np.arange(1.0, 9.0) ** 2))
     np.testing.assert_allclose(float(loss), 0.25 * mean_sq, rtol=1e-6)
@@ -96,14 +99,15 @@ def test_sharded_gradients_are_the_whole_batchs_mean_loss_and_gradient():
     assert mesh.size == 4
     params = {"table": jnp.asarray(_table(), jnp.float32)}
     windows = jnp.asarray(_windows())
-    step = text_step.sharded_gradients(Bigram(), mesh, 2, jnp.float32)
+    # Jitted, as the update runs it (eagerly, shard_map runs each operation alone).
+    step = jax.jit(text_step.sharded_gradients(Bigram(), mesh, 2, jnp.float32))
     loss, grads = step(params, windows, jax.random.PRNGKey(0))
 
     def mean_loss(p):
         total, count = text_step.window_loss_sums(Bigram(), p, windows)
         return total / count
 
-    want_loss, want_grads = jax.value_and_grad(mean_loss)(params)
+    want_loss, want_grads = jax.jit(jax.value_and_grad(mean_loss))(params)
     np.testing.assert_allclose(float(loss), _nats64(_table(), _windows()).mean() / 5, rtol=1e-5)
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
     np.testing.assert_allclose(grads["table"], want_grads["table"], rtol=1e-5, atol=1e-7)
@@ -169,21 +173,24 @@ def test_sharded_gradients_drop_each_microbatch_with_its_own_key():
     mesh = parallel.data_mesh()
     params = {"table": jnp.asarray(_table(), jnp.float32)}
     key = jax.random.PRNGKey(7)
-    step = text_step.sharded_gradients(DropoutBigram(), mesh, 2, jnp.float32)
+    step = jax.jit(text_step.sharded_gradients(DropoutBigram(), mesh, 2, jnp.float32))
     loss, grads = step(params, jnp.asarray(_windows()), key)
 
-    def mean_loss(p):
-        pieces = _windows().reshape(4, 2, 1, 6)  # (device, microbatch, window, token)
-        losses = []
-        for d, i in np.ndindex(4, 2):
-            slice_key = jax.random.fold_in(key, i)
-            total, count = text_step.window_loss_sums(
-                DropoutBigram(), p, pieces[d, i], train_key=slice_key
-            )
-            losses.append(total / count)
-        return sum(losses) / len(losses)
+    # The 8 slices in (device, microbatch) order, each with its microbatch's key.
+    pieces = _windows().reshape(8, 1, 6)
+    slice_keys = jnp.stack([jax.random.fold_in(key, i) for _, i in np.ndindex(4, 2)])
 
-    want_loss, want_grads = jax.value_and_grad(mean_loss)(params)
+    def mean_loss(p):
+        def slice_loss(piece, slice_key):
+            total, count = text_step.window_loss_sums(
+                DropoutBigram(), p, piece, train_key=slice_key
+            )
+            return total / count
+
+        return jnp.mean(jax.vmap(slice_loss)(pieces, slice_keys))
+
+    # Jitted and mapped over the slices: one pass in one program.
+    want_loss, want_grads = jax.jit(jax.value_and_grad(mean_loss))(params)
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
     np.testing.assert_allclose(grads["table"], want_grads["table"], rtol=1e-5, atol=1e-7)
     undropped = _nats64(_table(), _windows()).mean() / 5
@@ -229,7 +236,11 @@ def test_text_training_compiles_its_step_for_the_configured_windows(tmp_path, mo
         seen.append((microbatches, windows_shape))
         raise _Stop
 
+    def no_parameters(module, key, tx, seq_len):  # the step's shapes need none
+        return {"step": jnp.zeros((), jnp.int32), "params": {}, "opt_state": ()}
+
     monkeypatch.setattr(text_step, "jitted_update", spy)
+    monkeypatch.setattr(train, "create_state", no_parameters)
     config = tiny_config(steps=2, warmup_steps=1)
     config.optim.batch_size, config.seq_len, config.optim.microbatches = 12, 10, 3
     with pytest.raises(_Stop):
