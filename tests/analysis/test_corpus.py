@@ -7,6 +7,7 @@ import shutil
 import types
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -420,7 +421,9 @@ def test_loss_pruning_curves_start_at_the_models_loss():
     for layer, head in curves["projection"]["order"][:6]:
         mask[layer, head] = 0
     examples = loss_pruning.next_token_batch(windows.tokens)
-    last = pruning.sequence_losses(module, params, examples.inputs, examples.targets, mask)
+    # Jitted: one program, not one per operation of the model run eagerly.
+    losses = jax.jit(pruning.sequence_losses, static_argnums=0)
+    last = losses(module, params, examples.inputs, examples.targets, mask)
     assert curves["projection"]["loss"][-1] == pytest.approx(float(np.mean(last)), rel=1e-5)
 
 
@@ -500,24 +503,25 @@ def corpus_command_lines(tmp_path_factory):
     command_lines = [
         [model, *flags, f"--out={tmp_path / f'out{i}'}"] for i, (flags, _) in enumerate(cases)
     ]
-    # Two windows: one batch of SPEC_FLAGS' two, the programs the tests here compile.
-    ok = [f"--corpus={TEXT}", "--tokens=16", "--max_windows=2", f"--out={tmp_path / 'ok'}"]
-    # Two windows a model: one batch of two, as in the good run.
+    # Two windows a model: one batch of SPEC_FLAGS' two. The good command line beside the
+    # bad ones; one model's corpus analysis from the command line is also run by
+    # tests/analysis/test_coalition_summary.py.
     series_run = [f"--model={','.join(SERIES_MODELS)}", f"--corpus={TEXT}", "--tokens=16"]
     series_run += ["--max_windows=2", f"--out={tmp_path / 'series'}", *SPEC_FLAGS]
-    lines = [*command_lines, [model, *ok, *SPEC_FLAGS], series_run]
-    *runs, done, series_done = launch_many([("analyze.py", flags) for flags in lines])
-    return tmp_path, list(zip(cases, runs, strict=True)), done, series_done
+    *runs, series_done = launch_many(
+        [("analyze.py", flags) for flags in [*command_lines, series_run]]
+    )
+    return tmp_path, list(zip(cases, runs, strict=True)), series_done
 
 
 def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(corpus_command_lines):
-    tmp_path, refusals, done, _ = corpus_command_lines
+    tmp_path, refusals, done = corpus_command_lines
     for i, ((flags, message), refused) in enumerate(refusals):
         assert refused.returncode == 2, (flags, refused.stderr[-1500:])
         assert refused.stderr.strip().count("\n") == 0 and message in refused.stderr, refused.stderr
         assert not (tmp_path / f"out{i}").exists()
     assert done.returncode == 0, done.stderr[-2000:]
-    report = (tmp_path / "ok" / "report.md").read_text()
+    report = (tmp_path / "series" / "llama-tiny" / "report.md").read_text()
     assert "2 windows of 16 tokens" in report and "baseline: uniform causal" in report
 
 
@@ -547,7 +551,7 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path, corpus_c
     with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
     # The same series from the command line (`corpus_command_lines`).
-    cli, _, _, done = corpus_command_lines
+    cli, _, done = corpus_command_lines
     assert done.returncode == 0, done.stderr[-2000:]
     assert (cli / "series" / "qwen3-tiny" / "report.md").is_file()
     assert len((cli / "series" / "series.jsonl").read_text().splitlines()) == 2

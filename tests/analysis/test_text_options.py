@@ -26,10 +26,16 @@ def one_hot_mixes(heads_BxL, num_heads: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def tiny_record():
+def gpt2_tiny():
+    """(module, params, tokens): SHORT and SHORT reversed, two sequences of one length."""
     module, params, tokenizer = pretrained.load(HF / "gpt2-tiny")
     ids = tokenizer.encode(SHORT).ids
-    tokens = np.asarray([ids, ids[::-1]])  # two sequences of the same length
+    return module, params, np.asarray([ids, ids[::-1]])
+
+
+@pytest.fixture(scope="module")
+def tiny_record(gpt2_tiny):
+    module, params, tokens = gpt2_tiny
     h = module.config.num_heads
     spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
     record = text_lib.analyze_tokens(
@@ -113,15 +119,14 @@ def test_optimum_is_cross_fitted_over_the_folds_asked_for():
     )
 
 
-def test_each_layers_greedy_order_uses_that_layers_importances():
+def test_each_layers_greedy_order_uses_that_layers_importances(gpt2_tiny):
     """Layer by layer, the greedy fidelity order is the one found on all layers' attention
     at once with every layer's own projection norms as the starting weights."""
-    module, params, tokenizer = pretrained.load(HF / "gpt2-tiny")
-    tokens = np.asarray([tokenizer.encode(SHORT).ids])
+    module, params, tokens = gpt2_tiny  # `tiny_record`'s forward pass, compiled once
     imp = np.asarray(pretrained.head_importances(module, params))
     assert not np.allclose(imp[0], imp[1])  # layers differ: a swapped layer would show
     got = loss_pruning.fidelity_sequences(module, params, tokens, imp, 20)
-    _, attn = pretrained.apply_with_attention(module, params, tokens)
+    attn = np.stack([a for _, a in pretrained.layer_by_layer(module, params, tokens)], 1)
     want = pruning.greedy_sequences(attn, imp, 20)
     assert len(got) == len(want) == module.config.num_layers
     for layer, (g, w) in enumerate(zip(got, want, strict=True)):

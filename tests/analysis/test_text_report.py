@@ -12,6 +12,9 @@ from beyondpar.analysis import text_report
 from beyondpar.base import files, locks
 
 T = 8
+# Three sequences in every record below: the best-head test needs a majority of them, and
+# one batch size lets the records share their compiled kernels.
+B = 3
 
 
 def record(spec: measure.MeasureSpec, attn) -> dict:
@@ -28,19 +31,19 @@ def table_rows(report: str, heading: str) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def parked():
-    """Two sequences of one layer: head index 1 reads every earlier token evenly, indices 0
-    and 2 only their own token, so index 1 (head 2 in the report) is every sequence's best
-    head."""
+    """Three sequences of one layer: head index 1 reads every earlier token evenly,
+    indices 0 and 2 only their own token, so index 1 (head 2 in the report) is every
+    sequence's best head."""
     uniform = np.asarray(graphs.uniform_causal(T))
     heads = np.stack([np.eye(T), uniform, np.eye(T)]).astype(np.float32)
-    attn = np.stack([heads, heads])[:, None]  # B x L x H x T x T
+    attn = np.stack([heads] * B)[:, None]  # B x L x H x T x T
     spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
     return record(spec, attn)
 
 
 def test_layer_row_names_the_most_frequent_best_head_numbered_from_one(parked):
     """The record's best head is index 1; the report numbers heads from 1, so "2"."""
-    assert parked["layers"][0]["best_head"].tolist() == [1, 1]
+    assert parked["layers"][0]["best_head"].tolist() == [1] * B
     row = table_rows(text_report.markdown(parked), "## Layers")["1"]
     assert row[0] == "2"
 
@@ -78,7 +81,7 @@ def test_largest_shares_are_listed_largest_first(parked):
 
 
 def test_the_optimum_line_gives_held_out_and_in_sample_values():
-    attn = np.asarray(graphs.random_causal(8, (4, 1, 3), T))  # B x L x H x T x T
+    attn = np.asarray(graphs.random_causal(8, (B, 1, 3), T))  # B x L x H x T x T
     spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, optimal_weights=True)
     layer = record(spec, attn)["layers"][0]
     line = text_report.optimal_line(layer)
@@ -94,7 +97,7 @@ def test_learned_mix_columns_are_the_learned_mix_not_the_uniform_one():
     (1 / T) and no gain over it, against the lower uniform mix beside it."""
     uniform = np.asarray(graphs.uniform_causal(T))
     heads = np.stack([np.eye(T), uniform, np.eye(T)]).astype(np.float32)
-    attn = np.stack([heads, heads])  # B x H x T x T
+    attn = np.stack([heads] * B)  # B x H x T x T
     spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False)
     layer = measure.measure_layer(attn, np.array([0.0, 1.0, 0.0]), spec)
     rec = {**record(spec, attn[:, None]), "layers": {3: layer}}
@@ -134,7 +137,7 @@ def test_table_without_sink_has_its_own_baseline_and_values():
     """With one sink token, the second layer table reads every layer from the graph
     without it and closes with the baseline of uniform causal attention on T - 1 tokens;
     the sink mass stays the one of the full graph."""
-    attn = np.asarray(graphs.random_causal(3, (2, 1, 3), T))  # B x L x H x T x T
+    attn = np.asarray(graphs.random_causal(3, (B, 1, 3), T))  # B x L x H x T x T
     spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, sink_tokens=1)
     rec = record(spec, attn)
     full, inner = rec["baseline"]["fidelity"], rec["baseline_without_sink"]["fidelity"]
@@ -192,7 +195,7 @@ def test_a_rerun_without_pairwise_synergy_removes_the_old_plot(parked, tmp_path)
     """A folder holds one analysis: the pairwise plot of an earlier run that asked for it
     goes when a rerun does not, and the other plots are rewritten."""
     heads = np.stack([np.eye(T), np.asarray(graphs.uniform_causal(T)), np.eye(T)])
-    attn = np.stack([heads, heads]).astype(np.float32)[:, None]
+    attn = np.stack([heads] * B).astype(np.float32)[:, None]
     with_pairs = record(measure.MeasureSpec(horizon=20, max_steps=20), attn)
     first = sorted(p.name for p in text_report.write(with_pairs, tmp_path))
     assert "pairwise_synergy.png" in first
