@@ -444,14 +444,17 @@ def test_dividing_blocks_give_the_padded_blocks_numbers(monkeypatch):
 
     divided = every_number()
     monkeypatch.setattr(batching, "_dividing_block", lambda block, per_device: block)
-    # Fresh jits of the same kernels, traced again with padded blocks; the cached programs
-    # of the real ones stay for the other tests.
+    # New jits of the kernels, traced again with padded blocks (a new function: JAX keeps
+    # traces by function); the real kernels keep their programs for the other tests.
     sweep_statics = tuple(inspect.signature(fused._sweep_block).parameters)[1:]
     for module, name, statics in (
         (fused, "_sweep_jit", sweep_statics),
         (early_stop, "_settled_minimax_jit", ("horizon",)),
     ):
-        fresh = jax.jit(getattr(module, name).__wrapped__, static_argnames=statics)
+        kernel = getattr(module, name).__wrapped__
+        fresh = jax.jit(
+            lambda c, kernel=kernel, **settings: kernel(c, **settings), static_argnames=statics
+        )
         monkeypatch.setattr(module, name, fresh)
     for fast, padded in zip(divided, every_number(), strict=True):
         np.testing.assert_array_equal(fast, padded)
