@@ -1,6 +1,7 @@
 """Metric kernels: closed forms, a brute-force reference, batching and dtypes."""
 
 import functools
+import inspect
 import math
 
 import chex
@@ -306,7 +307,7 @@ def short_triangular(monkeypatch):
 
 
 @pytest.mark.float64
-@pytest.mark.parametrize("t", [8, 13, 21, 40])  # tiles of 2, 4 (padded), 6 (padded), 10
+@pytest.mark.parametrize("t", [13, 40])  # tiles of 4 (the last padded) and of 10 (exact)
 def test_triangular_path_equals_the_dense_path(t, monkeypatch, short_triangular):
     """Causal operators skip the zeros above the diagonal (column tiles, GEMMs over all
     steps); every number must be the dense recursion's. Horizon and step cap differ so
@@ -443,8 +444,18 @@ def test_dividing_blocks_give_the_padded_blocks_numbers(monkeypatch):
 
     divided = every_number()
     monkeypatch.setattr(batching, "_dividing_block", lambda block, per_device: block)
-    for kernel in (fused._sweep_jit, early_stop._settled_minimax_jit):  # traced again
-        kernel.clear_cache()
+    # New jits of the kernels, traced again with padded blocks (a new function: JAX keeps
+    # traces by function); the real kernels keep their programs for the other tests.
+    sweep_statics = tuple(inspect.signature(fused._sweep_block).parameters)[1:]
+    for module, name, statics in (
+        (fused, "_sweep_jit", sweep_statics),
+        (early_stop, "_settled_minimax_jit", ("horizon",)),
+    ):
+        kernel = getattr(module, name).__wrapped__
+        fresh = jax.jit(
+            lambda c, kernel=kernel, **settings: kernel(c, **settings), static_argnames=statics
+        )
+        monkeypatch.setattr(module, name, fresh)
     for fast, padded in zip(divided, every_number(), strict=True):
         np.testing.assert_array_equal(fast, padded)
 
@@ -457,6 +468,20 @@ def test_triangular_path_only_for_causal_operators(short_triangular):
     assert metrics.triangular_tile(bidirectional(0, 12)) is None
     assert metrics.triangular_tile(causal(1, (2,), fused.TRIANGULAR_MIN_TOKENS - 1)) is None
     assert jax.jit(lambda x: metrics.triangular_tile(x) is None)(c)  # traced: dense
+
+
+def record_tiles_and_run(monkeypatch) -> list:
+    """The tile (None: the dense path) of every sweep asked for, in order, each run by the
+    real kernel: its compiled programs are kept (no fresh trace needed to see the path)."""
+    tiles = []
+    real = fused._sweep_jit
+
+    def recorded(c, **settings):
+        tiles.append(settings["tile"])
+        return real(c, **settings)
+
+    monkeypatch.setattr(fused, "_sweep_jit", recorded)
+    return tiles
 
 
 def record_tiles(monkeypatch) -> list:
@@ -888,35 +913,32 @@ def test_a_known_causality_skips_the_check_and_picks_the_path(monkeypatch, short
     checked, checked_scores = run(), scores()
     for where in (metrics, operators):  # the public name and the one the kernels call
         monkeypatch.setattr(where, "is_causal", lambda c: pytest.fail("causality checked again"))
-    paths = []
-    real = fused._triangular_paths
-    monkeypatch.setattr(fused, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    tiles = record_tiles_and_run(monkeypatch)
     for hint in (True, False):
-        fused._sweep_jit.clear_cache()  # traced again: its path recorded
-        paths.clear()
+        tiles.clear()
         hinted = run(causal=hint) + scores(causal=hint)
         for want, got in zip(checked + checked_scores, hinted, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        assert bool(paths) == hint
+        assert tiles and all(tile == (3 if hint else None) for tile in tiles)
 
 
 def test_an_unknown_causality_is_checked_and_picks_the_path(monkeypatch, short_triangular):
     """Without `causal` the kernels check it themselves: causal operators take the
     triangular path, the others the dense one."""
-    paths = []
-    real = fused._triangular_paths
-    monkeypatch.setattr(fused, "_triangular_paths", lambda *a: paths.append(1) or real(*a))
+    tiles = record_tiles_and_run(monkeypatch)
     calls = [
         lambda c: metrics.metrics_by_walk(c, 20, 25, 0.3, WALKS, signal=True),
         lambda c: metrics.operator_metrics(c, 20, 25, 0.3, "normalized"),
         lambda c: metrics.objective_unchecked(c, "hitting_time", 20, 25, "reference"),
     ]
-    for c, triangular in ((causal(2, (3,), 12), True), (bidirectional(2, 12)[None], False)):
+    bidirectional_3xTxT = np.stack([bidirectional(s, 12) for s in range(2, 5)])
+    for c, triangular in ((causal(2, (3,), 12), True), (bidirectional_3xTxT, False)):
         for call in calls:
-            fused._sweep_jit.clear_cache()  # traced again: its path recorded
-            paths.clear()
+            tiles.clear()
             call(c)
-            assert bool(paths) == triangular
+            # The sweep's tile, or no sweep (the early-stopping hitting time): dense.
+            assert any(tiles) == triangular
+            assert all(tile == 3 for tile in tiles) if triangular else not any(tiles)
 
 
 def test_finite_rows_that_overflow_are_named_by_their_sum_not_as_infinite():

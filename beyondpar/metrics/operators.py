@@ -7,6 +7,7 @@ form, the form the recursions step; `is_causal` picks the triangular path.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -158,6 +159,15 @@ def transition_matrix(c, walk: str = "reference") -> jax.Array:
     """Forward walk P (rows: from key i, columns: to query j) of operators `...xTxT`."""
     walk = check_walk(walk)
     c = check_operator(c)
+    if checks.is_concrete(c):
+        return _transition_matrix(c, walk=walk)
+    return jnp.swapaxes(walk_columns(c, walk), -1, -2)  # traced: part of the caller's jit
+
+
+@functools.partial(jax.jit, static_argnames="walk")
+def _transition_matrix(c, *, walk: str) -> jax.Array:
+    """One program per shape and walk: run op by op, the walk's pads, loop and updates
+    would each compile and dispatch a program of their own (about twenty)."""
     return jnp.swapaxes(walk_columns(c, walk), -1, -2)
 
 
