@@ -144,13 +144,16 @@ def test_a_backward_operand_wins_over_forward_ones_in_any_order():
 def test_the_one_head_step_leaves_no_product_or_reduction_unnamed():
     """The compiled 1-head training step: XLA drops the names of its attention products
     (two per layer forward, four backward) and of the softmax backward's row term, which
-    then count by what they read, not as unnamed work."""
+    then count by what they read, not as unnamed work. (Two small layers: the renaming
+    is per layer and does not depend on the width.)"""
     from beyondpar import model, tasks
     from beyondpar.base import parallel
     from beyondpar.benchmarks import train as train_benchmark
 
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 8, 16, 32)
-    cfg = model.ModelConfig(num_heads=1, vocab_size=32, max_len=16)
+    cfg = model.ModelConfig(
+        num_heads=1, num_layers=2, embed_dim=16, mlp_dim=32, vocab_size=32, max_len=16
+    )
     text = train_benchmark._jax_step(cfg, parallel.data_mesh(), examples)[1]()
     instructions, work = step_profile._parse(text)
     entry = text[text.index("\nENTRY") :]

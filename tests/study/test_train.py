@@ -19,6 +19,7 @@ from beyondpar.base import parallel
 from beyondpar.study import config_lib, train
 from configs import cpu, paper, smoke
 from helpers import distributed_worker
+from helpers.trained_runs import smoke_config
 
 ROOT = Path(__file__).resolve().parents[2]
 # SGD, not Adam: Adam maps the rounding noise of a gradient that is exactly zero in exact
@@ -117,27 +118,31 @@ def test_smoke_training_learns_copy(smoke_run):
     assert checkpoints.list_steps(smoke_run / "checkpoints") == [56, 64]
 
 
-def test_interrupted_run_resumes_bit_identical(smoke_run, tmp_path, monkeypatch):
+def test_interrupted_run_resumes_bit_identical(two_epoch_run, tmp_path, monkeypatch):
+    """The shared two-epoch run (16 steps) killed after its step-12 checkpoint, in the
+    middle of its second epoch, and resumed: the parameters of the uninterrupted run, and
+    each line logged once. (Saving every 4 steps only observes the run.)"""
+    config = smoke_config(epochs=2, evaluation_extras=False)
+    config.checkpoint_every_steps = 4
     real_save = checkpoints.save
 
     def save_then_die(mgr, step, state, force=False):
         real_save(mgr, step, state, force)
-        if step == 24:
+        if step == 12:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(checkpoints, "save", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        train.train_and_evaluate(smoke.get_config(), str(tmp_path))
+        train.train_and_evaluate(config, str(tmp_path))
     monkeypatch.setattr(checkpoints, "save", real_save)
-    assert checkpoints.list_steps(tmp_path / "checkpoints") == [16, 24]
-    train.train_and_evaluate(smoke.get_config(), str(tmp_path))
+    assert checkpoints.list_steps(tmp_path / "checkpoints") == [8, 12]
+    train.train_and_evaluate(config, str(tmp_path))
     step, resumed = final_params(tmp_path)
-    step_full, full = final_params(smoke_run)
-    assert step == step_full == 64
+    step_full, full = final_params(two_epoch_run)
+    assert step == step_full == 16
     jax.tree.map(np.testing.assert_array_equal, resumed, full)
-    assert [r["step"] for r in read_metrics(tmp_path)] == [
-        r["step"] for r in read_metrics(smoke_run)
-    ]
+    assert [r["step"] for r in read_metrics(two_epoch_run)] == [8, 16]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [4, 8, 12, 16]
 
 
 def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
@@ -202,13 +207,14 @@ def test_bad_configs(change, message, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task, heads, steps", [("cycle", 1, 100), ("induction", 16, 300)])
+@pytest.mark.parametrize("task, heads, steps", [("cycle", 1, 60), ("induction", 16, 260)])
 def test_cpu_config_learns_the_demos_tasks(task, heads, steps, tmp_path):
     """The CPU default reaches >= 95% of the predictable positions of the demo's tasks in
     their hardest settings: cycle with one head, induction with 16 heads of dimension 4.
     Trained for the first `steps` of its 400 only (the learning rate is constant and each
     epoch's order depends on the epoch alone, so these are the default run's steps): by
-    then it has learned (cycle at step 100, induction between 200 and 300)."""
+    then it has learned (cycle: 95% at step 40, 99.7% at 60; induction: 88% at step 220,
+    98% at 240, 98.6% at 260)."""
     config = cpu.get_config(f"task={task},heads={heads}")
     config.progress_bar = False
     assert train.total_steps(config) == 400
@@ -238,11 +244,11 @@ def test_distributed_needs_a_coordinator():
         parallel.initialize("", 2, 0)
 
 
-def test_load_errors(smoke_run, tmp_path):
+def test_load_errors(two_epoch_run, tmp_path):
     with pytest.raises(FileNotFoundError, match="must hold orbax checkpoints, got none"):
         checkpoints.load(tmp_path)
-    with pytest.raises(ValueError, match=r"step must be one of \[56, 64\], got 3"):
-        checkpoints.load(smoke_run / "checkpoints", 3)
+    with pytest.raises(ValueError, match=r"step must be one of \[8, 16\], got 3"):
+        checkpoints.load(two_epoch_run / "checkpoints", 3)
 
 
 def test_config_arguments():
@@ -381,8 +387,9 @@ def test_resume_drops_lines_logged_after_the_last_checkpoint(tmp_path, monkeypat
 
 
 def test_evaluate_split_is_independent_of_batch_size():
-    """50 sequences in batches of 8, 12, 32 and 64 (all padded) give one answer. (32 is
-    the training runs' batch: its compiled evaluation serves.)"""
+    """50 sequences in batches of 12, 32 and 64 (all padded; 12 and 32 over several
+    batches) give one answer. (32 is the training runs' batch: its compiled evaluation
+    serves.)"""
     config = smoke.get_config()
     mesh = parallel.data_mesh()
     module = model_lib.Transformer(config_lib.model_config(config))
@@ -402,7 +409,7 @@ def test_evaluate_split_is_independent_of_batch_size():
         "accuracy_predictable": (correct & mask).sum() / mask.sum(),
     }
     eval_step = train.make_eval_step(module, mesh)
-    for batch_size in (8, 12, 32, 64):
+    for batch_size in (12, 32, 64):
         got = train.evaluate_split(eval_step, params, examples, batch_size, mesh)
         for name, value in expected.items():
             np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=f"{name} {batch_size}")

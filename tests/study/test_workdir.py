@@ -3,7 +3,6 @@ skipped, failed runs recorded, finite checkpoints, readable output."""
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -25,13 +24,8 @@ from helpers.paths import DATA
 from helpers.short_reference import short_reference
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def launch(script: str, *flags) -> subprocess.CompletedProcess:
-    """Run `launch/<script>` with `flags` as a user would, output captured."""
-    return subprocess.run(
-        [sys.executable, f"launch/{script}", *flags], capture_output=True, text=True, cwd=ROOT
-    )
+# A script of the batch given by its whole path (`launch_many` joins it to launch/).
+FLOAT64_WARNING = ROOT / "tests" / "helpers" / "float64_warning.py"
 
 
 def short():
@@ -99,12 +93,16 @@ def command_lines(run, tmp_path_factory):
     """The command lines of this file's tests that need nothing done between them, run as
     a user runs them but from one batch (`launch_many`: the launchers' libraries imported
     once, each command line in a process of its own): {test: (its result, its folder)}.
-    `busy`'s workdir is held by another process while they run."""
+    `busy`'s workdir is held by another process while they run; `damaged` is evaluated
+    twice, its records file starting with a valid JSON line that is not a record."""
     folder = {
         name: tmp_path_factory.mktemp(name)
         for name in ("busy", "overrides", "damaged", "nothing", "summary")
     }
+    folder["damaged_again"] = folder["damaged"]
+    folder["float64"] = None
     damaged_tree(run, folder["damaged"])
+    (folder["damaged"] / evaluate.RECORDS_FILE).write_text('{"hello": 1}\n')
     cases = {
         "busy": ("train.py", ["--config=configs/smoke.py", f"--workdir={folder['busy']}"]),
         "overrides": (
@@ -117,6 +115,7 @@ def command_lines(run, tmp_path_factory):
             ],
         ),
         "damaged": ("evaluate.py", [f"--runs={folder['damaged']}"]),
+        "damaged_again": ("evaluate.py", [f"--runs={folder['damaged']}"]),
         "nothing": ("evaluate.py", [f"--runs={folder['nothing']}"]),
         "summary": (
             "train.py",
@@ -124,10 +123,13 @@ def command_lines(run, tmp_path_factory):
                 "--config=configs/smoke.py",
                 f"--workdir={folder['summary']}",
                 "--config.optim.num_epochs=1",
+                "--config.model.num_layers=1",
                 "--config.progress_bar=False",
             ],
         ),
     }
+    # Not a launcher: a script of a user's own, which the batch runs as it runs them.
+    cases["float64"] = (str(FLOAT64_WARNING), [])
     with held_by_another_process(folder["busy"]):
         done = launch_many(list(cases.values()))
     return {name: (result, folder[name]) for name, result in zip(cases, done, strict=True)}
@@ -475,12 +477,13 @@ def test_evaluation_names_damaged_files_and_goes_on(command_lines):
     assert "FAILED bad_checkpoint@8: CheckpointError: step 8 is unreadable" in out
     assert f"wrote {root / 'report' / 'report.md'}" in out
     assert len(result.stderr.splitlines()) < 20, result.stderr[-3000:]
-    # A valid JSON line that is not a record: named, skipped, the rest reported.
-    with (root / evaluate.RECORDS_FILE).open("a") as f:
-        f.write('{"hello": 1}\n')
-    again = launch("evaluate.py", f"--runs={root}")
-    assert f"skipped {root / evaluate.RECORDS_FILE}:2: not a record" in again.stdout
-    assert "skipped 1 already recorded" in again.stdout
+    # A valid JSON line that is not a record: named, skipped, the rest reported, and the
+    # evaluated run skipped when evaluated again.
+    not_a_record = f"skipped {root / evaluate.RECORDS_FILE}:1: not a record"
+    assert not_a_record in out
+    again, _ = command_lines["damaged_again"]
+    assert not_a_record in again.stdout
+    assert "evaluated 0 checkpoint(s), skipped 1 already recorded, failed 2" in again.stdout
 
 
 def test_nothing_to_evaluate_is_an_error(command_lines):
@@ -589,23 +592,9 @@ def test_train_cli_ends_with_one_summary_line(command_lines):
     assert "Unable to initialize backend" not in result.stdout + result.stderr
 
 
-def test_float64_in_float32_mode_warns_once():
-    code = (
-        "import warnings, numpy as np\n"
-        "from beyondpar import metrics\n"
-        "c = np.full((2, 2), 0.5)\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    metrics.minimax_fidelity(c); metrics.hitting_time(c)\n"
-        "print(len(w), str(w[0].message))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "JAX_ENABLE_X64": "0"},
-    )
+def test_float64_in_float32_mode_warns_once(command_lines):
+    out, _ = command_lines["float64"]
+    assert out.returncode == 0, out.stderr[-2000:]
     count, message = out.stdout.split(" ", 1)
     assert count == "1" and "float64 but JAX runs in float32 mode" in message
 
