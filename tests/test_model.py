@@ -304,7 +304,7 @@ def test_layer_by_layer_forward_is_the_models_forward():
     module = model.Transformer(cfg)
     params = model.init_params(module, jax.random.PRNGKey(3))
     tokens = jax.random.randint(jax.random.PRNGKey(4), (3, 12), 0, SMALL["vocab_size"])
-    mask = jnp.asarray([[1, 0, 1, 1], [0, 1, 0.5, 1]], jnp.float32)
+    mask = jnp.asarray([[0, 0, 0, 1], [0, 1, 0.5, 1]], jnp.float32)
     logits, attn = model.apply_with_attention(module, params, tokens, head_mask=mask)
     x = model.embed(module, params, tokens)
     for layer in range(cfg.num_layers):

@@ -489,8 +489,8 @@ SERIES_MODELS = [str(HF / "llama-tiny"), str(HF / "qwen3-tiny")]
 @pytest.fixture(scope="module")
 def corpus_command_lines(tmp_path_factory):
     """The command lines of the CLI tests below, all from one interpreter (`launch_many`):
-    (the folder they wrote in, the bad inputs' cases with their results, the good run's
-    result, the series run's result)."""
+    (the folder they wrote in, the bad inputs' cases with their results, the series run's
+    result)."""
     tmp_path = tmp_path_factory.mktemp("cli")
     paths = {"empty": tmp_path / "empty.txt", "bad": tmp_path / "bad.jsonl"}
     paths["empty"].write_text("")

@@ -190,7 +190,11 @@ def command_lines(tmp_path_factory):
         shutil.copytree(HF / "gpt2-tiny", series_folder / "ckpts" / f"step{step}")
     groups["series"] = (
         series_folder,
-        [[*series_flags(series_folder), *SPEC_FLAGS]],
+        # The series, then the same folder with another horizon (refused, run after it).
+        [
+            [*series_flags(series_folder), *SPEC_FLAGS],
+            [*series_flags(series_folder), "--horizon=30", "--max_steps=40", "--nopairwise"],
+        ],
     )
     runs = iter(analyze_many(*[line for _, lines in groups.values() for line in lines]))
     return {name: ([next(runs) for _ in lines], folder) for name, (folder, lines) in groups.items()}
@@ -363,9 +367,11 @@ def test_analyze_cli_mesh_flag(command_lines):
 
 
 def test_series_of_checkpoints_resumes_and_refuses_other_settings(command_lines):
-    (done,), tmp_path = command_lines["series"]
+    (done, refused), tmp_path = command_lines["series"]
     out = tmp_path / "series"
     assert done.returncode == 0, done.stderr[-2000:]
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "other settings (spec.horizon: 40 -> 30)" in refused.stderr.strip().splitlines()[-1]
     report = (out / "series.md").read_text()
     assert report.index("| step 20 |") < report.index("| step 100 |")
     lines = (out / "series.jsonl").read_text().splitlines()

@@ -126,7 +126,8 @@ def test_each_layers_greedy_order_uses_that_layers_importances(gpt2_tiny):
     imp = np.asarray(pretrained.head_importances(module, params))
     assert not np.allclose(imp[0], imp[1])  # layers differ: a swapped layer would show
     got = loss_pruning.fidelity_sequences(module, params, tokens, imp, 20)
-    attn = np.stack([a for _, a in pretrained.layer_by_layer(module, params, tokens)], 1)
+    # The whole forward, not `layer_by_layer`, which `fidelity_sequences` itself runs.
+    _, attn = pretrained.apply_with_attention(module, params, tokens)
     want = pruning.greedy_sequences(attn, imp, 20)
     assert len(got) == len(want) == module.config.num_layers
     for layer, (g, w) in enumerate(zip(got, want, strict=True)):

@@ -57,6 +57,7 @@ LAYER_BY_LAYER_ON = {
     ("llama-tiny", (2, 2)),
     ("mistral-window", (1, 4)),
     ("gemma3-tiny", (2, 2)),
+    ("gemma3-multimodal", (1, 4)),  # 2 query heads on a 4-wide model axis: kept whole
     ("gemma2-tiny", (1, 4)),
     ("phi3-tiny", (1, 4)),
     ("phi3-longrope", (2, 2)),

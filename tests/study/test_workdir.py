@@ -3,6 +3,7 @@ skipped, failed runs recorded, finite checkpoints, readable output."""
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -595,7 +596,11 @@ def test_train_cli_ends_with_one_summary_line(command_lines):
 def test_float64_in_float32_mode_warns_once(command_lines):
     out, _ = command_lines["float64"]
     assert out.returncode == 0, out.stderr[-2000:]
-    count, message = out.stdout.split(" ", 1)
+    x64_after_import, printed = out.stdout.split("\n", 1)
+    # x64 as the environment set it: importing beyondpar switched nothing on.
+    asked = os.environ.get("JAX_ENABLE_X64", "0").lower() in ("1", "true", "yes", "on")
+    assert x64_after_import == str(asked)
+    count, message = printed.split(" ", 1)
     assert count == "1" and "float64 but JAX runs in float32 mode" in message
 
 
