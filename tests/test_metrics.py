@@ -100,6 +100,20 @@ def test_transition_matrix_follows_the_definition(walk, t):  # exact, padded, un
         )
 
 
+@pytest.mark.float64
+@pytest.mark.parametrize("walk", WALKS)
+def test_transition_matrix_inside_a_users_jit_follows_the_definition(walk):
+    """Traced (as the weight search's surrogate runs it) the walk is built inline, not by
+    the program concrete input gets: the same definition; without `walk`, the reference
+    walk."""
+    c = bidirectional(4, 9)
+    traced = jax.jit(lambda x: metrics.transition_matrix(x, walk))(c)
+    np.testing.assert_allclose(traced, walk_by_definition(c, walk), atol=1e-14)
+    np.testing.assert_allclose(
+        metrics.transition_matrix(c), walk_by_definition(c, "reference"), atol=1e-14
+    )
+
+
 def test_normalized_walk_sends_an_unread_token_to_the_sink():
     """A token no query reads has an all-zero column, so the normalised walk has no way on
     from it: its row of P must be the sink's indicator (rows of P stay stochastic), while
