@@ -4,13 +4,13 @@ shows after it, every relative link and every repository path in backticks leads
 file, every package name in backticks (`metrics.survival`) exists, and the README's layout
 tree is the package's."""
 
+import contextlib
 import importlib
-import json
+import io
 import math
 import re
 import shlex
-import subprocess
-import sys
+import traceback
 from pathlib import Path
 from typing import NamedTuple
 
@@ -116,21 +116,16 @@ def test_every_launcher_command_parses_with_the_launchers_flags():
     assert not wrong, "\n".join(wrong)
 
 
-# Runs each block in a fresh namespace of one interpreter (JAX imported once), from the
-# repository root, and prints what each printed (or its traceback) as one JSON list.
-_RUNNER = """
-import contextlib, io, json, sys, traceback
-printed = []
-for code in json.loads(sys.stdin.read()):
+def run_block(code: str) -> str:
+    """What `code` printed (or its traceback), run in a fresh namespace of this process as
+    a script's `__main__`: the libraries it imports are loaded once for every block."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         try:
             exec(compile(code, "<doc block>", "exec"), {"__name__": "__main__"})
         except Exception:
             print(traceback.format_exc())
-    printed.append(out.getvalue())
-print(json.dumps(printed))
-"""
+    return out.getvalue()
 
 
 def same_output(shown: str, printed: str) -> bool:
@@ -141,19 +136,12 @@ def same_output(shown: str, printed: str) -> bool:
     return all(math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=1e-6) for a, b in pairs)
 
 
-def test_python_blocks_run_and_print_what_the_docs_show():
-    python = blocks("python")
-    done = subprocess.run(
-        [sys.executable, "-c", _RUNNER],
-        input=json.dumps([b.text for b in python]),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+def test_python_blocks_run_and_print_what_the_docs_show(monkeypatch):
+    """From the repository root, as the pages' relative paths assume."""
+    monkeypatch.chdir(ROOT)
     wrong = []
-    for block, printed in zip(python, json.loads(done.stdout), strict=True):
+    for block in blocks("python"):
+        printed = run_block(block.text)
         where = f"{block.page.relative_to(ROOT)}:{block.line}"
         if "Traceback (most recent call last)" in printed:
             wrong.append(f"{where} fails:\n{printed}")

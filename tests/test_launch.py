@@ -2,14 +2,12 @@
 must be and what it got, with exit status 2, and nothing is written."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from helpers.launchers import launch_many
-from helpers.paths import DATA, ROOT
+from helpers.paths import DATA
 
 HF = DATA / "hf"
 TEXT = DATA / "text" / "declaration.txt"
@@ -60,6 +58,29 @@ MISTAKES = [
 ]
 
 
+# The modules whose import must not load scipy.stats, and the script that imports those
+# it is given and prints the scipy.stats modules then loaded.
+STARTING = [
+    "beyondpar.analysis.corpus_report",
+    "beyondpar.measure",
+    "beyondpar.analysis.series",
+    "beyondpar.analysis.text_report",
+    "beyondpar.analysis.corpus",
+    "beyondpar.analysis.windowing",
+    "beyondpar.analysis.text",
+    "beyondpar.benchmarks",
+    "beyondpar.study.ablation",
+    "beyondpar.study.evaluate",
+    "beyondpar.study.report",
+    "beyondpar.study.train",
+    "beyondpar.study.worked_example",
+]
+SCIPY_PROBE = """import importlib, sys
+for m in sys.argv[1:]:
+    importlib.import_module(m)
+print(sorted(m for m in sys.modules if m.startswith("scipy.stats")))
+"""
+
 FOLDS_FLAGS = ["--optimal_weights", "--folds=1", "--nopairwise", "--horizon=10", "--max_steps=10"]
 
 
@@ -67,8 +88,11 @@ FOLDS_FLAGS = ["--optimal_weights", "--folds=1", "--nopairwise", "--horizon=10",
 def refused(tmp_path_factory):
     """What each mistake above gave, keyed by (analyze or launcher, case number), with the
     folder it was told to write; all command lines run from one batch (`launch_many`),
-    and with them ("folds", 0): an analysis of two sequences in one fold."""
+    and with them ("folds", 0): an analysis of two sequences in one fold, and ("scipy",
+    0): the `SCIPY_PROBE` script, which imports the `STARTING` modules."""
     folds = tmp_path_factory.mktemp("folds")
+    probe = tmp_path_factory.mktemp("probe") / "scipy_probe.py"
+    probe.write_text(SCIPY_PROBE)
     attention = np.load(HF / "llama-tiny" / "expected.npz")["attention"][:, :1, :, :8, :8]
     np.savez(folds / "attn.npz", attention=attention / attention.sum(-1, keepdims=True))
     folders = {("folds", 0): folds / "out"}
@@ -84,6 +108,8 @@ def refused(tmp_path_factory):
     for i, (script, flags, _) in enumerate(MISTAKES):
         folders["launcher", i] = out = tmp_path_factory.mktemp("launcher") / "w"
         cases.append((script, [f.replace("=W", f"={out}") for f in flags]))
+    folders["scipy", 0] = probe.parent
+    cases.append((str(probe), STARTING))
     return dict(zip(folders, zip(launch_many(cases), folders.values(), strict=True), strict=True))
 
 
@@ -113,28 +139,11 @@ def test_analyze_folds_flag_reaches_the_cross_fitted_optimum(refused):
     assert optimal["held_out"] is False and optimal["search_sets"] == [[0, 1]]
 
 
-def test_launchers_start_without_scipy_stats():
+def test_launchers_start_without_scipy_stats(refused):
     """scipy.stats takes most of a second to import, and every command of every launcher
-    pays its start: it is imported when an interval or a rank correlation is computed."""
-    modules = [
-        "beyondpar.analysis.corpus_report",
-        "beyondpar.measure",
-        "beyondpar.analysis.series",
-        "beyondpar.analysis.text_report",
-        "beyondpar.analysis.corpus",
-        "beyondpar.analysis.windowing",
-        "beyondpar.analysis.text",
-        "beyondpar.benchmarks",
-        "beyondpar.study.ablation",
-        "beyondpar.study.evaluate",
-        "beyondpar.study.report",
-        "beyondpar.study.train",
-        "beyondpar.study.worked_example",
-    ]
-    code = (
-        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
-        "print(sorted(m for m in sys.modules if m.startswith('scipy.stats')))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    pays its start: it is imported when an interval or a rank correlation is computed.
+    (The probe runs in a child of the batch, which has loaded the launchers' own imports
+    before forking: one of them that loaded scipy.stats would show here too.)"""
+    done, _ = refused["scipy", 0]
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"

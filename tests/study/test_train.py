@@ -3,8 +3,6 @@
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -21,7 +19,6 @@ from configs import cpu, paper, smoke
 from helpers import distributed_worker
 from helpers.trained_runs import smoke_config
 
-ROOT = Path(__file__).resolve().parents[2]
 # SGD, not Adam: Adam maps the rounding noise of a gradient that is exactly zero in exact
 # arithmetic (the key bias: softmax ignores a shift shared by all keys) to full-size steps
 # of either sign, which no two reduction orders agree on. One object for the file: steps
@@ -267,24 +264,6 @@ def test_config_arguments():
         paper.get_config("head=8")
 
 
-def test_train_cli_rejects_misspelt_override(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "launch" / "train.py"),
-            "--config=configs/smoke.py",
-            "--config.optim.learnin_rate=0.1",
-            f"--workdir={tmp_path}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode != 0
-    assert "learnin_rate" in result.stderr
-    assert not (tmp_path / "config.json").exists()
-
-
 def test_batch_order_changes_between_epochs_and_depends_on_seed_and_step():
     config = smoke.get_config()
     train_set, _ = train.make_datasets(config)
@@ -366,10 +345,10 @@ def test_dropout_masks_change_with_the_step():
 
 def test_resume_drops_lines_logged_after_the_last_checkpoint(tmp_path, monkeypatch):
     """Killed after the step-12 log line but before the step-16 checkpoint: on resume from
-    step 8 every step is logged exactly once (three epochs: 24 steps)."""
+    step 8 every step is logged exactly once (two epochs: 16 steps)."""
     config = smoke.get_config()
     config.log_every_steps = 4
-    config.optim.num_epochs = 3
+    config.optim.num_epochs = 2
     real_write = train.MetricsWriter.write
 
     def write_then_die(self, step, values):
@@ -383,7 +362,7 @@ def test_resume_drops_lines_logged_after_the_last_checkpoint(tmp_path, monkeypat
     monkeypatch.setattr(train.MetricsWriter, "write", real_write)
     assert [r["step"] for r in read_metrics(tmp_path)] == [4, 8, 12]
     train.train_and_evaluate(config, str(tmp_path))
-    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(4, 25, 4))
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(4, 17, 4))
 
 
 def test_evaluate_split_is_independent_of_batch_size():
