@@ -1,7 +1,8 @@
-"""The heads' coalitions in a real-model analysis, end to end: `launch/analyze.py
---coalitions` on a tiny model and corpus writes per-window fidelity games, per-layer
-summaries of both games whose loss Shapley values add up to what masking the layer
-costs, and a report whose rows are the summary's values."""
+"""The heads' coalitions in a real-model analysis, end to end: the corpus analysis with
+coalitions (`launch/analyze.py --coalitions`) on a tiny model and corpus writes
+per-window fidelity games, per-layer summaries of both games whose loss Shapley values
+add up to what masking the layer costs, and a report whose rows are the summary's
+values."""
 
 import dataclasses
 import json
@@ -10,32 +11,31 @@ import numpy as np
 import pytest
 
 from beyondpar import measure, pretrained, pruning
-from beyondpar.analysis import coalition_summary, loss_pruning, windowing
+from beyondpar.analysis import coalition_summary, corpus_report, loss_pruning, windowing
 from beyondpar.analysis import corpus as corpus_lib
 from beyondpar.analysis import text as text_lib
 from beyondpar.measure import record
-from helpers.launchers import analyze_cli
 from helpers.paths import DATA
 
 MODEL = DATA / "hf" / "llama-tiny"
 TEXT = DATA / "text" / "declaration.txt"
 
 
+# The settings of every analysis here: the text test's walks and games are the programs
+# the corpus analysis compiled (one 16-token window at a time, no pairwise synergy).
+SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, coalitions=True)
+
+
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory):
+    """What `launch/analyze.py --model=MODEL --corpus=TEXT --tokens=16 --max_windows=4
+    --coalitions --coalition_windows=2 --horizon=20 --max_steps=20 --nopairwise
+    --batch_size=1` runs (`analyse_corpus`), in this process; the command lines
+    themselves are tests/analysis/test_corpus.py's."""
     out = tmp_path_factory.mktemp("coalitions")
-    done = analyze_cli(
-        f"--model={MODEL}",
-        f"--corpus={TEXT}",
-        "--tokens=16",
-        "--max_windows=4",
-        "--coalitions",
-        "--coalition_windows=2",
-        "--horizon=20",
-        "--max_steps=20",
-        f"--out={out}",
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=4, batch_size=1, coalition_windows=2)
+    summary, _ = corpus_lib.run(MODEL, TEXT, cspec, SPEC, out, progress=False)
+    corpus_report.write(summary, out)
     return out, json.loads((out / corpus_lib.SUMMARY_FILE).read_text())
 
 
@@ -128,7 +128,7 @@ def test_a_folder_written_before_coalitions_existed_reads_as_without_them(tmp_pa
 
 
 def test_one_text_plays_both_games_and_attention_alone_only_fidelity(tmp_path):
-    spec = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, coalitions=True)
+    spec = SPEC
     text = "The heads of a layer read text."  # 16 tokens, as long as the CLI's windows
     found = text_lib.text_record(MODEL, text, spec)
     assert len(found["tokens"]) == 16

@@ -90,12 +90,14 @@ def test_mixes_without_the_sink_use_their_own_weights_per_layer(tiny_record):
 def test_cross_head_share_is_measured_on_the_learned_mix():
     """The cross-head share is measured on the learned mix (the first), not on the uniform
     one: with unequal weights the two differ, and the record matches the learned one."""
-    attn = graphs.random_causal(5, (2, 3), 9)
-    weights = np.asarray([0.7, 0.25, 0.05], np.float32)
-    spec = measure.MeasureSpec(horizon=25, max_steps=25, pairwise=False)
+    # The attention, horizon and walks of the folds test below: its per-head and mixed
+    # sweeps are the programs compiled here.
+    attn = graphs.random_causal(11, (6, 2), 6)
+    weights = np.asarray([0.8, 0.2], np.float32)
+    spec = measure.MeasureSpec(horizon=15, max_steps=15, pairwise=False)
     out = measure.measure_layer(attn, weights, spec)
-    learned = np.asarray(synergy.cross_head_share(attn, weights, 25)).mean(-1)
-    uniform = np.asarray(synergy.cross_head_share(attn, np.full(3, 1 / 3), 25)).mean(-1)
+    learned = np.asarray(synergy.cross_head_share(attn, weights, 15)).mean(-1)
+    uniform = np.asarray(synergy.cross_head_share(attn, np.full(2, 0.5, np.float32), 15)).mean(-1)
     assert np.max(np.abs(learned - uniform)) > 1e-3  # the check below can tell them apart
     np.testing.assert_allclose(out["cross_head_share_mean"], learned, rtol=1e-4, atol=1e-7)
 

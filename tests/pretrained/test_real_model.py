@@ -5,19 +5,16 @@ random-weight fixtures cannot see (a transposed block, a norm epsilon, a rotary 
 turns a trained model's predictions into noise."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from beyondpar import measure, pretrained
 from beyondpar.analysis import text as text_lib
+from beyondpar.analysis import text_report
 from helpers.paths import DATA, SMOLLM2_GGUF, needs_smollm2
 
 TEXT = (DATA / "text" / "declaration.txt").read_text()
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = needs_smollm2
 
@@ -83,37 +80,31 @@ def test_predicts_the_next_token_of_english(smollm2, first_tokens):
 def test_attention_sink_on_the_first_token(smollm2, first_tokens):
     module, params, _ = smollm2
     ids = first_tokens
+    # The rollout runs through every layer whatever is analysed: the last layer is the
+    # one asserted on, its walks the programs the report test below runs again.
     record = text_lib.analyze_tokens(
-        module, params, ids, measure.MeasureSpec(layers=(0, 15, 29), pairwise=False)
+        module, params, ids, measure.MeasureSpec(layers=(29,), pairwise=False)
     )
+    assert sorted(record["layers"]) == [29]
     assert record["rollout"]["sink_share"][0].argmax() == 0
     assert record["rollout"]["sink_share"][0, 0] > 0.5
     deep = record["layers"][29]["sink_mass"][0]  # per head: attention on token 0
     assert np.mean(deep > 0.5) >= 0.5
 
 
-def test_analyze_cli_end_to_end(tmp_path):
-    text_file = tmp_path / "text.txt"
-    text_file.write_text(TEXT[:120])  # 24 tokens: the walks of 100 steps stay cheap
+def test_text_analysis_writes_the_real_models_report(tmp_path, smollm2, first_tokens):
+    """What `launch/analyze.py --model=<gguf> --text_file=... --layers=0,29 --nopairwise`
+    runs (`analyse_text`; its flags are tests/test_launchers.py's and the command line's
+    tests/analysis/test_text.py's), in this process: the text is the first 128 tokens, so
+    the forward and the walks are the programs the sink test compiled."""
+    text = smollm2[2].decode(first_tokens[0])
+    assert TEXT.startswith(text)  # the text's opening, cut where token 128 ends
+    spec = measure.MeasureSpec(layers=(0, 29), pairwise=False)
     out = tmp_path / "out"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "launch" / "analyze.py"),
-            f"--model={SMOLLM2_GGUF}",
-            f"--text_file={text_file}",
-            f"--out={out}",
-            "--layers=0,29",
-            "--nopairwise",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    text_report.write(text_lib.text_record(SMOLLM2_GGUF, text, spec), out)
     report = (out / "report.md").read_text()
     assert "30 layers x 9 query heads" in report
     record = json.loads((out / "analysis.json").read_text())
+    assert record["seq_len"] == 128
     assert sorted(record["layers"]) == ["0", "29"]
     assert int(np.argmax(record["rollout"]["sink_share"][0])) == 0
