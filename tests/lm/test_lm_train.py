@@ -137,7 +137,7 @@ def interval_run_config():
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("lm_behaviour") / "run"
+    workdir = tmp_path_factory.mktemp("lm_intervals") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(text_config, "peak_flops", lambda kind: PEAK)
         runs.train_and_evaluate(interval_run_config(), str(workdir))
