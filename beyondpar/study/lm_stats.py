@@ -41,12 +41,12 @@ def interval(values, within: tuple[float, float] | None = None) -> dict:
     """Mean and 95% Student-t interval of `values` (float64), its ends cut to the range
     `within` the quantity can take (a share of 3 seeds near 1 would reach past 100%);
     one value has no interval."""
-    from scipy import stats  # 0.8 s to import: only when a report is written
-
     v = np.asarray(values, np.float64)
     n, mean = v.size, float(v.mean()) if v.size else math.nan
     if n < 2:
         return {"mean": mean, "low": math.nan, "high": math.nan, "n": n}
+    from scipy import stats  # 0.8 s to import: only for an interval (2 values or more)
+
     half = float(stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / math.sqrt(n))
     low, high = mean - half, mean + half
     if within is not None:

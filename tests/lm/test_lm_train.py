@@ -1,5 +1,7 @@
-"""Language-model training on text: configs, schedule, microbatches, bits per byte, a
-short run that learns, its TensorBoard events, and resumption."""
+"""Language-model training on text: configs, schedule, bits per byte, a short run that
+learns, its TensorBoard events and resumption, and a 12-step run whose logged numbers are
+recomputed from its checkpoint, schedule and event files. The two runs share one model
+and graph settings, so the second reuses the first's programs (one process per file)."""
 
 import json
 import math
@@ -12,7 +14,6 @@ import types
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -23,8 +24,10 @@ from beyondpar.base import locks
 from beyondpar.lm import data as data_lib
 from beyondpar.study import (
     ablation,
+    config_lib,
     runs,
     text_config,
+    text_graphs,
     text_optim,
     text_report,
     text_step,
@@ -110,38 +113,58 @@ def test_lm_train_schedule_warms_up_linearly_then_decays_by_cosine():
     np.testing.assert_allclose(float(lr(110)), 1e-3, rtol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def one_layer():
-    """A one-layer transformer, its parameters and 8 windows of 8 tokens (and the next):
-    one init program for the microbatch and bfloat16 tests."""
-    cfg = model_lib.ModelConfig(
-        vocab_size=17, embed_dim=16, num_layers=1, num_heads=2, mlp_dim=16, max_len=8
-    )
-    module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(0), 8)
-    windows = jax.random.randint(jax.random.PRNGKey(1), (8, 9), 0, 17)
-    return module, params, windows
-
-
-def test_lm_train_microbatches_give_the_full_batchs_gradient(one_layer):
-    module, params, windows = one_layer
-
-    def mean_loss(p, piece, index):
-        total, count = text_step.window_loss_sums(module, p, piece)
-        return total / count
-
-    gradients = jax.jit(text_step.accumulated_gradients, static_argnums=(0, 3))
-    want = gradients(mean_loss, params, windows, 1)
-    got = gradients(mean_loss, params, windows, 4)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, want)
-
-
 def test_lm_train_bits_per_byte_is_nats_over_ln2_over_bytes_per_token():
     text = types.SimpleNamespace(bytes_per_token=1.0)
     assert data_lib.bits_per_byte(math.log(2), text) == pytest.approx(1.0)
     text.bytes_per_token = 4.0
     assert data_lib.bits_per_byte(2.0, text) == pytest.approx(2.0 / math.log(2) / 4.0)
+
+
+PEAK = 1e12  # a made-up chip peak, so that the CPU run logs its utilisation
+
+
+def interval_run_config():
+    """12 steps whose lines, evaluations and checkpoints fall on different steps; the
+    tiny model and graph settings of `run_config`, so the two runs share their programs."""
+    config = tiny_config(steps=12, warmup_steps=4)
+    config.log_every_steps = 4
+    config.eval_every_steps = 6
+    config.checkpoint_every_steps = 6
+    # 70 held-out windows: more than one padded chunk of 64 over the devices.
+    config.evaluation.update(heldout_windows=70, graph_windows=2, graph_tokens=16)
+    return config
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("lm_intervals") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(text_config, "peak_flops", lambda kind: PEAK)
+        runs.train_and_evaluate(interval_run_config(), str(workdir))
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return workdir, [json.loads(line) for line in lines]
+
+
+def closed_form_lr(t, peak, floor_ratio, warmup, steps):
+    if t < warmup:
+        return peak * t / warmup
+    cosine = (1 + math.cos(math.pi * (t - warmup) / (steps - warmup))) / 2
+    return peak * (floor_ratio + (1 - floor_ratio) * cosine)
+
+
+def test_lm_train_documented_optimiser_defaults():
+    o = config_lib.base_text_config().optim
+    assert (o.beta2, o.weight_decay, o.min_learning_rate_ratio, o.clip_norm) == (
+        0.95,
+        0.1,
+        0.1,
+        1.0,
+    )
+    s = text_optim.OptimSettings.from_config(tiny_config(steps=40, warmup_steps=7).optim)
+    lr = text_optim.schedule(s)
+    for t in (0, 1, 6, 7, 8, 20, 39, 40):
+        want = closed_form_lr(t, 1e-2, 0.1, 7, 40)
+        np.testing.assert_allclose(float(lr(t)), want, rtol=1e-5, atol=1e-9)
 
 
 def read_metrics(workdir):
@@ -230,21 +253,6 @@ def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_p
     assert steps == list(range(25, 151, 25))
 
 
-def test_lm_train_bfloat16_compute_keeps_float32_parameters(one_layer):
-    assert text_step.resolve_dtype("auto", "cpu") == jnp.float32
-    assert text_step.resolve_dtype("auto", "gpu") == jnp.bfloat16
-    module, params, windows = one_layer
-
-    def loss(p, dtype):
-        return text_step.window_loss_sums(module, p, windows, dtype)[0]
-
-    # Two programs: the bfloat16 loss with its gradients, and the float32 loss.
-    half, grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, jnp.bfloat16)
-    assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
-    full = jax.jit(loss, static_argnums=1)(params, jnp.float32)
-    np.testing.assert_allclose(half, full, rtol=2e-2)
-
-
 def test_lm_train_ablation_grid_commands_and_report(tmp_path):
     config = lm_ablation.get_config("seeds=2")
     commands = ablation.dry_run(config, tmp_path)
@@ -279,3 +287,56 @@ def test_lm_train_documented_throughput_is_the_flops_estimate():
         written = f"{rate:.1e}".replace("e+0", "e")  # 6.3e5
         assert f"about {written} tokens/s" in lm.__doc__.replace("\n        ", " "), (size, rate)
     assert text_config.peak_flops("cpu") is None
+
+
+def test_lm_train_run_logs_at_its_intervals_and_the_schedules_rate(short_run):
+    _, records = short_run
+    assert [r["step"] for r in records] == [4, 6, 8, 12]
+    assert [r["step"] for r in records if "eval/loss" in r] == [6, 12]
+    for r in records:
+        want = closed_form_lr(r["step"] - 1, 1e-2, 0.1, 4, 12)
+        assert r["train/learning_rate"] == pytest.approx(want, rel=1e-5)
+
+
+def test_lm_train_run_logs_flops_utilisation(short_run):
+    _, records = short_run
+    config = interval_run_config()
+    fpt = text_config.flops_per_token(config_lib.model_config(config), config.seq_len)
+    for r in records:
+        assert r["tokens_per_s"] == pytest.approx(r["steps_per_s"] * 16 * 32, rel=1e-6)
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * fpt / (PEAK * jax.device_count()))
+
+
+def test_lm_train_run_evaluation_recomputed_from_its_checkpoint(short_run):
+    workdir, records = short_run
+    config = interval_run_config()
+    step, state = checkpoints.load(workdir / "checkpoints")
+    assert step == 12
+    params = state["params"]
+    text_data = data_lib.load(config.data, config.seed, cache_dir=str(workdir))
+    heldout = np.asarray(text_data.heldout_windows(70, config.seq_len))
+    module = model_lib.Transformer(config_lib.model_config(config))
+    # Jitted: one program for the 70 windows at once (the run's went in padded chunks).
+    nats = jax.jit(text_step.window_nats, static_argnums=0)(module, params, heldout)
+    nats = np.asarray(nats, np.float64)
+    last = records[-1]
+    assert last["eval/loss"] == pytest.approx(nats.sum() / (70 * 32), rel=1e-5)
+    bpb = last["eval/loss"] / math.log(2) / text_data.bytes_per_token
+    assert last["eval/bits_per_byte"] == pytest.approx(bpb, rel=1e-9)
+    windows = text_graphs.graph_windows(heldout, config.evaluation)
+    measures = text_graphs.graph_measures(module, params, windows, config.evaluation)
+    assert set(measures) <= set(last) and "layer2/sink_mass" in measures
+    for name, value in measures.items():
+        assert last[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+
+def test_lm_train_run_events_match_the_metrics_lines(short_run):
+    workdir, records = short_run
+    acc = event_accumulator.EventAccumulator(str(workdir))
+    acc.Reload()
+    for r in records:
+        for name, value in r.items():
+            if name == "step" or not isinstance(value, float):
+                continue
+            events = {e.step: e.value for e in acc.Scalars(name)}
+            assert events[r["step"]] == pytest.approx(value, rel=1e-6), (name, r["step"])

@@ -1,27 +1,19 @@
-"""Language-model training against its documented behaviour: the optimiser's defaults,
-clipping and weight-decay mask, the update step's loss and gradient norm (with and
-without microbatches), parameter and FLOPs counts, the named sizes, and one short run
-whose logged numbers are recomputed from its checkpoint, schedule and event files."""
-
-import json
-import math
+"""Language-model training steps against their documented behaviour: clipping and the
+weight-decay mask, the update step's loss and gradient norm (with and without
+microbatches), microbatched gradients, bfloat16 compute, held-out padding, parameter and
+FLOPs counts and the named sizes. One small model serves every step test (one init)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
 
-from beyondpar import checkpoints
 from beyondpar import model as model_lib
 from beyondpar.base import parallel
-from beyondpar.lm import data as data_lib
 from beyondpar.study import (
     config_lib,
-    runs,
     text_config,
-    text_graphs,
     text_optim,
     text_step,
     text_training,
@@ -29,50 +21,6 @@ from beyondpar.study import (
 )
 from configs import lm
 from helpers.lm_training import tiny_config
-
-PEAK = 1e12  # a made-up chip peak, so that the CPU run logs its utilisation
-
-
-def run_config():
-    config = tiny_config(steps=12, warmup_steps=4)
-    config.log_every_steps = 4
-    config.eval_every_steps = 6
-    config.checkpoint_every_steps = 6
-    # 70 held-out windows: more than one padded chunk of 64 over the devices.
-    config.evaluation.update(heldout_windows=70, graph_windows=2, graph_tokens=16)
-    return config
-
-
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("lm_behaviour") / "run"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(text_config, "peak_flops", lambda kind: PEAK)
-        runs.train_and_evaluate(run_config(), str(workdir))
-    lines = (workdir / "metrics.jsonl").read_text().splitlines()
-    return workdir, [json.loads(line) for line in lines]
-
-
-def closed_form_lr(t, peak, floor_ratio, warmup, steps):
-    if t < warmup:
-        return peak * t / warmup
-    cosine = (1 + math.cos(math.pi * (t - warmup) / (steps - warmup))) / 2
-    return peak * (floor_ratio + (1 - floor_ratio) * cosine)
-
-
-def test_lm_train_documented_optimiser_defaults():
-    o = config_lib.base_text_config().optim
-    assert (o.beta2, o.weight_decay, o.min_learning_rate_ratio, o.clip_norm) == (
-        0.95,
-        0.1,
-        0.1,
-        1.0,
-    )
-    s = text_optim.OptimSettings.from_config(tiny_config(steps=40, warmup_steps=7).optim)
-    lr = text_optim.schedule(s)
-    for t in (0, 1, 6, 7, 8, 20, 39, 40):
-        want = closed_form_lr(t, 1e-2, 0.1, 7, 40)
-        np.testing.assert_allclose(float(lr(t)), want, rtol=1e-5, atol=1e-9)
 
 
 def settings(**changes):
@@ -114,6 +62,12 @@ def small_model():
     return module, model_lib.init_params(module, jax.random.PRNGKey(0), 12)
 
 
+@pytest.fixture(scope="module")
+def windows():
+    """8 windows of 12 tokens (and the next) over the small model's vocabulary."""
+    return np.asarray(jax.random.randint(jax.random.PRNGKey(1), (8, 13), 0, 17))
+
+
 def test_lm_train_weight_decay_on_matrices_only(small_model):
     s = settings(weight_decay=0.1)
     tx = text_optim.optimizer(s)
@@ -131,10 +85,9 @@ def test_lm_train_weight_decay_on_matrices_only(small_model):
     assert any(p.ndim == 1 for p in jax.tree.leaves(params))
 
 
-def test_lm_train_update_logs_mean_token_loss_and_unclipped_gradient_norm(small_model):
+def test_lm_train_update_logs_mean_token_loss_and_unclipped_gradient_norm(small_model, windows):
     (module, params), mesh = small_model, parallel.data_mesh()
     tx = text_optim.optimizer(settings(clip_norm=1e-3))
-    windows = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (8, 13), 0, 17))
 
     def mean_loss(p):
         logits = module.apply({"params": p}, windows[:, :-1], deterministic=True)
@@ -197,54 +150,30 @@ def test_lm_train_heldout_nats_drop_the_padding():
     np.testing.assert_array_equal(got, windows.sum(-1))
 
 
-def test_lm_train_run_logs_at_its_intervals_and_the_schedules_rate(short_run):
-    _, records = short_run
-    assert [r["step"] for r in records] == [4, 6, 8, 12]
-    assert [r["step"] for r in records if "eval/loss" in r] == [6, 12]
-    for r in records:
-        want = closed_form_lr(r["step"] - 1, 1e-2, 0.1, 4, 12)
-        assert r["train/learning_rate"] == pytest.approx(want, rel=1e-5)
+def test_lm_train_microbatches_give_the_full_batchs_gradient(small_model, windows):
+    module, params = small_model
+
+    def mean_loss(p, piece, index):
+        total, count = text_step.window_loss_sums(module, p, piece)
+        return total / count
+
+    gradients = jax.jit(text_step.accumulated_gradients, static_argnums=(0, 3))
+    want = gradients(mean_loss, params, windows, 1)
+    got = gradients(mean_loss, params, windows, 4)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, want)
 
 
-def test_lm_train_run_logs_flops_utilisation(short_run):
-    _, records = short_run
-    config = run_config()
-    fpt = text_config.flops_per_token(config_lib.model_config(config), config.seq_len)
-    for r in records:
-        assert r["tokens_per_s"] == pytest.approx(r["steps_per_s"] * 16 * 32, rel=1e-6)
-        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * fpt / (PEAK * jax.device_count()))
+def test_lm_train_bfloat16_compute_keeps_float32_parameters(small_model, windows):
+    assert text_step.resolve_dtype("auto", "cpu") == jnp.float32
+    assert text_step.resolve_dtype("auto", "gpu") == jnp.bfloat16
+    module, params = small_model
 
+    def loss(p, dtype):
+        return text_step.window_loss_sums(module, p, windows, dtype)[0]
 
-def test_lm_train_run_evaluation_recomputed_from_its_checkpoint(short_run):
-    workdir, records = short_run
-    config = run_config()
-    step, state = checkpoints.load(workdir / "checkpoints")
-    assert step == 12
-    params = state["params"]
-    text_data = data_lib.load(config.data, config.seed, cache_dir=str(workdir))
-    heldout = np.asarray(text_data.heldout_windows(70, config.seq_len))
-    module = model_lib.Transformer(config_lib.model_config(config))
-    # Jitted: one program for the 70 windows at once (the run's went in padded chunks).
-    nats = jax.jit(text_step.window_nats, static_argnums=0)(module, params, heldout)
-    nats = np.asarray(nats, np.float64)
-    last = records[-1]
-    assert last["eval/loss"] == pytest.approx(nats.sum() / (70 * 32), rel=1e-5)
-    bpb = last["eval/loss"] / math.log(2) / text_data.bytes_per_token
-    assert last["eval/bits_per_byte"] == pytest.approx(bpb, rel=1e-9)
-    windows = text_graphs.graph_windows(heldout, config.evaluation)
-    measures = text_graphs.graph_measures(module, params, windows, config.evaluation)
-    assert set(measures) <= set(last) and "layer2/sink_mass" in measures
-    for name, value in measures.items():
-        assert last[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
-
-
-def test_lm_train_run_events_match_the_metrics_lines(short_run):
-    workdir, records = short_run
-    acc = event_accumulator.EventAccumulator(str(workdir))
-    acc.Reload()
-    for r in records:
-        for name, value in r.items():
-            if name == "step" or not isinstance(value, float):
-                continue
-            events = {e.step: e.value for e in acc.Scalars(name)}
-            assert events[r["step"]] == pytest.approx(value, rel=1e-6), (name, r["step"])
+    # Two programs: the bfloat16 loss with its gradients, and the float32 loss.
+    half, grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, jnp.bfloat16)
+    assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+    full = jax.jit(loss, static_argnums=1)(params, jnp.float32)
+    np.testing.assert_allclose(half, full, rtol=2e-2)
