@@ -234,12 +234,13 @@ def test_row_recursion_gradient_equals_autodiff_of_the_loop(steps):
     def loss(fn):
         return lambda m: jnp.sum(fn(v0, m, keep, steps) * g)
 
-    custom = jax.grad(loss(weighting.rows))(mat)
-    # The plain loop as one program, not op by op: the same float64 arithmetic.
+    # Each side as one program, not op by op (as the weight search runs it, under jit).
+    custom = jax.jit(jax.grad(loss(weighting.rows)))(mat)
     reference = jax.jit(jax.grad(loss(plain_rows)))(mat)
     np.testing.assert_allclose(custom, reference, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(
-        weighting.rows(v0, mat, keep, steps), plain_rows(v0, mat, keep, steps)
+        weighting.rows(v0, mat, keep, steps),
+        jax.jit(plain_rows, static_argnums=3)(v0, mat, keep, steps),
     )
     h = 1e-6
     bump = jnp.zeros_like(mat).at[1, 2, 3].set(h)

@@ -13,7 +13,6 @@ from beyondpar.analysis import text as text_lib
 from beyondpar.measure import layer as layer_module
 from helpers.paths import DATA
 
-WALKS = metrics.WALKS
 # One spec and one layer shape (B x H x T = 2 x 3 x 12) for the whole file, so that its
 # tests share compiled kernels; horizon and step cap differ so that a mix-up shows.
 SPEC = measure.MeasureSpec(horizon=17, max_steps=23, eps=0.3, pairwise=False)
