@@ -39,10 +39,12 @@ def test_curve_keeps_one_head_and_measures_it(reference):
     got = pruning_curves.curve(
         module, params, examples, weights, jnp.asarray(masks), HORIZON, MAX_STEPS, "reference"
     )
-    own = np.mean(metrics.minimax_fidelity(attn[:, 0, 2], HORIZON))
+    # Every head of layer 0, and every layer's full mix: the (4, 4, 40, 40) program of
+    # the other tests.
+    own = np.mean(metrics.minimax_fidelity(attn[:, 0], HORIZON), axis=0)[2]
     np.testing.assert_allclose(got["fidelity"][1][0], own, rtol=1e-4)
-    mix = graphs.combine_heads(attn[:, 0], weights[0])
-    full = np.mean(metrics.minimax_fidelity(mix, HORIZON))
+    mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
+    full = np.mean(metrics.minimax_fidelity(mixed, HORIZON), axis=0)[0]
     np.testing.assert_allclose(got["fidelity"][0][0], full, rtol=1e-4)
     # A true ablation: later layers read the masked layer's output, so their maps move.
     assert np.abs(np.subtract(got["fidelity"][1][1:], got["fidelity"][0][1:])).max() > 1e-6
