@@ -42,12 +42,14 @@ def test_dry_run_prints_train_commands(tmp_path):
 
 
 def two_task_ablation():
-    """Two runs of one model (H=2 on copy and on cycle), one epoch each: the grid, its
-    resumption and its report, with every program compiled once for both runs."""
+    """Two runs of one model (H=2 on copy and on cycle), one layer and one epoch each:
+    the grid, its resumption and its report, with every program compiled once for both
+    runs (a second layer would only lengthen each program's compile)."""
     config = smoke_ablation()
     config.levels.heads = (2,)
     config.levels.task = ("copy", "cycle")
     config.overrides.optim__num_epochs = 1
+    config.overrides.model__num_layers = 1
     return config
 
 
@@ -122,12 +124,14 @@ def test_a_missing_base_config_is_one_error_for_the_whole_grid(tmp_path):
 @pytest.mark.slow
 def test_ablate_cli(tmp_path):
     """The dry run and the run, from one batch of command lines (`launch_many`); the dry
-    run is given a workdir of its own, where it may write nothing."""
+    run is given a workdir of its own, where it may write nothing. One layer: the CLI's
+    flags reach the run, and its programs compile sooner."""
     flags = [
         "--config=configs/ablation.py:base=smoke",
         "--config.levels.heads=(2,)",
         "--config.levels.task=('cycle',)",
         "--config.overrides.optim__num_epochs=1",
+        "--config.overrides.model__num_layers=1",
         "--config.overrides.evaluation__pruning=False",
         "--config.overrides.evaluation__optimal_weights=False",
     ]

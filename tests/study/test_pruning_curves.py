@@ -17,6 +17,11 @@ from beyondpar.study import evaluate, pruning_curves
 HORIZON, MAX_STEPS = 30, 7
 SMALL_SPEC = (10, 6, "normalized")
 
+# The model's attention as one compiled program (op by op, a forward pass compiles each of
+# its many small operations on its own).
+apply_with_attention = jax.jit(model_lib.apply_with_attention, static_argnums=0)
+apply_layer = jax.jit(model_lib.apply_layer, static_argnums=0)
+
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -34,10 +39,12 @@ def test_curve_keeps_one_head_and_measures_it(reference):
     got = pruning_curves.curve(
         module, params, examples, weights, jnp.asarray(masks), HORIZON, MAX_STEPS, "reference"
     )
-    own = np.mean(metrics.minimax_fidelity(attn[:, 0, 2], HORIZON))
+    # Every head of layer 0, and every layer's full mix: the (4, 4, 40, 40) program of
+    # the other tests.
+    own = np.mean(metrics.minimax_fidelity(attn[:, 0], HORIZON), axis=0)[2]
     np.testing.assert_allclose(got["fidelity"][1][0], own, rtol=1e-4)
-    mix = graphs.combine_heads(attn[:, 0], weights[0])
-    full = np.mean(metrics.minimax_fidelity(mix, HORIZON))
+    mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
+    full = np.mean(metrics.minimax_fidelity(mixed, HORIZON), axis=0)[0]
     np.testing.assert_allclose(got["fidelity"][0][0], full, rtol=1e-4)
     # A true ablation: later layers read the masked layer's output, so their maps move.
     assert np.abs(np.subtract(got["fidelity"][1][1:], got["fidelity"][0][1:])).max() > 1e-6
@@ -65,22 +72,25 @@ def test_curve_measures_each_point_with_its_horizon_steps_and_walk(reference, wa
 def masked_models(tiny):
     """The small random model, a curve's masks over its 4 x 4 heads, and each mask's whole
     masked model measured directly: (accuracy, fidelity, hitting time) of every point,
-    the last two per layer. Its accuracy moves with every removal, so points cannot be
-    swapped unseen."""
+    the last two per layer; and the unmasked model's attention (the first point's). Its
+    accuracy moves with every removal, so points cannot be swapped unseen."""
     module, params = tiny
     examples = tasks.make_examples("copy", jax.random.PRNGKey(0), 4, 40, 6)
     weights = np.asarray(model_lib.head_importances(module, params))
     order = [(2, 1), (0, 3), (2, 0), (3, 3), (0, 0), (1, 2)]
     masks = jnp.asarray(pruning.masks_along(order, 4, 4))
-    want = []
+    want, attns = [], []
     for mask in np.asarray(masks):
-        logits, attn = model_lib.apply_with_attention(module, params, examples.inputs, mask)
+        logits, attn = apply_with_attention(module, params, examples.inputs, mask)
         correct = (np.argmax(logits, -1) == examples.targets) & examples.predictable
-        mixes = [graphs.combine_heads(attn[:, i], weights[i] * mask[i]) for i in range(4)]
-        fid = [np.mean(metrics.minimax_fidelity(mix, HORIZON)) for mix in mixes]
-        hit = [np.mean(metrics.hitting_time(mix, MAX_STEPS, "normalized")) for mix in mixes]
+        mixes = jnp.stack(
+            [graphs.combine_heads(attn[:, i], weights[i] * mask[i]) for i in range(4)]
+        )
+        fid = np.mean(metrics.minimax_fidelity(mixes, HORIZON), axis=1)  # per layer
+        hit = np.mean(metrics.hitting_time(mixes, MAX_STEPS, "normalized"), axis=1)
         want.append((correct.sum() / examples.predictable.sum(), fid, hit))
-    return (module, params, examples, weights, masks), want
+        attns.append(attn)
+    return (module, params, examples, weights, masks), want, np.asarray(attns[0])
 
 
 @pytest.mark.parametrize("group, mix_bytes", [(16, 2**28), (2, 2**28), (16, 1)])
@@ -93,7 +103,7 @@ def test_points_that_share_layers_are_each_the_masked_model(
     masks and `mix_bytes` of mixes)."""
     monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
     monkeypatch.setattr(pruning_curves, "MIX_BYTES", mix_bytes)
-    (module, params, examples, weights, masks), want = masked_models
+    (module, params, examples, weights, masks), want, _ = masked_models
     spec = (HORIZON, MAX_STEPS, "normalized")
     got = pruning_curves.curve(module, params, examples, weights, masks, *spec)
     for p, (accuracy, fid, hit) in enumerate(want):
@@ -104,25 +114,25 @@ def test_points_that_share_layers_are_each_the_masked_model(
     assert len(set(got["accuracy"])) == len(masks)  # 32, 39, 30, 36, 34, 35, 41 of 50
 
 
-def test_accuracy_counts_predictable_positions_only(tiny):
+def test_accuracy_counts_predictable_positions_only(masked_models):
     """The accuracy is over predictable positions: targets equal to the model's own
-    prediction at even positions only, predictable on the first half, give the share of
-    even positions in that half (the others, right or wrong, do not count)."""
-    module, params = tiny
-    inputs = jax.random.randint(jax.random.PRNGKey(2), (3, 12), 0, 6)
-    predicted = np.argmax(module.apply({"params": params}, inputs), -1)
-    even = np.arange(12) % 2 == 0
+    prediction at even positions only, predictable on the first 5 positions, give the
+    share of even positions among them (the others, right or wrong, do not count)."""
+    (module, params, examples, weights, masks), _, _ = masked_models
+    logits, _ = apply_with_attention(module, params, examples.inputs, masks[0])
+    predicted = np.argmax(logits, -1)
+    even = np.arange(40) % 2 == 0
     targets = np.where(even, predicted, (predicted + 1) % 6)
-    predictable = np.broadcast_to(np.arange(12) < 5, (3, 12))  # positions 0, 2, 4 of 5 even
-    examples = tasks.Examples(inputs, jnp.asarray(targets), jnp.asarray(predictable))
-    masks = jnp.ones((1, 4, 4), jnp.float32)
-    weights = np.asarray(model_lib.head_importances(module, params))
-    got = pruning_curves.curve(module, params, examples, weights, masks, *SMALL_SPEC)
+    predictable = np.broadcast_to(np.arange(40) < 5, (4, 40))  # positions 0, 2, 4 of 5 even
+    examples = tasks.Examples(examples.inputs, jnp.asarray(targets), jnp.asarray(predictable))
+    got = pruning_curves.curve(
+        module, params, examples, weights, masks[:1], HORIZON, MAX_STEPS, "normalized"
+    )
     assert got["accuracy"] == [pytest.approx(3 / 5)]
 
 
-def test_pruning_curves_cover_every_order(reference):
-    module, params, examples, attn, weights = reference
+def test_pruning_curves_cover_every_order(masked_models):
+    (module, params, examples, weights, _), _, attn = masked_models
     spec = evaluate.EvalSpec(horizon=HORIZON, max_steps=MAX_STEPS)
     curves = pruning_curves.pruning_curves(module, params, examples, weights, attn, spec)
     assert set(curves) == set(pruning.ORDERS)
@@ -165,7 +175,7 @@ def test_masks_that_read_one_stream_share_its_attention(tiny):
     assert exp_shapes == [(3, 4, 12, 12)]  # one softmax, no mask axis
     out, mixed = pruning_curves._group_runs(*args)
     for g, mask in enumerate(masks):
-        own_out, attn = model_lib.apply_block(module, params, 1, stream, mask)
+        own_out, attn = apply_layer(module, params["layers_1"], stream, mask)
         np.testing.assert_allclose(out[g], own_out, rtol=1e-5, atol=1e-6)
         mix = graphs.combine_heads(attn, importance * mask)
         np.testing.assert_allclose(mixed[g], mix, rtol=1e-5, atol=1e-7)
@@ -208,7 +218,7 @@ def test_layer_gives_each_mask_its_own_stream_in_mask_order(small_layer, group, 
     )
     assert out.shape == (5, 3, 12, 8) and fid.shape == hit.shape == (5,)
     for u, mask in enumerate(masks):
-        own, attn = model_lib.apply_layer(module, layer_params, streams[inputs[u]], mask)
+        own, attn = apply_layer(module, layer_params, streams[inputs[u]], mask)
         np.testing.assert_allclose(out[u], own, rtol=1e-5, atol=1e-6)
         mix = graphs.combine_heads(attn, importance * mask)
         fidelity = metrics.minimax_fidelity(mix, horizon)
