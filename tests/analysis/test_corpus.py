@@ -504,8 +504,8 @@ def corpus_command_lines(tmp_path_factory):
         [model, *flags, f"--out={tmp_path / f'out{i}'}"] for i, (flags, _) in enumerate(cases)
     ]
     # Two windows a model: one batch of SPEC_FLAGS' two. The good command line beside the
-    # bad ones; one model's corpus analysis from the command line is also run by
-    # tests/analysis/test_coalition_summary.py.
+    # bad ones (one model's corpus analysis is wired to the command line as
+    # tests/test_launchers.py checks, and run in process by test_coalition_summary.py).
     series_run = [f"--model={','.join(SERIES_MODELS)}", f"--corpus={TEXT}", "--tokens=16"]
     series_run += ["--max_windows=2", f"--out={tmp_path / 'series'}", *SPEC_FLAGS]
     *runs, series_done = launch_many(
