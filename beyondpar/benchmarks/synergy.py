@@ -4,10 +4,10 @@ by part (metrics, optimal weights, pruning curves) and whole."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from beyondpar import model as model_lib
 from beyondpar import tasks
+from beyondpar.base import parallel
 from beyondpar.base.timing import timed
 from beyondpar.benchmarks.machine import matmul_flops_per_s
 from beyondpar.benchmarks.printing import print_result
@@ -24,17 +24,24 @@ def synergy_suite(
     a slower or busier day apart)."""
     cfg = model_lib.ModelConfig(num_heads=heads, num_layers=layers, max_len=t)
     module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(0))
+    # Placed as `evaluate` places them (parameters on every device, the sequences split
+    # over them): each part then runs the programs the whole evaluation runs, and its
+    # first call compiles only what no part does.
+    params = jax.device_put(
+        model_lib.init_params(module, jax.random.PRNGKey(0)),
+        parallel.replicated(parallel.data_mesh(jax.local_devices())),
+    )
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, t, 256)
+    inputs = parallel.split_over_devices(examples.inputs)
     spec = evaluate.EvalSpec(num_sequences=sequences)
     parts = {
         "metrics + diversity + pairwise + cross-head": lambda: evaluate.per_sequence(
             module, params, examples, evaluate.EvalSpec(optimal_weights=False, pruning=False)
         ),
         "optimal weights (both objectives)": lambda: evaluate.optimal_mixes(
-            *evaluate.forward(module, params, jnp.asarray(examples.inputs))[1:], spec
+            *evaluate.forward(module, params, inputs)[1:], spec
         ),
-        "pruning (4 orders)": lambda: _pruning(module, params, examples, spec),
+        "pruning (4 orders)": lambda: _pruning(module, params, examples, inputs, spec),
     }
     devices, rate = len(jax.local_devices()), matmul_flops_per_s(3)
     print(
@@ -70,6 +77,6 @@ def synergy_suite(
     return result
 
 
-def _pruning(module, params, examples, spec):
-    _, attn, weights = evaluate.forward(module, params, jnp.asarray(examples.inputs))
+def _pruning(module, params, examples, inputs, spec):
+    _, attn, weights = evaluate.forward(module, params, inputs)
     return pruning_curves.pruning_curves(module, params, examples, weights, attn, spec)
