@@ -20,6 +20,9 @@ from beyondpar.benchmarks import train as train_benchmark
 from beyondpar.benchmarks.models import SMOLLM2_135M
 from helpers.paths import SMOLLM2_GGUF, needs_smollm2
 
+# The pretrained and corpus suites' model (any family's config): built and compiled once.
+TINY_GPT2 = dict(model_type="gpt2", vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+
 
 @pytest.mark.float64
 def test_numpy_baselines_agree_with_kernels():
@@ -186,8 +189,7 @@ def test_suites_report_their_ratios(capsys, monkeypatch):
 @pytest.mark.slow
 def test_analysis_suites_report_every_part(capsys, monkeypatch):
 
-    tiny = dict(model_type="gpt2", vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    p = pretrained_benchmark.pretrained_suite(t=16, config=tiny, gguf=False)
+    p = pretrained_benchmark.pretrained_suite(t=16, config=TINY_GPT2, gguf=False)
     assert set(p["seconds"]) >= {"load (build + random init)", "forward", "rollout", "report"}
     assert p["speedup_vs_paper_fidelity"] > 0 and p["peak_rss_gb_without_pairwise"] > 0
     capsys.readouterr()
@@ -204,10 +206,6 @@ def test_analysis_suites_report_every_part(capsys, monkeypatch):
 
 def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch):
     monkeypatch.setattr(corpus, "matmul_flops_per_s", lambda repeats: 87.6e9)
-
-    tiny = dict(SMOLLM2_135M, vocab_size=64, hidden_size=32)
-    tiny.update(intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
-    tiny.update(num_key_value_heads=2, max_position_embeddings=64)
     summarized = []
     summarize = corpus.statistics.summarize
     monkeypatch.setattr(
@@ -215,11 +213,12 @@ def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch)
         "summarize",
         lambda records: summarized.append(records) or summarize(records),
     )
-    # Two batches of one shape (one compile), over two documents of the bootstrap.
-    r = corpus.corpus_suite(windows=6, tokens=16, batch_size=3, config=tiny)
+    # Two batches of one shape (one compile), over two documents of the bootstrap; the
+    # pretrained suite's model (the corpus suite reads any family's config).
+    r = corpus.corpus_suite(windows=6, tokens=16, batch_size=3, config=TINY_GPT2)
     # The timed summary is a user's: every window's record, in window order.
     assert [[line["window"] for line in records] for records in summarized] == [[*range(6)]]
-    assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (6, 16, 2, 4)
+    assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (6, 16, 1, 2)
     parts = {"forward", "rollout", "per-head and mixed metrics", "synergy analyses"}
     assert parts | {"summary (bootstrap intervals)", "report (markdown + plots)"} <= set(
         r["seconds"]
