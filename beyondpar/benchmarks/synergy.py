@@ -22,15 +22,7 @@ def synergy_suite(
     compilation, the best of `repeats` later calls does not; a line per part as it
     finishes, after the machine's float32 matmul rate (measured in the same run: it tells
     a slower or busier day apart)."""
-    cfg = model_lib.ModelConfig(num_heads=heads, num_layers=layers, max_len=t)
-    module = model_lib.Transformer(cfg)
-    # Placed as `evaluate` places them (parameters on every device, the sequences split
-    # over them): each part then runs the programs the whole evaluation runs, and its
-    # first call compiles only what no part does.
-    params = jax.device_put(
-        model_lib.init_params(module, jax.random.PRNGKey(0)),
-        parallel.replicated(parallel.data_mesh(jax.local_devices())),
-    )
+    module, params = _placed_model(heads, layers, t)
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, t, 256)
     inputs = parallel.split_over_devices(examples.inputs)
     spec = evaluate.EvalSpec(num_sequences=sequences)
@@ -75,6 +67,21 @@ def synergy_suite(
     )
     print_result([total_line, f"shares of the parts: {shares}"], result)
     return result
+
+
+def _placed_model(heads: int, layers: int, t: int):
+    """(module, parameters) of the paper's model, the parameters on every device as
+    `evaluate` places them (and the suite splits the sequences as it does): each part
+    then runs the programs the whole evaluation runs, whose first call compiles only
+    what no part does."""
+    module = model_lib.Transformer(
+        model_lib.ModelConfig(num_heads=heads, num_layers=layers, max_len=t)
+    )
+    params = jax.device_put(
+        model_lib.init_params(module, jax.random.PRNGKey(0)),
+        parallel.replicated(parallel.data_mesh(jax.local_devices())),
+    )
+    return module, params
 
 
 def _pruning(module, params, examples, inputs, spec):

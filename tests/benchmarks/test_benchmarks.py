@@ -154,6 +154,9 @@ def test_suites_report_their_ratios(capsys, monkeypatch):
         assert products[name] == pytest.approx(
             4 * 100**3 / (reads * 1e-6) / (r["matmul_gflops"] * 1e9), rel=1e-6
         )
+    # The fresh process's fidelity kernel, against the launcher's in this one.
+    plain = us["fidelity_plain_session"]
+    assert plain > 0 and r["plain_session_vs_launcher"] == pytest.approx(plain / us["fidelity"])
     updates = []  # each head count's jitted step, timed then profiled
     jitted_update = train_benchmark.study_train.jitted_update
     monkeypatch.setattr(
