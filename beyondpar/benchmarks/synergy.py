@@ -4,10 +4,10 @@ by part (metrics, optimal weights, pruning curves) and whole."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from beyondpar import model as model_lib
 from beyondpar import tasks
+from beyondpar.base import parallel
 from beyondpar.base.timing import timed
 from beyondpar.benchmarks.machine import matmul_flops_per_s
 from beyondpar.benchmarks.printing import print_result
@@ -22,19 +22,18 @@ def synergy_suite(
     compilation, the best of `repeats` later calls does not; a line per part as it
     finishes, after the machine's float32 matmul rate (measured in the same run: it tells
     a slower or busier day apart)."""
-    cfg = model_lib.ModelConfig(num_heads=heads, num_layers=layers, max_len=t)
-    module = model_lib.Transformer(cfg)
-    params = model_lib.init_params(module, jax.random.PRNGKey(0))
+    module, params = _placed_model(heads, layers, t)
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, t, 256)
+    inputs = parallel.split_over_devices(examples.inputs)
     spec = evaluate.EvalSpec(num_sequences=sequences)
     parts = {
         "metrics + diversity + pairwise + cross-head": lambda: evaluate.per_sequence(
             module, params, examples, evaluate.EvalSpec(optimal_weights=False, pruning=False)
         ),
         "optimal weights (both objectives)": lambda: evaluate.optimal_mixes(
-            *evaluate.forward(module, params, jnp.asarray(examples.inputs))[1:], spec
+            *evaluate.forward(module, params, inputs)[1:], spec
         ),
-        "pruning (4 orders)": lambda: _pruning(module, params, examples, spec),
+        "pruning (4 orders)": lambda: _pruning(module, params, examples, inputs, spec),
     }
     devices, rate = len(jax.local_devices()), matmul_flops_per_s(3)
     print(
@@ -70,6 +69,21 @@ def synergy_suite(
     return result
 
 
-def _pruning(module, params, examples, spec):
-    _, attn, weights = evaluate.forward(module, params, jnp.asarray(examples.inputs))
+def _placed_model(heads: int, layers: int, t: int):
+    """(module, parameters) of the paper's model, the parameters on every device as
+    `evaluate` places them (and the suite splits the sequences as it does): each part
+    then runs the programs the whole evaluation runs, whose first call compiles only
+    what no part does."""
+    module = model_lib.Transformer(
+        model_lib.ModelConfig(num_heads=heads, num_layers=layers, max_len=t)
+    )
+    params = jax.device_put(
+        model_lib.init_params(module, jax.random.PRNGKey(0)),
+        parallel.replicated(parallel.data_mesh(jax.local_devices())),
+    )
+    return module, params
+
+
+def _pruning(module, params, examples, inputs, spec):
+    _, attn, weights = evaluate.forward(module, params, inputs)
     return pruning_curves.pruning_curves(module, params, examples, weights, attn, spec)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from beyondpar import benchmarks, graphs, metrics, model, pretrained
+from beyondpar.base import parallel
 from beyondpar.benchmarks import baselines, corpus, load, machine
 from beyondpar.benchmarks import metrics as metrics_benchmark
 from beyondpar.benchmarks import pretrained as pretrained_benchmark
@@ -18,6 +19,9 @@ from beyondpar.benchmarks import synergy as synergy_benchmark
 from beyondpar.benchmarks import train as train_benchmark
 from beyondpar.benchmarks.models import SMOLLM2_135M
 from helpers.paths import SMOLLM2_GGUF, needs_smollm2
+
+# The pretrained and corpus suites' model (any family's config): built and compiled once.
+TINY_GPT2 = dict(model_type="gpt2", vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
 
 
 @pytest.mark.float64
@@ -150,7 +154,20 @@ def test_suites_report_their_ratios(capsys, monkeypatch):
         assert products[name] == pytest.approx(
             4 * 100**3 / (reads * 1e-6) / (r["matmul_gflops"] * 1e9), rel=1e-6
         )
+    # The fresh process's fidelity kernel, against the launcher's in this one.
+    plain = us["fidelity_plain_session"]
+    assert plain > 0 and r["plain_session_vs_launcher"] == pytest.approx(plain / us["fidelity"])
+    updates = []  # each head count's jitted step, timed then profiled
+    jitted_update = train_benchmark.study_train.jitted_update
+    monkeypatch.setattr(
+        train_benchmark.study_train,
+        "jitted_update",
+        lambda *args: updates.append(jitted_update(*args)) or updates[-1],
+    )
     t = train_benchmark.train_suite(repeats=1, heads=(1, 4), batch=8, t=16, layers=1)
+    # A profile runs the step it timed, compiled once (its program cached with the jit).
+    assert len(updates) == 4 and updates[0] is not updates[1]
+    assert updates[2] is updates[0] and updates[3] is updates[1]
     assert set(t["ms_per_step"]) == {"1", "4"} and t["floor_ms"] > 0
     for h, floor in t["roofline_ms"].items():
         cfg = model.ModelConfig(num_heads=int(h), num_layers=1, max_len=16)
@@ -175,27 +192,23 @@ def test_suites_report_their_ratios(capsys, monkeypatch):
 @pytest.mark.slow
 def test_analysis_suites_report_every_part(capsys, monkeypatch):
 
-    tiny = dict(model_type="gpt2", vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    p = pretrained_benchmark.pretrained_suite(t=16, config=tiny, gguf=False)
+    p = pretrained_benchmark.pretrained_suite(t=16, config=TINY_GPT2, gguf=False)
     assert set(p["seconds"]) >= {"load (build + random init)", "forward", "rollout", "report"}
     assert p["speedup_vs_paper_fidelity"] > 0 and p["peak_rss_gb_without_pairwise"] > 0
     capsys.readouterr()
     monkeypatch.setattr(synergy_benchmark, "matmul_flops_per_s", lambda repeats: 123.4e9)
-    s = synergy_benchmark.synergy_suite(sequences=2, heads=2, t=16, layers=1)
+    # The sizes of the recording test below: one model initialisation for both.
+    s = synergy_benchmark.synergy_suite(sequences=3, heads=2, t=16, layers=1)
     assert set(s["seconds_warm"]) == set(s["share"]) and abs(sum(s["share"].values()) - 1) < 1e-9
     # The machine's rate, measured in the same run, rides with the times (in GFLOP/s).
     assert s["matmul_gflop_per_s"] == pytest.approx(123.4)
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith('{"heads": 2') and out[0].endswith("matmul 123 GFLOP/s")
-    assert out[0].startswith("2 heads, 2 sequences of 16 tokens")
+    assert out[0].startswith("2 heads, 3 sequences of 16 tokens")
 
 
 def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch):
     monkeypatch.setattr(corpus, "matmul_flops_per_s", lambda repeats: 87.6e9)
-
-    tiny = dict(SMOLLM2_135M, vocab_size=64, hidden_size=32)
-    tiny.update(intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
-    tiny.update(num_key_value_heads=2, max_position_embeddings=64)
     summarized = []
     summarize = corpus.statistics.summarize
     monkeypatch.setattr(
@@ -203,11 +216,12 @@ def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch)
         "summarize",
         lambda records: summarized.append(records) or summarize(records),
     )
-    # Two batches of one shape (one compile), over two documents of the bootstrap.
-    r = corpus.corpus_suite(windows=6, tokens=16, batch_size=3, config=tiny)
+    # Two batches of one shape (one compile), over two documents of the bootstrap; the
+    # pretrained suite's model (the corpus suite reads any family's config).
+    r = corpus.corpus_suite(windows=6, tokens=16, batch_size=3, config=TINY_GPT2)
     # The timed summary is a user's: every window's record, in window order.
     assert [[line["window"] for line in records] for records in summarized] == [[*range(6)]]
-    assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (6, 16, 2, 4)
+    assert (r["windows"], r["tokens"], r["layers"], r["heads"]) == (6, 16, 1, 2)
     parts = {"forward", "rollout", "per-head and mixed metrics", "synergy analyses"}
     assert parts | {"summary (bootstrap intervals)", "report (markdown + plots)"} <= set(
         r["seconds"]
@@ -339,8 +353,9 @@ def test_synergy_suite_defaults_are_the_papers_sizes():
 
 def test_synergy_suite_evaluates_a_model_of_the_sizes_it_is_given(capsys, monkeypatch):
     """Every part of the suite works on one model of the asked head count, layers and
-    length, with parameters of that shape, on the asked number of sequences of `t`
-    tokens (the analyses themselves replaced by recorders)."""
+    length, with parameters of that shape placed as `evaluate` places them (on every
+    device: the parts then run the whole evaluation's programs), on the asked number of
+    sequences of `t` tokens (the analyses themselves replaced by recorders)."""
     seen = []
 
     def record(part, result):
@@ -358,12 +373,14 @@ def test_synergy_suite_evaluates_a_model_of_the_sizes_it_is_given(capsys, monkey
     pruning = synergy_benchmark.pruning_curves
     monkeypatch.setattr(pruning, "pruning_curves", record("pruning_curves", None))
     monkeypatch.setattr(synergy_benchmark, "matmul_flops_per_s", lambda repeats: 1e9)
-    synergy_benchmark.synergy_suite(repeats=1, sequences=3, heads=2, t=9, layers=3)
-    assert capsys.readouterr().out.startswith("2 heads, 3 sequences of 9 tokens")
-    want = model.ModelConfig(num_heads=2, num_layers=3, max_len=9)
+    # Sizes all different, so that one given for another shows (the analysis test's).
+    synergy_benchmark.synergy_suite(repeats=1, sequences=3, heads=2, t=16, layers=1)
+    assert capsys.readouterr().out.startswith("2 heads, 3 sequences of 16 tokens")
+    want = model.ModelConfig(num_heads=2, num_layers=1, max_len=16)
     shapes = jax.tree.map(
         np.shape, model.init_params(model.Transformer(want), jax.random.PRNGKey(0))
     )
+    everywhere = parallel.replicated(parallel.data_mesh(jax.local_devices()))
     # Each part twice (its first call, then the timed one); pruning runs its own forward.
     parts = 2 * ["per_sequence"] + 2 * ["forward", "optimal_mixes"]
     parts += 2 * ["forward", "pruning_curves"] + 2 * ["evaluate_params"]
@@ -373,6 +390,10 @@ def test_synergy_suite_evaluates_a_model_of_the_sizes_it_is_given(capsys, monkey
             module, params, data = args[:3]
             assert module.config == want, part
             assert jax.tree.map(np.shape, params) == shapes, part
-            assert np.shape(getattr(data, "inputs", data)) == (3, 9), part
+            placed = [
+                p.sharding.is_equivalent_to(everywhere, p.ndim) for p in jax.tree.leaves(params)
+            ]
+            assert all(placed), part
+            assert np.shape(getattr(data, "inputs", data)) == (3, 16), part
         if part in {"optimal_mixes", "pruning_curves", "evaluate_params"}:  # spec last
             assert args[-1].num_sequences == 3, part
