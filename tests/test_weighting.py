@@ -23,7 +23,7 @@ def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
 
 
 # One search setting (three heads of nine tokens) for the tests of what a search returns:
-# their searches share compiled programs (the searches of each set of five, and of each
+# their searches share compiled programs (the searches of each set of eight, and of each
 # subsample of three, compile once for the whole file).
 SEARCH = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
 
@@ -56,7 +56,8 @@ def simplex_grid(heads: int, n: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def released_4_heads():
     module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
-    examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 4, 100, 256)
+    # 64 tokens: the shortest on the hitting time's triangular path, as the long ones.
+    examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 4, 64, 256)
     apply = jax.jit(model.apply_with_attention, static_argnums=0)  # not op by op
     _, attn = apply(module, params, examples.inputs)
     return np.swapaxes(np.asarray(attn, np.float32), 0, 1)[:2]  # layers 1-2: L x N x H x T x T
@@ -196,7 +197,7 @@ def test_every_single_head_is_scored_on_every_set():
 def test_the_value_is_the_exact_objective_on_every_set():
     """The search runs on a subsample; the value returned is the weights' score on all N."""
 
-    attn = jnp.asarray(graphs.random_causal(7, (5, 3), 9), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(7, (8, 3), 9), jnp.float32)
     for objective in weighting.OBJECTIVES:
         w, value = synergy.optimal_weights(attn, objective, **SEARCH)
         got = exact(attn, np.asarray(w)[None], objective, 12, 14)[0]
@@ -257,8 +258,8 @@ def test_cross_fitted_weights_come_from_a_search_that_did_not_see_the_set():
 
 
 def test_the_search_subsamples_sequences_whatever_other_axes_the_batch_has(monkeypatch):
-    """Layers x 20 sequences: the pool is ranked on 12 of the sequences of every layer,
-    uniform, learned and every head on all 20 (axis -4, never the layer axis)."""
+    """Layers x 8 sequences: the pool is ranked on 3 of the sequences of every layer,
+    uniform, learned and every head on all 8 (axis -4, never the layer axis)."""
     seen = []
     scores = weighting._exact_scores
 
@@ -267,13 +268,14 @@ def test_the_search_subsamples_sequences_whatever_other_axes_the_batch_has(monke
         return scores(attn, candidates, **settings)
 
     monkeypatch.setattr(weighting, "_exact_scores", spy)
-    attn = jnp.asarray(graphs.random_causal(5, (3, 20, 4), 8), jnp.float32)  # L x N x H x T x T
-    weighting.optimal_weights(attn, horizon=10, local_rounds=0, random_starts=6)
+    # The layers and sets of the test of layers over devices below (its programs).
+    attn = jnp.asarray(graphs.random_causal(5, (4, 8, 3), 9), jnp.float32)  # L x N x H x T x T
+    weighting.optimal_weights(attn, **dict(SEARCH, local_rounds=0))
     sets = {shape[-4] for shape, _ in seen}
-    assert sets == {12, 20}, seen
-    assert all(shape[:-4] == (3,) and cand[:-2] == (3,) for shape, cand in seen)
-    pool = [cand[-2] for shape, cand in seen if shape[-4] == 12]
-    assert pool == [1 + 4 + 6 + 6]  # uniform, every head, every pair, random starts
+    assert sets == {3, 8}, seen
+    assert all(shape[:-4] == (4,) and cand[:-2] == (4,) for shape, cand in seen)
+    pool = [cand[-2] for shape, cand in seen if shape[-4] == 3]
+    assert pool == [1 + 3 + 3 + 6]  # uniform, every head, every pair, random starts
 
 
 def test_every_single_head_is_scored_on_every_set_beside_learned_weights():
@@ -331,7 +333,7 @@ def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, obje
     """4 layers (as many as the test's devices): each device mixes and scores its own
     layers; the weights and values are those of each layer searched alone, and the
     attention's causality is checked once per search, not per batch of mixes."""
-    attn = jnp.asarray(graphs.random_causal(11, (4, 5, 3), 9), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(11, (4, 8, 3), 9), jnp.float32)
     settings = SEARCH
     checks = []
     real = metrics.is_causal
@@ -365,7 +367,7 @@ def test_candidates_scored_in_chunks_keep_their_own_scores(monkeypatch, objectiv
 def test_without_a_pattern_search_the_result_is_the_best_start_of_the_pool():
     """`local_rounds` = 0 with the search on every set: the result is the best of the
     pool (here a mix, neither uniform nor a single head), scored exactly."""
-    attn = jnp.asarray(graphs.random_causal(13, (5, 3), 9), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(13, (8, 3), 9), jnp.float32)
     pool = np.asarray(weighting.start_pool(3, None, (), jnp.float32, 16, 0))
     for objective in weighting.OBJECTIVES:
         scores = exact(attn, pool, objective, 12, 14)
