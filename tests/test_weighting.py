@@ -315,14 +315,15 @@ def test_a_single_fold_of_several_sets_is_in_sample():
 
 
 def test_cross_fitting_every_layer_folds_the_sets_not_the_layers():
-    """Layers x 5 sets: the folds split the 5 sets (axis -4) of every layer, and each
+    """Layers x 6 sets: the folds split the 6 sets (axis -4) of every layer, and each
     layer's fold weights are those its own cross-fitting finds."""
-    attn = jnp.asarray(graphs.random_causal(13, (2, 5, 3), 6), jnp.float32)  # L x N x H x T x T
-    settings = dict(horizon=10, local_rounds=0, random_starts=4)
+    # Each layer alone is a problem of the shape of the test above (its programs).
+    attn = jnp.asarray(graphs.random_causal(13, (2, 6, 3), 9), jnp.float32)  # L x N x H x T x T
+    settings = dict(SEARCH, local_rounds=0)
     found = weighting.cross_fitted(attn, 2, **settings)
-    assert found["fold"].tolist() == [0, 0, 1, 1, 1]
-    assert found["search_sets"] == [[2, 4], [0, 1]]
-    assert found["weights"].shape == (2, 5, 3) and found["fold_weights"].shape == (2, 2, 3)
+    assert found["fold"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert found["search_sets"] == [[3, 4, 5], [0, 1, 2]]
+    assert found["weights"].shape == (2, 6, 3) and found["fold_weights"].shape == (2, 2, 3)
     alone = weighting.cross_fitted(attn[1], 2, **settings)
     np.testing.assert_allclose(found["fold_weights"][1], alone["fold_weights"], atol=1e-6)
     np.testing.assert_allclose(found["in_sample"][1], alone["in_sample"], rtol=1e-6)
