@@ -19,7 +19,8 @@ def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
     are row-stochastic: the metrics skip their validation (one program less per shape)."""
     w = np.asarray(weights_SxH, np.float64)
     assert (w >= 0).all() and np.allclose(w.sum(-1), 1, rtol=0, atol=1e-4), w
-    mixed = jnp.einsum("sh,nhij->snij", jnp.asarray(weights_SxH, attn_NxHxTxT.dtype), attn_NxHxTxT)
+    weights = jnp.asarray(weights_SxH, attn_NxHxTxT.dtype)
+    mixed = jnp.einsum("sh,...nhij->...snij", weights, attn_NxHxTxT)  # and layers first
     steps = horizon if max_steps is None else max_steps
     values = metrics.objective_unchecked(mixed, objective, horizon, steps, "reference")
     return np.asarray(jnp.mean(values, -1))
@@ -31,18 +32,18 @@ def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
 SEARCH = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
 
 
-def scores_of(attn, candidates, objective, horizon=100):
-    # 16 chunks of one size (one program to compile): padded with copies of the first
-    # candidate, whose scores are dropped.
-    padding = -len(candidates) % 16
+def scores_of(attn_LxNxHxTxT, candidates, objective, horizon=100):
+    """L x S: each candidate's score on each layer, in chunks as large as the pool of
+    starts of a search with the default settings (uniform, every head, every pair, 64
+    random mixes), so that they run the programs that the search compiled for its pool;
+    padded with copies of the first candidate, whose scores are dropped."""
+    h = candidates.shape[-1]
+    chunk = 1 + h + h * (h - 1) // 2 + 64
+    padding = -len(candidates) % chunk
     padded = np.concatenate([candidates, np.repeat(candidates[:1], padding, 0)])
-    scores = np.concatenate([exact(attn, c, objective, horizon) for c in np.split(padded, 16)])
-    return scores[: len(candidates)]
-
-
-def best_of(attn, candidates, objective, horizon=100):
-    scores = scores_of(attn, candidates, objective, horizon)
-    return scores.max() if objective == "fidelity" else scores.min()
+    parts = np.split(padded, len(padded) // chunk)
+    scores = np.concatenate([exact(attn_LxNxHxTxT, c, objective, horizon) for c in parts], -1)
+    return scores[:, : len(candidates)]
 
 
 def simplex_grid(heads: int, n: int) -> np.ndarray:
@@ -70,12 +71,14 @@ def released_4_heads():
 def test_optimum_reaches_a_dense_grid_on_the_released_checkpoint(released_4_heads, objective):
     weights, value = synergy.optimal_weights(released_4_heads, objective)
     grid = simplex_grid(4, 20)  # 1,771 mixes, steps of 1/20
-    for layer, attn in enumerate(released_4_heads):
-        # The optimum scored among the grid's chunks: no program of its own to compile.
-        mixes = np.concatenate([np.asarray(weights[layer])[None], grid])
-        scores = scores_of(jnp.asarray(attn), mixes, objective)
-        got = float(scores[0])
-        best = scores[1:].max() if objective == "fidelity" else scores[1:].min()
+    # Every layer's optimum scored among the grid's chunks: no program of its own.
+    layers = len(released_4_heads)
+    mixes = np.concatenate([np.asarray(weights), grid])
+    scores = scores_of(jnp.asarray(released_4_heads), mixes, objective)
+    for layer in range(layers):
+        got = float(scores[layer, layer])
+        grid_scores = scores[layer, layers:]
+        best = grid_scores.max() if objective == "fidelity" else grid_scores.min()
         np.testing.assert_allclose(got, value[layer], rtol=1e-5)
         if objective == "fidelity":
             assert got >= best * (1 - 1e-6), (layer, got, best)
@@ -112,8 +115,9 @@ def test_optimum_beats_20000_random_mixes_on_trained_checkpoints(tmp_path_factor
     mixes = np.random.default_rng(heads).dirichlet(np.ones(heads), 20000).astype(np.float32)
     for objective in weighting.OBJECTIVES:
         weights, value = synergy.optimal_weights(attn, objective, horizon=20, max_steps=20)
-        for layer, layer_attn in enumerate(attn):
-            best = best_of(jnp.asarray(layer_attn), mixes, objective, horizon=20)
+        scores = scores_of(jnp.asarray(attn), mixes, objective, horizon=20)
+        for layer in range(len(attn)):
+            best = scores[layer].max() if objective == "fidelity" else scores[layer].min()
             if objective == "fidelity":
                 assert value[layer] >= best, (objective, layer, float(value[layer]), best)
             else:
