@@ -26,6 +26,13 @@ def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
     return np.asarray(jnp.mean(values, -1))
 
 
+def exact_one(attn_NxHxTxT, weights_H, objective, horizon, max_steps=None):
+    """`exact` of one mix, scored beside a copy of itself: two mixes, the shape of a
+    search's two best proposals (`local_starts` = 2), whose compiled programs it reuses."""
+    pair = np.stack([np.asarray(weights_H)] * 2)
+    return exact(attn_NxHxTxT, pair, objective, horizon, max_steps)[0]
+
+
 # One search setting (three heads of nine tokens) for the tests of what a search returns:
 # their searches share compiled programs (the searches of each set of eight, and of each
 # subsample of three, compile once for the whole file).
@@ -207,7 +214,7 @@ def test_the_value_is_the_exact_objective_on_every_set():
     attn = jnp.asarray(graphs.random_causal(7, (8, 3), 9), jnp.float32)
     for objective in weighting.OBJECTIVES:
         w, value = synergy.optimal_weights(attn, objective, **SEARCH)
-        got = exact(attn, np.asarray(w)[None], objective, 12, 14)[0]
+        got = exact_one(attn, w, objective, 12, 14)
         np.testing.assert_allclose(float(value), got, rtol=1e-6)
 
 
@@ -254,7 +261,7 @@ def test_cross_fitted_weights_come_from_a_search_that_did_not_see_the_set():
         np.testing.assert_allclose(found["fold_weights"][fold], w, atol=1e-6)
         np.testing.assert_allclose(found["in_sample"][fold], value, rtol=1e-6)
         # In sample: the search's own value is the mean fidelity of its mix on its sets.
-        own = exact(attn[np.asarray(sets)], np.asarray(w)[None], "fidelity", 12)[0]
+        own = exact_one(attn[np.asarray(sets)], w, "fidelity", 12)
         np.testing.assert_allclose(found["in_sample"][fold], own, rtol=1e-5)
     np.testing.assert_allclose(
         found["weights"][:3], np.broadcast_to(found["fold_weights"][0], (3, 3))
@@ -394,7 +401,7 @@ def test_one_problem_with_as_many_sets_as_devices_searches_a_subsample_of_them()
     the exact objective of the weights on all 8."""
     attn = jnp.asarray(graphs.random_causal(14, (8, 3), 9), jnp.float32)
     w, value = synergy.optimal_weights(attn, **SEARCH)
-    got = exact(attn, np.asarray(w)[None], "fidelity", 12)[0]
+    got = exact_one(attn, w, "fidelity", 12)
     np.testing.assert_allclose(float(value), got, rtol=1e-6)
 
 
