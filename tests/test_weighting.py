@@ -14,32 +14,43 @@ from helpers.paths import DATA
 
 
 def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
-    """The mean objective over the N sets of each mix; `max_steps` defaults to `horizon`."""
-    mixed = jnp.einsum("sh,nhij->snij", jnp.asarray(weights_SxH, attn_NxHxTxT.dtype), attn_NxHxTxT)
-    if objective == "fidelity":
-        return np.asarray(jnp.mean(metrics.minimax_fidelity(mixed, horizon), -1))
+    """The mean objective over the N sets of each mix; `max_steps` defaults to `horizon`.
+    Mixes of row-stochastic heads by weights on the simplex (checked here, on the host)
+    are row-stochastic: the metrics skip their validation (one program less per shape)."""
+    w = np.asarray(weights_SxH, np.float64)
+    assert (w >= 0).all() and np.allclose(w.sum(-1), 1, rtol=0, atol=1e-4), w
+    weights = jnp.asarray(weights_SxH, attn_NxHxTxT.dtype)
+    mixed = jnp.einsum("sh,...nhij->...snij", weights, attn_NxHxTxT)  # and layers first
     steps = horizon if max_steps is None else max_steps
-    return np.asarray(jnp.mean(metrics.hitting_time(mixed, steps, "reference"), -1))
+    values = metrics.objective_unchecked(mixed, objective, horizon, steps, "reference")
+    return np.asarray(jnp.mean(values, -1))
+
+
+def exact_one(attn_NxHxTxT, weights_H, objective, horizon, max_steps=None):
+    """`exact` of one mix, scored beside a copy of itself: two mixes, the shape of a
+    search's two best proposals (`local_starts` = 2), whose compiled programs it reuses."""
+    pair = np.stack([np.asarray(weights_H)] * 2)
+    return exact(attn_NxHxTxT, pair, objective, horizon, max_steps)[0]
 
 
 # One search setting (three heads of nine tokens) for the tests of what a search returns:
-# their searches share compiled programs (the searches of each set of five, and of each
+# their searches share compiled programs (the searches of each set of eight, and of each
 # subsample of three, compile once for the whole file).
 SEARCH = dict(horizon=12, max_steps=14, search_sequences=3, local_rounds=4, random_starts=6)
 
 
-def scores_of(attn, candidates, objective, horizon=100):
-    # 16 chunks of one size (one program to compile): padded with copies of the first
-    # candidate, whose scores are dropped.
-    padding = -len(candidates) % 16
+def scores_of(attn_LxNxHxTxT, candidates, objective, horizon=100):
+    """L x S: each candidate's score on each layer, in chunks as large as the pool of
+    starts of a search with the default settings (uniform, every head, every pair, 64
+    random mixes), so that they run the programs that the search compiled for its pool;
+    padded with copies of the first candidate, whose scores are dropped."""
+    h = candidates.shape[-1]
+    chunk = 1 + h + h * (h - 1) // 2 + 64
+    padding = -len(candidates) % chunk
     padded = np.concatenate([candidates, np.repeat(candidates[:1], padding, 0)])
-    scores = np.concatenate([exact(attn, c, objective, horizon) for c in np.split(padded, 16)])
-    return scores[: len(candidates)]
-
-
-def best_of(attn, candidates, objective, horizon=100):
-    scores = scores_of(attn, candidates, objective, horizon)
-    return scores.max() if objective == "fidelity" else scores.min()
+    parts = np.split(padded, len(padded) // chunk)
+    scores = np.concatenate([exact(attn_LxNxHxTxT, c, objective, horizon) for c in parts], -1)
+    return scores[:, : len(candidates)]
 
 
 def simplex_grid(heads: int, n: int) -> np.ndarray:
@@ -56,7 +67,8 @@ def simplex_grid(heads: int, n: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def released_4_heads():
     module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
-    examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 4, 100, 256)
+    # 64 tokens: the shortest on the hitting time's triangular path, as the long ones.
+    examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 4, 64, 256)
     apply = jax.jit(model.apply_with_attention, static_argnums=0)  # not op by op
     _, attn = apply(module, params, examples.inputs)
     return np.swapaxes(np.asarray(attn, np.float32), 0, 1)[:2]  # layers 1-2: L x N x H x T x T
@@ -66,12 +78,14 @@ def released_4_heads():
 def test_optimum_reaches_a_dense_grid_on_the_released_checkpoint(released_4_heads, objective):
     weights, value = synergy.optimal_weights(released_4_heads, objective)
     grid = simplex_grid(4, 20)  # 1,771 mixes, steps of 1/20
-    for layer, attn in enumerate(released_4_heads):
-        # The optimum scored among the grid's chunks: no program of its own to compile.
-        mixes = np.concatenate([np.asarray(weights[layer])[None], grid])
-        scores = scores_of(jnp.asarray(attn), mixes, objective)
-        got = float(scores[0])
-        best = scores[1:].max() if objective == "fidelity" else scores[1:].min()
+    # Every layer's optimum scored among the grid's chunks: no program of its own.
+    layers = len(released_4_heads)
+    mixes = np.concatenate([np.asarray(weights), grid])
+    scores = scores_of(jnp.asarray(released_4_heads), mixes, objective)
+    for layer in range(layers):
+        got = float(scores[layer, layer])
+        grid_scores = scores[layer, layers:]
+        best = grid_scores.max() if objective == "fidelity" else grid_scores.min()
         np.testing.assert_allclose(got, value[layer], rtol=1e-5)
         if objective == "fidelity":
             assert got >= best * (1 - 1e-6), (layer, got, best)
@@ -108,8 +122,9 @@ def test_optimum_beats_20000_random_mixes_on_trained_checkpoints(tmp_path_factor
     mixes = np.random.default_rng(heads).dirichlet(np.ones(heads), 20000).astype(np.float32)
     for objective in weighting.OBJECTIVES:
         weights, value = synergy.optimal_weights(attn, objective, horizon=20, max_steps=20)
-        for layer, layer_attn in enumerate(attn):
-            best = best_of(jnp.asarray(layer_attn), mixes, objective, horizon=20)
+        scores = scores_of(jnp.asarray(attn), mixes, objective, horizon=20)
+        for layer in range(len(attn)):
+            best = scores[layer].max() if objective == "fidelity" else scores[layer].min()
             if objective == "fidelity":
                 assert value[layer] >= best, (objective, layer, float(value[layer]), best)
             else:
@@ -180,11 +195,18 @@ def _uniform_or_identity(uniform_heads_per_set, num_heads=3, t=9):
     return jnp.asarray(np.asarray(sets, np.float32))
 
 
+def single_heads(attn_NxHxTxT):
+    """Each of three heads' fidelity at horizon 12, scored after uniform weights: the four
+    mixes that a search scores on every set (its anchors), whose programs it reuses."""
+    anchors = np.vstack([np.full((1, 3), 1 / 3), np.eye(3)]).astype(np.float32)
+    return exact(attn_NxHxTxT, anchors, "fidelity", 12)[1:]
+
+
 def test_every_single_head_is_scored_on_every_set():
     """The subsample (here set 0 alone) favours heads 0 and 1; on all three sets head 2 is
     best. The result must not be worse than head 2, even with no search at all."""
     attn = _uniform_or_identity([(0, 1), (2,), (2,)])
-    heads = exact(attn, np.eye(3, dtype=np.float32), "fidelity", 12)
+    heads = single_heads(attn)
     assert heads[2] > max(heads[0], heads[1])
     for rounds in (0, 4):
         w, value = synergy.optimal_weights(
@@ -196,10 +218,10 @@ def test_every_single_head_is_scored_on_every_set():
 def test_the_value_is_the_exact_objective_on_every_set():
     """The search runs on a subsample; the value returned is the weights' score on all N."""
 
-    attn = jnp.asarray(graphs.random_causal(7, (5, 3), 9), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(7, (8, 3), 9), jnp.float32)
     for objective in weighting.OBJECTIVES:
         w, value = synergy.optimal_weights(attn, objective, **SEARCH)
-        got = exact(attn, np.asarray(w)[None], objective, 12, 14)[0]
+        got = exact_one(attn, w, objective, 12, 14)
         np.testing.assert_allclose(float(value), got, rtol=1e-6)
 
 
@@ -246,7 +268,7 @@ def test_cross_fitted_weights_come_from_a_search_that_did_not_see_the_set():
         np.testing.assert_allclose(found["fold_weights"][fold], w, atol=1e-6)
         np.testing.assert_allclose(found["in_sample"][fold], value, rtol=1e-6)
         # In sample: the search's own value is the mean fidelity of its mix on its sets.
-        own = exact(attn[np.asarray(sets)], np.asarray(w)[None], "fidelity", 12)[0]
+        own = exact_one(attn[np.asarray(sets)], w, "fidelity", 12)
         np.testing.assert_allclose(found["in_sample"][fold], own, rtol=1e-5)
     np.testing.assert_allclose(
         found["weights"][:3], np.broadcast_to(found["fold_weights"][0], (3, 3))
@@ -257,8 +279,8 @@ def test_cross_fitted_weights_come_from_a_search_that_did_not_see_the_set():
 
 
 def test_the_search_subsamples_sequences_whatever_other_axes_the_batch_has(monkeypatch):
-    """Layers x 20 sequences: the pool is ranked on 12 of the sequences of every layer,
-    uniform, learned and every head on all 20 (axis -4, never the layer axis)."""
+    """Layers x 8 sequences: the pool is ranked on 3 of the sequences of every layer,
+    uniform, learned and every head on all 8 (axis -4, never the layer axis)."""
     seen = []
     scores = weighting._exact_scores
 
@@ -267,20 +289,21 @@ def test_the_search_subsamples_sequences_whatever_other_axes_the_batch_has(monke
         return scores(attn, candidates, **settings)
 
     monkeypatch.setattr(weighting, "_exact_scores", spy)
-    attn = jnp.asarray(graphs.random_causal(5, (3, 20, 4), 8), jnp.float32)  # L x N x H x T x T
-    weighting.optimal_weights(attn, horizon=10, local_rounds=0, random_starts=6)
+    # The layers and sets of the test of layers over devices below (its programs).
+    attn = jnp.asarray(graphs.random_causal(5, (4, 8, 3), 9), jnp.float32)  # L x N x H x T x T
+    weighting.optimal_weights(attn, **dict(SEARCH, local_rounds=0))
     sets = {shape[-4] for shape, _ in seen}
-    assert sets == {12, 20}, seen
-    assert all(shape[:-4] == (3,) and cand[:-2] == (3,) for shape, cand in seen)
-    pool = [cand[-2] for shape, cand in seen if shape[-4] == 12]
-    assert pool == [1 + 4 + 6 + 6]  # uniform, every head, every pair, random starts
+    assert sets == {3, 8}, seen
+    assert all(shape[:-4] == (4,) and cand[:-2] == (4,) for shape, cand in seen)
+    pool = [cand[-2] for shape, cand in seen if shape[-4] == 3]
+    assert pool == [1 + 3 + 3 + 6]  # uniform, every head, every pair, random starts
 
 
 def test_every_single_head_is_scored_on_every_set_beside_learned_weights():
     """As above, with learned weights among the starts: they take a place in the pool,
     never the last head's place among the anchors."""
     attn = _uniform_or_identity([(0, 1), (2,), (2,)])
-    heads = exact(attn, np.eye(3, dtype=np.float32), "fidelity", 12)
+    heads = single_heads(attn)
     w, value = synergy.optimal_weights(
         attn,
         "fidelity",
@@ -313,14 +336,15 @@ def test_a_single_fold_of_several_sets_is_in_sample():
 
 
 def test_cross_fitting_every_layer_folds_the_sets_not_the_layers():
-    """Layers x 5 sets: the folds split the 5 sets (axis -4) of every layer, and each
+    """Layers x 6 sets: the folds split the 6 sets (axis -4) of every layer, and each
     layer's fold weights are those its own cross-fitting finds."""
-    attn = jnp.asarray(graphs.random_causal(13, (2, 5, 3), 6), jnp.float32)  # L x N x H x T x T
-    settings = dict(horizon=10, local_rounds=0, random_starts=4)
+    # Each layer alone is a problem of the shape of the test above (its programs).
+    attn = jnp.asarray(graphs.random_causal(13, (2, 6, 3), 9), jnp.float32)  # L x N x H x T x T
+    settings = dict(SEARCH, local_rounds=0)
     found = weighting.cross_fitted(attn, 2, **settings)
-    assert found["fold"].tolist() == [0, 0, 1, 1, 1]
-    assert found["search_sets"] == [[2, 4], [0, 1]]
-    assert found["weights"].shape == (2, 5, 3) and found["fold_weights"].shape == (2, 2, 3)
+    assert found["fold"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert found["search_sets"] == [[3, 4, 5], [0, 1, 2]]
+    assert found["weights"].shape == (2, 6, 3) and found["fold_weights"].shape == (2, 2, 3)
     alone = weighting.cross_fitted(attn[1], 2, **settings)
     np.testing.assert_allclose(found["fold_weights"][1], alone["fold_weights"], atol=1e-6)
     np.testing.assert_allclose(found["in_sample"][1], alone["in_sample"], rtol=1e-6)
@@ -331,7 +355,7 @@ def test_layers_split_over_devices_give_each_layers_own_search(monkeypatch, obje
     """4 layers (as many as the test's devices): each device mixes and scores its own
     layers; the weights and values are those of each layer searched alone, and the
     attention's causality is checked once per search, not per batch of mixes."""
-    attn = jnp.asarray(graphs.random_causal(11, (4, 5, 3), 9), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(11, (4, 8, 3), 9), jnp.float32)
     settings = SEARCH
     checks = []
     real = metrics.is_causal
@@ -365,7 +389,7 @@ def test_candidates_scored_in_chunks_keep_their_own_scores(monkeypatch, objectiv
 def test_without_a_pattern_search_the_result_is_the_best_start_of_the_pool():
     """`local_rounds` = 0 with the search on every set: the result is the best of the
     pool (here a mix, neither uniform nor a single head), scored exactly."""
-    attn = jnp.asarray(graphs.random_causal(13, (5, 3), 9), jnp.float32)
+    attn = jnp.asarray(graphs.random_causal(13, (8, 3), 9), jnp.float32)
     pool = np.asarray(weighting.start_pool(3, None, (), jnp.float32, 16, 0))
     for objective in weighting.OBJECTIVES:
         scores = exact(attn, pool, objective, 12, 14)
@@ -384,7 +408,7 @@ def test_one_problem_with_as_many_sets_as_devices_searches_a_subsample_of_them()
     the exact objective of the weights on all 8."""
     attn = jnp.asarray(graphs.random_causal(14, (8, 3), 9), jnp.float32)
     w, value = synergy.optimal_weights(attn, **SEARCH)
-    got = exact(attn, np.asarray(w)[None], "fidelity", 12)[0]
+    got = exact_one(attn, w, "fidelity", 12)
     np.testing.assert_allclose(float(value), got, rtol=1e-6)
 
 
