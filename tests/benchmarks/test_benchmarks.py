@@ -397,3 +397,7 @@ def test_synergy_suite_evaluates_a_model_of_the_sizes_it_is_given(capsys, monkey
             assert np.shape(getattr(data, "inputs", data)) == (3, 16), part
         if part in {"optimal_mixes", "pruning_curves", "evaluate_params"}:  # spec last
             assert args[-1].num_sequences == 3, part
+    # Both parts' forward passes read one input, split over the devices as the evaluation
+    # splits it (a device array, not the host batch): the whole evaluation's program.
+    inputs = [args[2] for part, *args in seen if part == "forward"]
+    assert all(x is inputs[0] for x in inputs) and isinstance(inputs[0], jax.Array)
