@@ -25,27 +25,31 @@ TOLERANCE = {Q.F32: 1e-4, Q.F16: 5e-3, Q.BF16: 5e-2, Q.Q8_0: 0.1}
 
 
 @pytest.mark.parametrize(
-    "name,qtype",
+    "name,qtype,kernels",
     [
-        ("llama-tiny", Q.F32),
-        ("llama-tiny", Q.Q8_0),
-        ("llama3-rope", Q.F16),
-        ("gpt2-tiny", Q.F32),
-        ("gpt2-tiny", Q.BF16),
-        ("gpt2-untied", Q.F32),
-        ("qwen3-tiny", Q.F32),
-        ("mistral-window", Q.F32),
-        ("gemma2-pattern", Q.F32),
-        ("gemma2-pattern", Q.BF16),
-        ("gemma3-tiny", Q.F32),
-        ("phi3-tiny", Q.F32),
-        ("phi3-tiny", Q.Q8_0),
-        ("phi3-longrope", Q.F32),
+        ("llama-tiny", Q.F32, True),  # q/k rows put back in order, then the kernel
+        ("llama-tiny", Q.Q8_0, True),
+        ("llama3-rope", Q.F16, True),
+        ("gpt2-tiny", Q.F32, True),  # Conv1D weights stored transposed
+        ("gpt2-tiny", Q.BF16, True),
+        ("gpt2-untied", Q.F32, False),
+        ("qwen3-tiny", Q.F32, False),
+        ("mistral-window", Q.F32, False),
+        ("gemma2-pattern", Q.F32, False),
+        ("gemma2-pattern", Q.BF16, True),
+        ("gemma3-tiny", Q.F32, False),
+        ("phi3-tiny", Q.F32, False),
+        ("phi3-tiny", Q.Q8_0, True),  # Phi-3's fused rows grouped, then the kernel
+        ("phi3-longrope", Q.F32, False),
     ],
 )
-def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, monkeypatch, name, qtype):
-    """Through the jitted kernels (compiled for every shape, as for a large model)."""
-    monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
+def test_gguf_matches_the_hugging_face_checkpoint(tmp_path, monkeypatch, name, qtype, kernels):
+    """Every quantised type and both stored layouts of F32 through the jitted kernels
+    (compiled for every shape, as for a large model); the other F32 files through the
+    package's NumPy code, as a small model reads them (a kernel compiled for each of
+    their shapes would check the kernels no further)."""
+    if kernels:
+        monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     path = export(HF / name, tmp_path / "model.gguf", qtype)
     exp = expected(name)
     module, params, tokenizer = pretrained.load(path)
@@ -140,10 +144,15 @@ def folder_as_stored(folder, gguf_module):
     float32 as a GGUF file stores it (the same float32 model, so one compiled program
     runs both), after checking that the GGUF file's module is that module."""
     module, params, _ = pretrained.load(folder)
-    eps = float(np.float32(module.config.eps))
-    module = module.clone(config=dataclasses.replace(module.config, eps=eps))
+    module = eps_as_stored(module)
     assert gguf_module == module, (gguf_module.config, module.config)
     return module, params
+
+
+def eps_as_stored(module):
+    """`module` with its norm epsilon rounded to float32, as a GGUF file stores it."""
+    eps = float(np.float32(module.config.eps))
+    return module.clone(config=dataclasses.replace(module.config, eps=eps))
 
 
 LLAMA_CPP_GEMMA3 = {"query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh"}
@@ -521,14 +530,17 @@ def test_a_gemma2_gguf_with_a_rope_scaling_factor_runs_the_linearly_scaled_rope(
     tokens = expected("gemma2-tiny")["tokens"]
     module, params, _ = pretrained.load(path)
     got, _ = pretrained.apply_with_attention(module, params, tokens)
-    logits = {}
-    for name, rope_parameters in (("scaled", rope), ("unscaled", {**rope, "factor": 1.0})):
-        change = {"rope_parameters": rope_parameters, "query_pre_attn_scalar": 16}
-        folder = copy_checkpoint("gemma2-tiny", tmp_path / name, change)
-        if name == "scaled":  # the file's model: one program runs both
-            folder_model = folder_as_stored(folder, module)
-        else:
-            folder_model = pretrained.load(folder)[:2]
-        logits[name], _ = pretrained.apply_with_attention(*folder_model, tokens)
+    change = {"rope_parameters": rope, "query_pre_attn_scalar": 16}
+    scaled = folder_as_stored(copy_checkpoint("gemma2-tiny", tmp_path / "scaled", change), module)
+    # Unscaled: the fixture's own rope, the model a file without the factor holds (the
+    # test above runs it: one program for both).
+    folder = copy_checkpoint("gemma2-tiny", tmp_path / "unscaled", {"query_pre_attn_scalar": 16})
+    unscaled, unscaled_params, _ = pretrained.load(folder)
+    logits = {
+        "scaled": pretrained.apply_with_attention(*scaled, tokens)[0],
+        "unscaled": pretrained.apply_with_attention(
+            eps_as_stored(unscaled), unscaled_params, tokens
+        )[0],
+    }
     np.testing.assert_allclose(got, logits["scaled"], atol=1e-5)
     assert np.abs(np.asarray(got) - logits["unscaled"]).max() > 1e-3

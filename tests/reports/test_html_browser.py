@@ -46,8 +46,11 @@ def browser():
 @pytest.fixture(scope="module")
 def corpus_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus-page")
-    # One window a batch: the text page's 24-token text then reuses the corpus's programs.
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=1, search_windows=1)
+    # One window a batch, and the loss game on the first window alone: the text page's
+    # 24-token text (that window) then reuses the corpus's programs, its loss game too.
+    cspec = corpus_lib.CorpusSpec(
+        tokens=24, max_windows=4, batch_size=1, search_windows=1, coalition_windows=1
+    )
     spec = dataclasses.replace(SPEC, optimal_weights=True, coalitions=True)
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
     corpus_report.write(summary, out)
