@@ -653,6 +653,13 @@ def test_rate_zero_keeps_every_element():
     assert bool(model.kept_elements(seeds, 5, 0.0).all())
 
 
+def zero_params(init):
+    """Zeros in the shapes and dtypes of `init(key)`'s parameters, made in NumPy from its
+    traced shapes: run op by op, the init compiled its forward pass's operations."""
+    shapes = jax.eval_shape(init, jax.random.PRNGKey(0))["params"]
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
 @pytest.mark.parametrize("num_heads", [2, 4])
 def test_attention_scores_are_scaled_by_the_root_of_the_head_dimension(num_heads):
     """Scaled dot-product attention divides each head's scores by sqrt(head_dim), not by
@@ -664,10 +671,11 @@ def test_attention_scores_are_scaled_by_the_root_of_the_head_dimension(num_heads
     cfg = model.ModelConfig(num_heads=num_heads, dropout_rate=0.0, **SMALL)
     d, head_dim = cfg.embed_dim, cfg.head_dim
     attn = model.CausalSelfAttention(cfg)
-    x = jnp.zeros((1, 2, d)).at[0, 1, 0].set(2.0)
-    params = jax.tree.map(jnp.zeros_like, attn.init(jax.random.PRNGKey(0), x, True)["params"])
+    x = np.zeros((1, 2, d), np.float32)
+    x[0, 1, 0] = 2.0
+    params = zero_params(lambda key: attn.init(key, x, True))
     for name in ("query", "key"):
-        params[name]["kernel"] = jnp.eye(d)
+        params[name]["kernel"] = np.eye(d, dtype=np.float32)
     _, state = attn.apply({"params": params}, x, True, mutable=["intermediates"])
     probs = np.asarray(state["intermediates"]["attention"][0])
     assert probs.shape == (1, num_heads, 2, 2)
@@ -751,10 +759,10 @@ def test_mlp_is_relu_between_its_two_projections():
     features are cut to 0, positive ones pass unchanged (ReLU, not a smooth variant)."""
     cfg = model.ModelConfig(num_heads=2, dropout_rate=0.0, **SMALL)
     mlp = model.Mlp(cfg)
-    x = jnp.linspace(-2.0, 2.0, 2 * 3 * cfg.embed_dim).reshape(2, 3, cfg.embed_dim)
-    params = jax.tree.map(jnp.zeros_like, mlp.init(jax.random.PRNGKey(0), x, True)["params"])
-    params["hidden"]["kernel"] = jnp.eye(cfg.embed_dim, cfg.mlp_dim)
-    params["output"]["kernel"] = jnp.eye(cfg.mlp_dim, cfg.embed_dim)
+    x = np.linspace(-2.0, 2.0, 2 * 3 * cfg.embed_dim, dtype=np.float32).reshape(2, 3, -1)
+    params = zero_params(lambda key: mlp.init(key, x, True))
+    params["hidden"]["kernel"] = np.eye(cfg.embed_dim, cfg.mlp_dim, dtype=np.float32)
+    params["output"]["kernel"] = np.eye(cfg.mlp_dim, cfg.embed_dim, dtype=np.float32)
     got = np.asarray(mlp.apply({"params": params}, x, True))
     np.testing.assert_allclose(got, np.maximum(np.asarray(x), 0.0), rtol=1e-6, atol=1e-7)
 
