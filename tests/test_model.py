@@ -23,6 +23,16 @@ def small_params(key, num_layers=SMALL["num_layers"]):
     return {name: p for name, p in params.items() if name not in dropped}
 
 
+@pytest.fixture(scope="module")
+def one_layer_params():
+    """NumPy copies of one-layer SMALL parameters by seed, drawn once with x64 off (a
+    module fixture is set up before a `float64` test turns it on): under x64 the same
+    `init_params` is another program to compile."""
+    return {
+        seed: jax.tree.map(np.asarray, small_params(jax.random.PRNGKey(seed), 1)) for seed in (0, 1)
+    }
+
+
 def test_parameter_count_is_the_same_for_every_head_count():
     counts = {}
     for heads in (1, 4, 8, 16):
@@ -38,7 +48,8 @@ def test_parameters_are_float32_when_64_bit_arrays_are_on():
     a layer that took the default would train and save float64 weights."""
     assert jnp.zeros(()).dtype == jnp.float64
     module = model.Transformer(model.ModelConfig(num_heads=2, **SMALL))
-    params = model.init_params(module, jax.random.PRNGKey(0))
+    # Traced, not run: the dtypes are the program's, without compiling it under x64.
+    params = jax.eval_shape(lambda key: model.init_params(module, key), jax.random.PRNGKey(0))
     dtypes = {
         jax.tree_util.keystr(p): a.dtype for p, a in jax.tree_util.tree_leaves_with_path(params)
     }
@@ -49,7 +60,8 @@ def test_parameters_are_float32_when_64_bit_arrays_are_on():
     "config",
     [
         dict(num_heads=4, dropout_rate=0.3, **SMALL),
-        dict(num_heads=2, dropout_rate=0.0, vocab_size=7, embed_dim=8, num_layers=3, mlp_dim=5),
+        # Sizes of their own (one layer: each layer more only lengthens the compiling).
+        dict(num_heads=2, dropout_rate=0.0, vocab_size=7, embed_dim=8, num_layers=1, mlp_dim=5),
     ],
 )
 def test_init_params_are_modules_own_initialisation(config):
@@ -249,7 +261,8 @@ def test_attention_dropout_is_unbiased():
     the dropped probabilities are scaled by 1 / keep (here on the values) in expectation."""
     cfg = model.ModelConfig(num_heads=2, dropout_rate=0.5, **SMALL)
     attn = model.CausalSelfAttention(cfg)
-    x = jax.random.normal(jax.random.PRNGKey(0), (1, 6, cfg.embed_dim))
+    # The input shape of the other training-attention tests: their operations are shared.
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, cfg.embed_dim))
     params = attn.init(jax.random.PRNGKey(1), x, True)
     out_no_bias = lambda y: y - params["params"]["out"]["bias"]
     exact = out_no_bias(attn.apply(params, x, True))
@@ -374,15 +387,13 @@ def test_attention_gradient_written_out_matches_autodiff(rate, shape):
     def loss(attend):
         return lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, seeds, rate)) * weights)
 
-    def values_and_gradients(attend):  # one compiled program each, not op by op
-        run = lambda q, k, v: (
-            attend(q, k, v, seeds, rate),
-            jax.grad(loss(attend), (0, 1, 2))(q, k, v),
-        )
-        return jax.jit(run)(q, k, v)
+    def values_and_gradients(q, k, v):  # one compiled program for both, not op by op
+        return [
+            (attend(q, k, v, seeds, rate), jax.grad(loss(attend), (0, 1, 2))(q, k, v))
+            for attend in (model.attend_with_dropout, _attention_by_autodiff)
+        ]
 
-    fused, got = values_and_gradients(model.attend_with_dropout)
-    plain, want = values_and_gradients(_attention_by_autodiff)
+    (fused, got), (plain, want) = jax.jit(values_and_gradients)(q, k, v)
     # Divided by the row sums after the value product, not before: rounding apart.
     np.testing.assert_allclose(fused, plain, rtol=1e-13, atol=1e-14)
     for g, w in zip(got, want, strict=True):
@@ -573,7 +584,7 @@ def test_training_attention_drops_the_first_token_at_every_positive_rate(rate):
 
 @pytest.mark.float64
 def test_training_attention_without_dropout_is_eval_attention_with_its_written_out_gradient(
-    monkeypatch,
+    monkeypatch, one_layer_params
 ):
     """With dropout 0, training mode gives eval mode's outputs and gradients, computed by
     `attend_with_dropout` without seeds (its written-out backward, not autodiff of the
@@ -582,11 +593,8 @@ def test_training_attention_without_dropout_is_eval_attention_with_its_written_o
     cfg = model.ModelConfig(num_heads=4, dropout_rate=0.0, **{**SMALL, "num_layers": 1})
     module = model.Transformer(cfg)
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 0, cfg.vocab_size)
-    params = {
-        "params": jax.tree.map(
-            lambda p: p.astype(jnp.float64), small_params(jax.random.PRNGKey(1), 1)
-        )
-    }
+    # Converted in NumPy, not by a program per parameter shape.
+    params = {"params": jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), one_layer_params[1])}
     seen = []
     real = model.attend_with_dropout
     monkeypatch.setattr(model, "attend_with_dropout", lambda *a: seen.append(a[3:]) or real(*a))
@@ -643,6 +651,13 @@ def test_rate_zero_keeps_every_element():
     assert bool(model.kept_elements(seeds, 5, 0.0).all())
 
 
+def zero_params(init):
+    """Zeros in the shapes and dtypes of `init(key)`'s parameters, made in NumPy from its
+    traced shapes: run op by op, the init compiled its forward pass's operations."""
+    shapes = jax.eval_shape(init, jax.random.PRNGKey(0))["params"]
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
 @pytest.mark.parametrize("num_heads", [2, 4])
 def test_attention_scores_are_scaled_by_the_root_of_the_head_dimension(num_heads):
     """Scaled dot-product attention divides each head's scores by sqrt(head_dim), not by
@@ -654,10 +669,11 @@ def test_attention_scores_are_scaled_by_the_root_of_the_head_dimension(num_heads
     cfg = model.ModelConfig(num_heads=num_heads, dropout_rate=0.0, **SMALL)
     d, head_dim = cfg.embed_dim, cfg.head_dim
     attn = model.CausalSelfAttention(cfg)
-    x = jnp.zeros((1, 2, d)).at[0, 1, 0].set(2.0)
-    params = jax.tree.map(jnp.zeros_like, attn.init(jax.random.PRNGKey(0), x, True)["params"])
+    x = np.zeros((1, 2, d), np.float32)
+    x[0, 1, 0] = 2.0
+    params = zero_params(lambda key: attn.init(key, x, True))
     for name in ("query", "key"):
-        params[name]["kernel"] = jnp.eye(d)
+        params[name]["kernel"] = np.eye(d, dtype=np.float32)
     _, state = attn.apply({"params": params}, x, True, mutable=["intermediates"])
     probs = np.asarray(state["intermediates"]["attention"][0])
     assert probs.shape == (1, num_heads, 2, 2)
@@ -724,9 +740,11 @@ def test_training_attention_handles_scores_whose_exponential_overflows():
     def loss(attend):
         return lambda q, k, v: jnp.sum(attend(q, k, v, seeds, 0.3) * weights)
 
-    both = lambda attend: jax.jit(jax.value_and_grad(loss(attend), (0, 1, 2)))(q, k, v)
-    value, got = both(model.attend_with_dropout)
-    want_value, want = both(_attention_by_autodiff)
+    both = lambda *a: [
+        jax.value_and_grad(loss(attend), (0, 1, 2))(*a)
+        for attend in (model.attend_with_dropout, _attention_by_autodiff)
+    ]
+    (value, got), (want_value, want) = jax.jit(both)(q, k, v)  # one program for the two
     assert np.isfinite(value)
     np.testing.assert_allclose(value, want_value, rtol=1e-12)
     for g, w in zip(got, want, strict=True):
@@ -739,10 +757,10 @@ def test_mlp_is_relu_between_its_two_projections():
     features are cut to 0, positive ones pass unchanged (ReLU, not a smooth variant)."""
     cfg = model.ModelConfig(num_heads=2, dropout_rate=0.0, **SMALL)
     mlp = model.Mlp(cfg)
-    x = jnp.linspace(-2.0, 2.0, 2 * 3 * cfg.embed_dim).reshape(2, 3, cfg.embed_dim)
-    params = jax.tree.map(jnp.zeros_like, mlp.init(jax.random.PRNGKey(0), x, True)["params"])
-    params["hidden"]["kernel"] = jnp.eye(cfg.embed_dim, cfg.mlp_dim)
-    params["output"]["kernel"] = jnp.eye(cfg.mlp_dim, cfg.embed_dim)
+    x = np.linspace(-2.0, 2.0, 2 * 3 * cfg.embed_dim, dtype=np.float32).reshape(2, 3, -1)
+    params = zero_params(lambda key: mlp.init(key, x, True))
+    params["hidden"]["kernel"] = np.eye(cfg.embed_dim, cfg.mlp_dim, dtype=np.float32)
+    params["output"]["kernel"] = np.eye(cfg.mlp_dim, cfg.embed_dim, dtype=np.float32)
     got = np.asarray(mlp.apply({"params": params}, x, True))
     np.testing.assert_allclose(got, np.maximum(np.asarray(x), 0.0), rtol=1e-6, atol=1e-7)
 
@@ -781,7 +799,7 @@ def test_block_normalises_both_sublayer_inputs_with_the_configs_epsilon():
 # x64 on: the cosine offsets below, and so the parameters, are float64; in float32 the
 # comparison below fails its tolerances.
 @pytest.mark.float64
-def test_model_is_its_flax_layers_with_separate_projections(monkeypatch):
+def test_model_is_its_flax_layers_with_separate_projections(monkeypatch, one_layer_params):
     """The joined query/key/value product and the written-out norm change nothing a user
     sees: the model with Flax's RMSNorm and one product per projection (as `nn.Dense`
     computes it) gives the same logits, in evaluation and with dropout, and the same
@@ -790,8 +808,9 @@ def test_model_is_its_flax_layers_with_separate_projections(monkeypatch):
     small = {**SMALL, "num_layers": 1}
     cfg = model.ModelConfig(num_heads=4, dropout_rate=0.2, norm_eps=1e-3, **small)
     module = model.Transformer(cfg)
-    params = small_params(jax.random.PRNGKey(0), 1)
-    params = jax.tree.map(lambda a: a + 0.1 * jnp.cos(jnp.arange(a.size).reshape(a.shape)), params)
+    # In NumPy: op by op in JAX each parameter shape compiled its own few programs.
+    offset = lambda a: a + 0.1 * np.cos(np.arange(a.size)).reshape(a.shape)
+    params = jax.tree.map(lambda a: jnp.asarray(offset(a)), one_layer_params[0])
     tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 11)
     rngs = {"dropout": jax.random.PRNGKey(2)}
 
