@@ -12,7 +12,7 @@ import pytest
 from beyondpar import checkpoints, graphs, measure, metrics, pruning, synergy, tasks, weighting
 from beyondpar import model as model_lib
 from beyondpar.measure import record
-from beyondpar.study import attention_view, evaluate
+from beyondpar.study import attention_view, evaluate, report
 from helpers.launchers import launch_many
 from helpers.paths import DATA
 from helpers.short_reference import short_reference
@@ -95,14 +95,24 @@ def test_tree_evaluation_resumes_and_covers_all_steps(tree, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def launched(tree, tmp_path_factory):
-    """The two command lines of `launch/evaluate.py` the tests below read, run as a user
-    runs them from one batch (`launch_many`: the libraries are imported once): --runs on
-    a copy of `tree` whose group/b@16 is corrupt and whose records end in a torn line, and
-    --reference on a folder holding the released 1-head cycle checkpoint, cut to 16
-    positions (the same weights and file name; the paper's 100 positions cost seconds of
-    metrics and say nothing more about the command line). Returns {case: (folder, result)}."""
-    root = tmp_path_factory.mktemp("corrupt") / "runs"
+def launched(tmp_path_factory):
+    """`launch/evaluate.py --reference` run as a user runs it, on a folder holding the
+    released 1-head cycle checkpoint cut to 16 positions (the same weights and file name;
+    the paper's 100 positions cost seconds of metrics and say nothing more about the
+    command line). What the launcher prints and returns for failed checkpoints is
+    tests/test_launchers.py's. Returns (folder, result)."""
+    out = tmp_path_factory.mktemp("reference")
+    short_reference(out / "ref")
+    cases = [("evaluate.py", [f"--reference={out / 'ref'}", f"--out={out / 'out'}"])]
+    (reference,) = launch_many(cases)
+    return out / "out", reference
+
+
+def test_corrupt_checkpoint_is_reported_and_skipped(tree, tmp_path):
+    """A copy of `tree` whose group/b@16 is corrupt and whose records end in a torn line,
+    evaluated in this process (the model's programs are those of the tree test above):
+    the corrupt checkpoint is a named failure, the others are recorded and reported."""
+    root = tmp_path / "runs"
     shutil.copytree(tree, root)
     step_dir = root / "group" / "b" / "checkpoints" / "16"
     for f in step_dir.rglob("*"):
@@ -110,25 +120,17 @@ def launched(tree, tmp_path_factory):
             f.write_bytes(b"\0" * 7)
     with open(root / evaluate.RECORDS_FILE, "w") as f:
         f.write('{"run": "torn')  # a writer killed mid-line
-    out = tmp_path_factory.mktemp("reference")
-    short_reference(out / "ref")
-    cases = [("evaluate.py", [f"--runs={root}"])]
-    cases.append(("evaluate.py", [f"--reference={out / 'ref'}", f"--out={out / 'out'}"]))
-    corrupt, reference = launch_many(cases)
-    return {"corrupt": (root, corrupt), "reference": (out / "out", reference)}
-
-
-def test_corrupt_checkpoint_is_reported_and_skipped(launched):
-    root, result = launched["corrupt"]
-    assert result.returncode == 1
-    assert "FAILED group/b@16" in result.stdout
+    new, failures = evaluate.evaluate_tree(root, progress=False)
+    assert [name for name, _ in failures] == ["group/b@16"]
+    assert [(r["run"], r["step"]) for r in new] == [("a", 16)]
     records = evaluate.read_records(root / evaluate.RECORDS_FILE)
     assert [(r["run"], r["step"]) for r in records] == [("a", 16)]
+    report.write_report(records, root / "report", failures, runs_root=root)
     assert (root / "report" / "report.md").read_text().count("| a | 16 | copy | 2 | 0 |") == 1
 
 
 def test_evaluate_cli_on_reference(launched):
-    out, result = launched["reference"]
+    out, result = launched
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(ln) for ln in (out / "records.jsonl").read_text().splitlines()]
     assert [r["run"] for r in records] == ["1_heads_cycle.npz"]
@@ -215,48 +217,78 @@ def test_every_record_field_on_the_normalized_walk_without_the_search(normalized
     """Without the optimal mixes, on the normalised walk: it shows TV mixing unsaturated,
     so a field from the wrong operator cannot agree by accident."""
     got, attn, weights, _ = normalized
-    assert_fields_are_their_kernels(got, attn, weights, "normalized", SHORT_HORIZON, MAX_STEPS, EPS)
-    uniform = graphs.combine_heads(attn)
-    uniform_tv = metrics.tv_mixing_time(uniform, EPS, MAX_STEPS, "normalized")
-    assert np.any(np.asarray(got["tv_mixing_time"]) != np.asarray(uniform_tv))
-    uniform_hit = metrics.hitting_time(uniform, MAX_STEPS, "normalized")
-    assert np.abs(np.asarray(got["hitting_time"]) - np.asarray(uniform_hit)).max() > 1e-3
+    on = assert_fields_are_their_kernels(
+        got, attn, weights, "normalized", SHORT_HORIZON, MAX_STEPS, EPS
+    )
+    uniform_tv = on["tv_mixing_time"][:, :, UNIFORM]
+    assert np.any(np.asarray(got["tv_mixing_time"]) != uniform_tv)
+    uniform_hit = on["hitting_time"][:, :, UNIFORM]
+    assert np.abs(np.asarray(got["hitting_time"]) - uniform_hit).max() > 1e-3
+
+
+# Where the learned and the uniform mix sit among the operators the kernels run on: the
+# two mixes, then the heads, one batch (N x L x (2 + H) x T x T) that each kernel compiles
+# once for, rather than once per kind of operator.
+LEARNED, UNIFORM, HEADS = 0, 1, slice(2, None)
+
+
+def operators_of(attn, *mixes):
+    """`attn` (N x L x H x T x T) with each mix of its heads (weights L x H or N x L x H)
+    first, along the head axis."""
+    mixed = [graphs.combine_heads(attn, np.broadcast_to(w, attn.shape[:3])) for w in mixes]
+    return np.concatenate([np.stack(mixed, 2), np.asarray(attn, np.float32)], axis=2)
 
 
 def assert_fields_are_their_kernels(got, attn, weights, walk, horizon, max_steps, eps):
-    """Each field of `got` is its kernel run on the operator it names."""
-    learned = graphs.combine_heads(attn, weights[None])
-    uniform = graphs.combine_heads(attn)
+    """Each field of `got` is its kernel run on the operator it names; returns the kernels'
+    values on every operator (`LEARNED`, `UNIFORM`, `HEADS` along axis 2)."""
+    ops = operators_of(attn, weights, np.full_like(weights, 1 / weights.shape[-1]))
     other = "normalized" if walk == "reference" else "reference"
-    hit = lambda ops, on=walk: metrics.hitting_time(ops, max_steps, on)
-    kernels = {
-        "fidelity": metrics.minimax_fidelity(learned, horizon),
-        "fidelity_uniform": metrics.minimax_fidelity(uniform, horizon),
-        "fidelity_per_head": metrics.minimax_fidelity(attn, horizon),
-        "hitting_time": hit(learned),
-        f"hitting_time_{walk}": hit(learned),
-        f"hitting_time_{other}": hit(learned, other),
-        "hitting_time_uniform": hit(uniform),
-        "hitting_time_per_head": hit(attn),
-        "hitting_time_best_head": np.min(hit(attn), axis=-1),
-        "tv_mixing_time": metrics.tv_mixing_time(learned, eps, max_steps, walk),
-        "spectral_radius": metrics.spectral_radius(learned, walk),
-        "spectral_mixing_time": metrics.spectral_mixing_time(learned, eps, max_steps, walk),
+    on = {
+        "fidelity": metrics.minimax_fidelity(ops, horizon),
+        "hitting_time": metrics.hitting_time(ops, max_steps, walk),
+        "other_walk": metrics.hitting_time(ops, max_steps, other),
+        "tv_mixing_time": metrics.tv_mixing_time(ops, eps, max_steps, walk),
+        "spectral_radius": metrics.spectral_radius(ops, walk),
+        "spectral_mixing_time": metrics.spectral_mixing_time(ops, eps, max_steps, walk),
     }
+    on = {name: np.asarray(value) for name, value in on.items()}
+    hit = on["hitting_time"]
+    kernels = {
+        "fidelity": on["fidelity"][:, :, LEARNED],
+        "fidelity_uniform": on["fidelity"][:, :, UNIFORM],
+        "fidelity_per_head": on["fidelity"][:, :, HEADS],
+        "hitting_time": hit[:, :, LEARNED],
+        f"hitting_time_{walk}": hit[:, :, LEARNED],
+        f"hitting_time_{other}": on["other_walk"][:, :, LEARNED],
+        "hitting_time_uniform": hit[:, :, UNIFORM],
+        "hitting_time_per_head": hit[:, :, HEADS],
+        "hitting_time_best_head": np.min(hit[:, :, HEADS], axis=-1),
+    }
+    for name in ("tv_mixing_time", "spectral_radius", "spectral_mixing_time"):
+        kernels[name] = on[name][:, :, LEARNED]
     for name, value in kernels.items():
         np.testing.assert_allclose(got[name], value, rtol=2e-4, atol=1e-6, err_msg=name)
+    return on
+
+
+SUFFIXES = ("", "_in_sample")  # the held-out and the in-sample optimum
 
 
 def test_synergy_fields_of_a_record_are_the_functions_on_its_attention(searched):
     got, attn, *_ = searched
-    for suffix in ("", "_in_sample"):  # per sequence: its own weights, scored on it
-        w_fid = got[f"optimal_weights_fidelity{suffix}"]
-        w_hit = got[f"optimal_weights_hitting_time{suffix}"]
-        np.testing.assert_allclose(w_fid.sum(-1), 1.0, rtol=1e-5)
-        opt_fid = metrics.minimax_fidelity(graphs.combine_heads(attn, w_fid), HORIZON)
-        np.testing.assert_allclose(got[f"fidelity_optimal{suffix}"], opt_fid, rtol=1e-4)
-        opt_hit = metrics.hitting_time(graphs.combine_heads(attn, w_hit), MAX_STEPS)
-        np.testing.assert_allclose(got[f"hitting_time_optimal{suffix}"], opt_hit, rtol=1e-4)
+    # The four optimal mixes and two heads: the operators' shape of the field test above,
+    # whose compiled kernels score them.
+    names = [f"optimal_weights_{o}{s}" for o in ("fidelity", "hitting_time") for s in SUFFIXES]
+    ops = operators_of(attn, *(got[name] for name in names))[:, :, :6]
+    opt_fid = np.asarray(metrics.minimax_fidelity(ops, HORIZON))
+    opt_hit = np.asarray(metrics.hitting_time(ops, MAX_STEPS))
+    for i, suffix in enumerate(SUFFIXES):  # per sequence: its own weights, scored on it
+        np.testing.assert_allclose(got[f"optimal_weights_fidelity{suffix}"].sum(-1), 1.0, rtol=1e-5)
+        fid = opt_fid[:, :, i]
+        np.testing.assert_allclose(got[f"fidelity_optimal{suffix}"], fid, rtol=1e-4)
+        hit = opt_hit[:, :, 2 + i]
+        np.testing.assert_allclose(got[f"hitting_time_optimal{suffix}"], hit, rtol=1e-4)
     # In sample, one weight vector for all sequences: never worse than the learned mix or
     # any one head on the mean over sequences.
     inside = got["fidelity_optimal_in_sample"].mean(0)
@@ -291,15 +323,18 @@ def test_the_optimum_of_each_sequence_is_searched_on_the_other_fold(searched):
     np.testing.assert_array_equal(w[2], w[3])
     assert np.abs(w[0] - w[2]).max() > 1e-3
     learned = got["head_weights"][0]
-    for fold, other in (([0, 1], [2, 3]), ([2, 3], [0, 1])):
-        searched_on = attn[other]  # 2 x L x H x T x T
-        score = lambda mix, on=searched_on: metrics.minimax_fidelity(
-            graphs.combine_heads(on, np.broadcast_to(mix, (2, *mix.shape))), HORIZON
-        ).mean(0)
-        found = score(w[fold[0]])
-        anchors = [learned, np.full_like(learned, 0.25), *np.eye(4)[:, None].repeat(4, 1)]
-        for anchor in anchors:
-            assert np.all(found >= score(anchor) - 1e-6)
+    # Sequences 0, 1 scored with the weights searched on them (fold 2, 3's), and 2, 3 with
+    # fold 0, 1's; then every anchor: the learned mix, the uniform one and each head alone.
+    ops = operators_of(attn, w[[2, 2, 0, 0]], learned, np.full_like(learned, 0.25))
+    # Two batches of the field test's operators' shape: its compiled kernel scores them.
+    first, last = (
+        np.asarray(metrics.minimax_fidelity(o, HORIZON)) for o in (ops[:, :, :6], ops[:, :, 1:])
+    )
+    scores = np.concatenate([first, last[..., 5:]], -1)  # N x L x (1 + 2 + H)
+    on_fold = scores.reshape(2, 2, *scores.shape[1:]).mean(1)  # the mean over each fold
+    found, anchors = on_fold[..., :1], on_fold[..., 1:]
+    assert anchors.shape[-1] == 6
+    assert np.all(found >= anchors - 1e-6)
 
 
 def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
