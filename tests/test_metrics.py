@@ -547,7 +547,7 @@ def test_the_papers_length_takes_the_triangular_path_unless_its_recursions_share
     for t in (63, 64, 100, 128):
         c = causal(t, (1,), t)
         for walk in WALKS:
-            metrics.operator_metrics(c, horizon=2, max_steps=2, walk=walk)
+            metrics.operator_metrics(c, horizon=2, max_steps=2, walk=walk, validate=False)
     assert compiled == [None, None, 16, None, 25, None, 32, 32]
     assert metrics.triangular_tile(causal(1, (1,), 100)) == 25
 
@@ -600,7 +600,7 @@ def test_batches_equal_loop():
 
 
 @pytest.mark.float64
-@pytest.mark.parametrize("n", [1, 3, 5, 23, 41])
+@pytest.mark.parametrize("n", [1, 3, 5, 23])  # over four devices: pads of 3, 1, 3 and 1
 def test_odd_batch_sizes_pad_and_shard(n):
     mats = causal(n, (n,), 8)
     got = metrics.minimax_fidelity(mats, 10)
