@@ -528,14 +528,14 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(corpus_command_line
 
 def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path, corpus_command_lines):
     models = SERIES_MODELS
-    # Two batches a model, of three and one: the shapes of `corpus_run`'s windows.
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=3)
+    # One batch of three a model: a shape of `corpus_run`'s windows.
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=3, batch_size=3)
     out = tmp_path / "series"
     records, written = series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
     assert [r["model"] for r in records] == models
     for record, model in zip(records, models, strict=True):
         summary = json.loads((out / Path(model).name / "corpus.json").read_text())
-        assert summary["num_windows"] == 4 and summary["source"] == model
+        assert summary["num_windows"] == 3 and summary["source"] == model
         for layer, row in record["layers"].items():
             d = summary["layers"][layer]
             uniform = d["mixes"]["uniform"]["fidelity"]["mean"]
