@@ -321,10 +321,11 @@ def test_a_corpus_run_computes_its_baselines_once(tmp_path, monkeypatch):
     counted = lambda *args: calls.append(args) or real(*args)
     monkeypatch.setattr(text_lib, "baselines", counted)
     monkeypatch.setattr(corpus_lib.measure, "baselines", counted)
-    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=4, batch_size=2)  # two batches
+    # Two batches, of three and one: the shapes of `corpus_run`'s windows.
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=3)
     summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
     assert len(calls) == 1
-    assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 16, rel=1e-5)
+    assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 24, rel=1e-5)
 
 
 def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tmp_path):
@@ -527,14 +528,14 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(corpus_command_line
 
 def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path, corpus_command_lines):
     models = SERIES_MODELS
-    # Two batches of two a model: the shape the other tests of 16 tokens compile.
-    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=4, batch_size=2)
+    # One batch of three a model: a shape of `corpus_run`'s windows.
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=3, batch_size=3)
     out = tmp_path / "series"
     records, written = series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
     assert [r["model"] for r in records] == models
     for record, model in zip(records, models, strict=True):
         summary = json.loads((out / Path(model).name / "corpus.json").read_text())
-        assert summary["num_windows"] == 4 and summary["source"] == model
+        assert summary["num_windows"] == 3 and summary["source"] == model
         for layer, row in record["layers"].items():
             d = summary["layers"][layer]
             uniform = d["mixes"]["uniform"]["fidelity"]["mean"]
@@ -548,7 +549,7 @@ def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path, corpus_c
     series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
     assert (windows.stat().st_mtime_ns, (out / "series.jsonl").read_text()) == before
     other = corpus_lib.CorpusSpec(tokens=12, max_windows=3)
-    with pytest.raises(ValueError, match="other settings.*tokens: 16 -> 12"):
+    with pytest.raises(ValueError, match="other settings.*tokens: 24 -> 12"):
         series.run_corpus(models, TEXT, other, SPEC, out, progress=False)
     # The same series from the command line (`corpus_command_lines`).
     cli, _, done = corpus_command_lines
@@ -672,7 +673,7 @@ def test_an_edited_corpus_is_refused_on_a_rerun(tmp_path):
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "a.txt").write_text(TEXT.read_text())
-    cspec = corpus_lib.CorpusSpec(tokens=16, max_windows=2)
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=3)  # `corpus_run`'s shapes
     out = tmp_path / "out"
     corpus_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
     before = (out / corpus_lib.WINDOWS_FILE).read_text()
@@ -709,17 +710,17 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
 
 
 def test_each_record_names_its_windows_document_and_position():
-    """Four windows of two documents, two per batch: the second batch holds the first
-    document's third window and the second document's first."""
+    """Four windows of two documents, three per batch: the second batch holds the second
+    document's third window, at position 2 of its document, not of its batch."""
     module, params, _ = pretrained.load(HF / "llama-tiny")
-    tokens = np.arange(4 * 16).reshape(4, 16) % 50 + 1  # the series test's shapes
-    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 0, 0, 1]))
+    tokens = np.arange(4 * 24).reshape(4, 24) % 50 + 1  # the series test's shapes
+    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 1, 1, 1]))
     got = {}
     corpus_lib.analyze_windows(
-        module, params, picked, [0, 1, 2, 3], SPEC, 2, got.__setitem__, progress=False
+        module, params, picked, [0, 1, 2, 3], SPEC, 3, got.__setitem__, progress=False
     )
-    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 0, 2: 0, 3: 1}
-    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 1, 2: 2, 3: 0}
+    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 1, 2: 1, 3: 1}
+    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1, 3: 2}
 
 
 def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
