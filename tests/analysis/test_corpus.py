@@ -363,10 +363,12 @@ def test_rerun_skips_done_windows_and_finishes_an_interrupted_one(corpus_run, tm
 
 def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_path):
     """The weights split over two devices along model (GQA: 4 heads on 2 kv heads), each
-    batch over two along data: every window's numbers as on one device."""
+    batch of two over two along data (the last, of one, whole on both): every window's
+    numbers as on one device."""
     out, _, _, cspec, spec = corpus_run
     mesh = parallel.model_mesh(2, 2)
-    records_only = dataclasses.replace(cspec, pruning=False)  # the curves are not per window
+    # The curves are not per window; batches of the shared run's 3 would not split in two.
+    records_only = dataclasses.replace(cspec, pruning=False, batch_size=2)
     corpus_lib.run(HF / "llama-tiny", TEXT, records_only, spec, tmp_path, mesh=mesh, progress=False)
     done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
     sharded = lines(tmp_path / corpus_lib.WINDOWS_FILE)
