@@ -367,11 +367,17 @@ def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
     # nothing is left above it, from what token 2 itself holds.
     filling = [[1, 0, 0, 0], [0.02, 0.98, 0, 0], [0.01, 0.01, 0.98, 0], [0.19, 0.1, 0.1, 0.61]]
     cases.append(np.asarray(filling, dtype))
+    # Token 0's running maximum is the lowest from step 2, when it holds less than it did,
+    # but tokens 1 and 3 still hold shares that reach it later (0.125 -> 0.2734375 by step
+    # 8): settled by the share at or after it, never by its own share alone.
+    late = [[1, 0, 0, 0, 0], [0.9375, 0.0625, 0, 0, 0], [0, 1, 0, 0, 0]]
+    late += [[0.125, 0, 0.875, 0, 0], [0, 0.125, 0, 0.3125, 0.5625]]
+    cases.append(np.asarray(late, dtype))
     # Of the mixes' shape, so that their programs serve the chains: token 1's fidelity
     # peaks at steps 39, 55, 69 and 93 (within 100 steps), 139 and 279 (cut).
     chains = np.stack([chain(30, keep) for keep in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)])
     cases += [chains.astype(dtype)] * 2
-    for c, k in zip(cases, (100, 100, 7, 100, 100, 7, 100), strict=True):
+    for c, k in zip(cases, (100, 100, 7, 100, 100, 8, 7, 100), strict=True):
         every_step = np.min(np.asarray(metrics.node_fidelity(c, k)), axis=-1)
         np.testing.assert_array_equal(metrics.minimax_fidelity(c, k), every_step)
         got = metrics.objective_unchecked(c, "fidelity", k, 1, "reference")
