@@ -173,6 +173,8 @@ def test_head_mask_of_ones_is_the_model_and_zero_removes_the_head(tmp_path, name
     edited = jax.tree.map(lambda x: x, params)
     layer = pretrained.layer_name(module, 0)
     out_name = {"gpt2-tiny": "c_proj", "neox-tiny": "dense", "qwen3-tiny": "o_proj"}[name]
+    # Placed as the loaded kernel is, so the edited model runs the plain model's program.
+    kernel = jax.device_put(kernel, params[layer][out_name]["kernel"].sharding)
     edited[layer] = {**params[layer], out_name: {**params[layer][out_name], "kernel": kernel}}
     want, _ = pretrained.apply_with_attention(module, edited, tokens)
     np.testing.assert_allclose(got, want, atol=1e-5)
