@@ -410,11 +410,10 @@ def test_series_of_checkpoints_resumes_and_refuses_other_settings(command_lines)
     assert first["layers"]["1"]["uniform_fidelity_pct"] == pytest.approx(uniform, rel=1e-6)
     # The rerun in this process resumes too; another horizon is refused.
     models = series.expand(str(tmp_path / "ckpts" / "step*"))
-    nopairwise = SERIES_SPEC
-    series.run(models, SHORT, nopairwise, out, progress=False)
+    series.run(models, SHORT, SERIES_SPEC, out, progress=False)
     assert len((out / "series.jsonl").read_text().splitlines()) == 2
     assert (out / "step20" / "report.md").stat().st_mtime_ns == OLD_NS
-    other = dataclasses.replace(nopairwise, horizon=30)
+    other = dataclasses.replace(SERIES_SPEC, horizon=30)
     with pytest.raises(ValueError, match=r"other settings \(spec.horizon: 40 -> 30\)"):
         series.run(models, SHORT, other, out, progress=False)
     assert series.label("pythia-160m/step143000") == "step 143000"
