@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -42,12 +43,10 @@ def test_text_record_measures_the_models_own_attention():
         weights = graphs.head_importance(kernel, 4)
         learned = graphs.combine_heads(attn[layer], weights)
         got = record["layers"][layer]
-        np.testing.assert_allclose(
-            got["mixes"]["learned"]["fidelity"][0], metrics.minimax_fidelity(learned, 40), rtol=1e-4
-        )
-        np.testing.assert_allclose(
-            got["heads"]["fidelity"][0], metrics.minimax_fidelity(attn[layer], 40), rtol=1e-4
-        )
+        # The heads and their learned mix in one batch: one program for both.
+        fidelity = metrics.minimax_fidelity(np.concatenate([attn[layer], learned[None]]), 40)
+        np.testing.assert_allclose(got["mixes"]["learned"]["fidelity"][0], fidelity[4], rtol=1e-4)
+        np.testing.assert_allclose(got["heads"]["fidelity"][0], fidelity[:4], rtol=1e-4)
         np.testing.assert_allclose(
             got["heads"]["hitting_time_reference"][0],
             metrics.hitting_time(attn[layer], 40, "reference"),
@@ -57,7 +56,7 @@ def test_text_record_measures_the_models_own_attention():
             got["heads"]["tv_mixing_time_normalized"][0],
             metrics.tv_mixing_time(attn[layer], 0.25, 40, "normalized"),
         )
-        assert got["best_head"][0] == int(np.argmax(metrics.minimax_fidelity(attn[layer], 40)))
+        assert got["best_head"][0] == int(np.argmax(fidelity[:4]))
     all_weights = np.stack(
         [
             graphs.head_importance(np.asarray(params[f"h_{i}"]["c_proj"]["kernel"]), 4)
@@ -155,13 +154,27 @@ def analyze_many(*command_lines):
 MESH_VALUES = ("data:2,model", "data:0,model:2", "tensor:2")
 # SPEC's horizon and step cap: the command lines measure what `short_record` measured.
 SPEC_FLAGS = ["--horizon=40", "--max_steps=40", "--nopairwise"]
+SERIES_SPEC = dataclasses.replace(SPEC, pairwise=False, layers=(1,))  # series_flags'
+OLD_NS = 10**18  # a date no analysis writes at
 MESH_FLAGS = [f"--text={SHORT}", *SPEC_FLAGS, "--layers=1"]
 
 
 def series_flags(folder: Path) -> list[str]:
-    """The series command line over the two checkpoints under `folder`/ckpts."""
+    """The series command line over the two checkpoints under `folder`/ckpts, layer 1
+    only (the layer the test reads)."""
     ckpts = folder / "ckpts" / "step*"
-    return [f"--model={ckpts}", f"--text={SHORT}", f"--out={folder / 'series'}"]
+    return [f"--model={ckpts}", f"--text={SHORT}", f"--out={folder / 'series'}", "--layers=1"]
+
+
+def analysed_series(folder: Path) -> None:
+    """The series over `folder`/ckpts analysed in this process with SERIES_SPEC (the
+    programs of `short_record("gpt2-tiny")`), its checkpoint reports dated OLD_NS and
+    its summary removed: the command line must resume it and write the summary."""
+    models = series.expand(str(folder / "ckpts" / "step*"))
+    series.run(models, SHORT, SERIES_SPEC, folder / "series", progress=False)
+    for report in (folder / "series").glob("step*/report.md"):
+        os.utime(report, ns=(OLD_NS, OLD_NS))
+    (folder / "series" / "series.md").unlink()
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +201,11 @@ def command_lines(tmp_path_factory):
     series_folder = tmp_path_factory.mktemp("series")
     for step in (100, 20):
         shutil.copytree(HF / "gpt2-tiny", series_folder / "ckpts" / f"step{step}")
+    analysed_series(series_folder)
     groups["series"] = (
         series_folder,
-        # The series, then the same folder with another horizon (refused, run after it).
+        # The series resumed (nothing left to analyse with these flags' settings), then
+        # the same folder with another horizon (refused, run after it).
         [
             [*series_flags(series_folder), *SPEC_FLAGS],
             [*series_flags(series_folder), "--horizon=30", "--max_steps=40", "--nopairwise"],
@@ -240,7 +255,7 @@ def test_operator_fields_of_both_walks_come_from_one_sweep():
 
 
 @pytest.mark.float64
-def test_sink_mass_drop_and_uniform_baseline_closed_forms():
+def test_sink_mass_and_drop_closed_forms():
     attn = np.tril(np.random.default_rng(0).random((2, 3, 6, 6)))
     attn /= attn.sum(-1, keepdims=True)
     np.testing.assert_allclose(graphs.sink_mass(attn), attn[..., 0].mean(-1))
@@ -251,11 +266,17 @@ def test_sink_mass_drop_and_uniform_baseline_closed_forms():
     parked = np.zeros((4, 4))
     parked[:, 0] = 1  # every query reads only token 0
     np.testing.assert_array_equal(graphs.drop_sink_tokens(parked, 1), np.eye(3))
-    for t in (5, 40, 120):  # uniform causal attention keeps exactly 1/T of its worst token
-        base = measure.baseline(t, SPEC)
-        assert base["fidelity"] == pytest.approx(1 / t, rel=1e-5)
     with pytest.raises(ValueError, match=r"sink_tokens must be in \[0, 5\) for T=6 tokens, got 5"):
         graphs.drop_sink_tokens(attn, 5)
+
+
+def test_uniform_baseline_closed_form():
+    """Uniform causal attention keeps exactly 1/T of its worst token: in float32, as the
+    records compute it, shorter than SPEC's horizon, and at the 44 tokens of SHORT (the
+    program of `short_record`'s baseline) and well past the horizon."""
+    for t in (5, 44, 120):
+        base = measure.baseline(t, SPEC)
+        assert base["fidelity"] == pytest.approx(1 / t, rel=1e-5)
 
 
 def test_sink_tokens_analysis_measures_the_graph_without_them():
@@ -369,6 +390,9 @@ def test_analyze_cli_mesh_flag(command_lines):
 def test_series_of_checkpoints_resumes_and_refuses_other_settings(command_lines):
     (done, refused), tmp_path = command_lines["series"]
     out = tmp_path / "series"
+    # The command line resumed the series this process analysed (its flags are
+    # SERIES_SPEC, or it would have been refused): it analysed nothing again, and wrote
+    # the summary; a refusal on the command line is its one-line exit 2.
     assert done.returncode == 0, done.stderr[-2000:]
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "other settings (spec.horizon: 40 -> 30)" in refused.stderr.strip().splitlines()[-1]
@@ -376,20 +400,18 @@ def test_series_of_checkpoints_resumes_and_refuses_other_settings(command_lines)
     assert report.index("| step 20 |") < report.index("| step 100 |")
     lines = (out / "series.jsonl").read_text().splitlines()
     assert len(lines) == 2
+    assert (out / "step20" / "report.md").stat().st_mtime_ns == OLD_NS
     record = short_record("gpt2-tiny")  # ckpts/step20 is a copy of it, measured with SPEC
     first = json.loads(lines[1])  # step20 sorts after step100 as a path
     assert first["label"] == "step 20"
     uniform = 100 * np.mean(record["layers"][1]["mixes"]["uniform"]["fidelity"])
     assert first["layers"]["1"]["uniform_fidelity_pct"] == pytest.approx(uniform, rel=1e-6)
-    mtime = (out / "step20" / "report.md").stat().st_mtime_ns
-    # The reruns in this process (SPEC_FLAGS are the spec below): the command line above
-    # wrote the folder they resume; a refusal on the command line is its one-line exit 2.
+    # The rerun in this process resumes too; another horizon is refused.
     models = series.expand(str(tmp_path / "ckpts" / "step*"))
-    nopairwise = dataclasses.replace(SPEC, pairwise=False)
-    series.run(models, SHORT, nopairwise, out, progress=False)
+    series.run(models, SHORT, SERIES_SPEC, out, progress=False)
     assert len((out / "series.jsonl").read_text().splitlines()) == 2
-    assert (out / "step20" / "report.md").stat().st_mtime_ns == mtime
-    other = dataclasses.replace(nopairwise, horizon=30)
+    assert (out / "step20" / "report.md").stat().st_mtime_ns == OLD_NS
+    other = dataclasses.replace(SERIES_SPEC, horizon=30)
     with pytest.raises(ValueError, match=r"other settings \(spec.horizon: 40 -> 30\)"):
         series.run(models, SHORT, other, out, progress=False)
     assert series.label("pythia-160m/step143000") == "step 143000"
