@@ -218,10 +218,13 @@ def test_sink_mass_of_uniform_causal_attention_has_a_closed_form(t):
     """Under uniform causal attention query i puts min(i + 1, k) / (i + 1) on the first k
     keys, so the sink mass is the mean of that over the T queries, for every k."""
     attn = graphs.uniform_causal(t, dtype=np.float64)
-    for k in range(1, t + 1):
+    # Every k in one program (eagerly, each k's slice is a program of its own).
+    masses = jax.jit(lambda a: [graphs.sink_mass(a, k) for k in range(1, t + 1)])(attn)
+    for k, mass in enumerate(masses, start=1):
         want = np.mean([min(i + 1, k) / (i + 1) for i in range(t)])
-        np.testing.assert_allclose(graphs.sink_mass(attn, k), want, rtol=1e-12, err_msg=k)
-    np.testing.assert_allclose(graphs.sink_mass(attn, t), 1.0, rtol=1e-12)
+        assert mass.dtype == np.float64
+        np.testing.assert_allclose(mass, want, rtol=1e-12, err_msg=k)
+    np.testing.assert_allclose(masses[t - 1], 1.0, rtol=1e-12)
 
 
 @pytest.mark.float64
