@@ -96,17 +96,20 @@ def numpy_rollout(attn_LxHxTxT, weights_LxH, residual):
 
 
 def test_rollout_of_identity_attention_is_identity():
-    attn = np.broadcast_to(np.eye(6), (3, 2, 6, 6))
-    np.testing.assert_array_equal(graphs.rollout(attn), np.eye(6))
-    np.testing.assert_array_equal(graphs.rollout_sink(attn), np.eye(6)[-1])
+    attn = np.broadcast_to(np.eye(6, dtype=np.float32), (3, 2, 6, 6))
+    # Both in one program, not a program per operation.
+    rollout, sink = jax.jit(lambda a: (graphs.rollout(a), graphs.rollout_sink(a)))(attn)
+    np.testing.assert_array_equal(rollout, np.eye(6))
+    np.testing.assert_array_equal(sink, np.eye(6)[-1])
 
 
 def test_one_layer_without_residual_is_the_mixed_heads():
-    attn = graphs.random_causal(0, (1, 3), 7, dtype=np.float64)
-    w = np.array([[1.0, 2.0, 5.0]])
-    np.testing.assert_allclose(
-        graphs.rollout(attn, w, residual=0.0), graphs.combine_heads(attn[0], w[0]), rtol=1e-14
-    )
+    attn = graphs.random_causal(0, (1, 3), 7)
+    w = np.array([[1.0, 2.0, 5.0]], np.float32)
+    # Both in one program, not a program per operation.
+    both = lambda a, w: (graphs.rollout(a, w, residual=0.0), graphs.combine_heads(a[0], w[0]))
+    rollout, mixed = jax.jit(both)(attn, w)
+    np.testing.assert_allclose(rollout, mixed, rtol=1e-14)
 
 
 RESIDUALS = (0.0, 0.3, 0.5)
