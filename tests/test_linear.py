@@ -118,10 +118,10 @@ def test_projections_together_are_flax_denses_with_the_same_parameters(dtype):
     together they give each Dense's output and gradients, split at unequal widths."""
     x = normal(3, (2, 3, 4), dtype)
     ours, theirs = ThreeDense((3, 5, 2), True), ThreeDense((3, 5, 2), False)
-    # Each module's calls as one program, not op by op: a program per op costs more.
+    # Both modules' calls as one program, not op by op: a program per op costs more.
+    both = lambda k: (_three_dense_calls(ours, k, x), _three_dense_calls(theirs, k, x))
     key = jax.random.PRNGKey(4)
-    params, got, got_grads = jax.jit(lambda k: _three_dense_calls(ours, k, x))(key)
-    want_params, want, want_grads = jax.jit(lambda k: _three_dense_calls(theirs, k, x))(key)
+    (params, got, got_grads), (want_params, want, want_grads) = jax.jit(both)(key)
     jax.tree.map(np.testing.assert_array_equal, params, want_params)
     assert [g.shape for g in got] == [(2, 3, 3), (2, 3, 5), (2, 3, 2)]
     for a, b in zip(got, want, strict=True):
