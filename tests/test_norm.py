@@ -95,9 +95,11 @@ def test_default_epsilon_is_flax_rmsnorms():
     """Without an epsilon the norm is Flax's default one (1e-6): rows whose mean square is
     of the order of epsilon show any other."""
     x = 1e-3 * normal(7, (4, 6), np.float64)
-    params = norm.RMSNorm().init(jax.random.PRNGKey(8), x)
-    got = norm.RMSNorm().apply(params, x)
-    np.testing.assert_array_equal(got, nn.RMSNorm().apply(params, x))
+    # One program for the parameters and both norms, not a program per operation.
+    both = lambda a, p: (norm.RMSNorm().apply(p, a), nn.RMSNorm().apply(p, a))
+    got, theirs = jax.jit(lambda a, k: both(a, norm.RMSNorm().init(k, a)))(x, jax.random.PRNGKey(8))
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, theirs)
     want = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
