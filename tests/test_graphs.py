@@ -96,17 +96,32 @@ def numpy_rollout(attn_LxHxTxT, weights_LxH, residual):
 
 
 def test_rollout_of_identity_attention_is_identity():
-    attn = np.broadcast_to(np.eye(6), (3, 2, 6, 6))
-    np.testing.assert_array_equal(graphs.rollout(attn), np.eye(6))
-    np.testing.assert_array_equal(graphs.rollout_sink(attn), np.eye(6)[-1])
+    attn = np.broadcast_to(np.eye(6, dtype=np.float32), (3, 2, 6, 6))
+    # Both in one program, not a program per operation.
+    rollout, sink = jax.jit(lambda a: (graphs.rollout(a), graphs.rollout_sink(a)))(attn)
+    np.testing.assert_array_equal(rollout, np.eye(6))
+    np.testing.assert_array_equal(sink, np.eye(6)[-1])
 
 
 def test_one_layer_without_residual_is_the_mixed_heads():
-    attn = graphs.random_causal(0, (1, 3), 7, dtype=np.float64)
-    w = np.array([[1.0, 2.0, 5.0]])
-    np.testing.assert_allclose(
-        graphs.rollout(attn, w, residual=0.0), graphs.combine_heads(attn[0], w[0]), rtol=1e-14
-    )
+    attn = graphs.random_causal(0, (1, 3), 7)
+    w = np.array([[1.0, 2.0, 5.0]], np.float32)
+    # Both in one program, not a program per operation.
+    both = lambda a, w: (graphs.rollout(a, w, residual=0.0), graphs.combine_heads(a[0], w[0]))
+    rollout, mixed = jax.jit(both)(attn, w)
+    np.testing.assert_allclose(rollout, mixed, rtol=1e-14)
+
+
+RESIDUALS = (0.0, 0.3, 0.5)
+
+
+@jax.jit
+def rollouts_and_sink_rows(attn, weights):
+    """Each of RESIDUALS' rollout and sink row, in one program (eagerly, a program per
+    operation); both models' attention has one shape, so they share it."""
+    return [
+        (graphs.rollout(attn, weights, r), graphs.rollout_sink(attn, weights, r)) for r in RESIDUALS
+    ]
 
 
 @pytest.mark.float64
@@ -115,35 +130,41 @@ def test_rollout_matches_numpy_on_pretrained_attention(name):
     attn = np.load(DATA / "hf" / name / "expected.npz")["attention"].astype(np.float64)
     rng = np.random.default_rng(1)
     weights = rng.random(attn.shape[1:3])
-    for residual in (0.0, 0.3, 0.5):
-        got = graphs.rollout(attn, weights, residual)
+    got_by_residual = rollouts_and_sink_rows(attn, weights)
+    for residual, (got, sink) in zip(RESIDUALS, got_by_residual, strict=True):
+        assert got.dtype == sink.dtype == np.float64
         for b in range(attn.shape[0]):
             ref = numpy_rollout(attn[b], weights, residual)
             np.testing.assert_allclose(got[b], ref, rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(np.sum(got, -1), 1.0, rtol=1e-6)  # float32 rows: stochastic
-        sink = graphs.rollout_sink(attn, weights, residual)
         np.testing.assert_allclose(sink, got[..., -1, :], rtol=1e-10, atol=1e-14)
+
+
+def mixed_rows_and_products(attn, weights):
+    """Each layer's mix, and for residuals 0 and 0.3: the sink's row from the mixes and
+    from `rollout_sink`, the running product of `rollout_step` and `rollout` (one program,
+    not a program per operation)."""
+    mixed = [graphs.combine_heads(attn[:, layer], weights[layer]) for layer in range(3)]
+    by_residual = []
+    for residual in (0.0, 0.3):
+        product = graphs.layer_operator(mixed[0], residual)
+        for layer in (1, 2):
+            product = graphs.rollout_step(product, graphs.layer_operator(mixed[layer], residual))
+        sink = graphs.rollout_sink(attn, weights, residual)
+        rollout = graphs.rollout(attn, weights, residual)
+        by_residual.append((graphs.rollout_sink_of_mixed(mixed, residual), sink, product, rollout))
+    return mixed, by_residual
 
 
 def test_rollout_from_mixed_layers_and_its_steps_match_the_rollout():
     """The sink's row from the layers' mixes, one layer at a time, is `rollout_sink`'s, and
     the running product of `rollout_step` over the layer operators is `rollout`'s."""
     attn = graphs.random_causal(2, (2, 3, 4), 9)  # B x L x H x T x T, float32
-    weights = np.random.default_rng(2).random((3, 4))
-    mixed = [graphs.combine_heads(attn[:, layer], weights[layer]) for layer in range(3)]
-    for residual in (0.0, 0.3):
-        np.testing.assert_allclose(
-            graphs.rollout_sink_of_mixed(mixed, residual),
-            graphs.rollout_sink(attn, weights, residual),
-            rtol=1e-6,
-            atol=1e-8,
-        )
-        product = graphs.layer_operator(mixed[0], residual)
-        for layer in (1, 2):
-            product = graphs.rollout_step(product, graphs.layer_operator(mixed[layer], residual))
-        np.testing.assert_allclose(
-            product, graphs.rollout(attn, weights, residual), rtol=1e-6, atol=1e-8
-        )
+    weights = np.random.default_rng(2).random((3, 4)).astype(np.float32)
+    mixed, by_residual = jax.jit(mixed_rows_and_products)(attn, weights)
+    for from_mixed, sink, product, rollout in by_residual:
+        np.testing.assert_allclose(from_mixed, sink, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(product, rollout, rtol=1e-6, atol=1e-8)
     with pytest.raises(ValueError, match="mixed_layers must hold at least one layer, got none"):
         graphs.rollout_sink_of_mixed([])
     with pytest.raises(ValueError, match="residual must be a number in"):
@@ -167,9 +188,13 @@ def test_bad_rollout_arguments(call, message):
         call(attn)
 
 
+# One program per size and dtype (eagerly, a program per operation).
+uniform_causal = jax.jit(graphs.uniform_causal, static_argnums=(0, 1))
+
+
 @pytest.mark.parametrize("t", [1, 2, 7, 64])
 def test_uniform_causal_rows_sum_to_one_and_spread_evenly(t):
-    a = np.asarray(graphs.uniform_causal(t), np.float64)
+    a = np.asarray(uniform_causal(t), np.float64)
     np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-6)
     for i in range(t):
         np.testing.assert_allclose(a[i, : i + 1], 1.0 / (i + 1), rtol=1e-6)
@@ -184,7 +209,7 @@ def test_uniform_causal_is_built_in_the_dtype_asked_for(dtype):
     """A baseline read against a head in low precision must be in that precision: the
     result has the requested dtype and holds 1 / (i + 1) rounded to it, not a float32 or
     float64 value that would promote whatever it is combined with."""
-    a = graphs.uniform_causal(6, dtype)
+    a = uniform_causal(6, dtype)
     assert a.dtype == dtype
     want = np.tril(np.ones((6, 6))) / np.arange(1, 7)[:, None]
     np.testing.assert_array_equal(
@@ -218,10 +243,13 @@ def test_sink_mass_of_uniform_causal_attention_has_a_closed_form(t):
     """Under uniform causal attention query i puts min(i + 1, k) / (i + 1) on the first k
     keys, so the sink mass is the mean of that over the T queries, for every k."""
     attn = graphs.uniform_causal(t, dtype=np.float64)
-    for k in range(1, t + 1):
+    # Every k in one program (eagerly, each k's slice is a program of its own).
+    masses = jax.jit(lambda a: [graphs.sink_mass(a, k) for k in range(1, t + 1)])(attn)
+    for k, mass in enumerate(masses, start=1):
         want = np.mean([min(i + 1, k) / (i + 1) for i in range(t)])
-        np.testing.assert_allclose(graphs.sink_mass(attn, k), want, rtol=1e-12, err_msg=k)
-    np.testing.assert_allclose(graphs.sink_mass(attn, t), 1.0, rtol=1e-12)
+        assert mass.dtype == np.float64
+        np.testing.assert_allclose(mass, want, rtol=1e-12, err_msg=k)
+    np.testing.assert_allclose(masses[t - 1], 1.0, rtol=1e-12)
 
 
 @pytest.mark.float64

@@ -477,6 +477,7 @@ def _failing_cases(tmp_path_factory, add) -> Path:
     ablate += ["--config.levels.task=('copy',)", f"--workdir={grid}"]
     add("ablate_failed", run, "ablate.py", ablate)
     text = ["--text=The cat sat on the mat", "--nopairwise", "--horizon=5", "--max_steps=5"]
+    text.append("--layers=0")  # one layer: what is written does not depend on how many
     out = tmp_path_factory.mktemp("text") / "out"
     model = f"--model={ROOT / 'tests' / 'data' / 'hf' / 'llama-tiny'}"
     add("text_report", out, "analyze.py", [*text, f"--out={out}", model])
