@@ -20,9 +20,15 @@ def layer(reference):
     return attn[:3, 0, :, :48, :48].astype(np.float32), weights[0]
 
 
-def test_the_fidelity_game_is_the_learned_mix_of_every_coalition(layer):
+@pytest.fixture(scope="module")
+def measured(layer):
+    """The layer's measurement with its exact coalition game."""
+    return measure.measure_layer(*layer, SPEC)
+
+
+def test_the_fidelity_game_is_the_learned_mix_of_every_coalition(layer, measured):
     attn, weights = layer
-    found = measure.measure_layer(attn, weights, SPEC)
+    found = measured
     games = found[record.COALITIONS]
     values = coalitions.values(attn, weights, objective="fidelity", horizon=20)
     np.testing.assert_allclose(
@@ -36,9 +42,9 @@ def test_the_fidelity_game_is_the_learned_mix_of_every_coalition(layer):
     assert games["triple_dividends_fidelity"].shape == (3, 4)
 
 
-def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer):
+def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer, measured):
     attn, weights = layer
-    exact = measure.measure_layer(attn, weights, SPEC)[record.COALITIONS]
+    exact = measured[record.COALITIONS]
     sampled_spec = dataclasses.replace(SPEC, exact_coalition_heads=3, permutations=30)
     sampled = measure.measure_layer(attn, weights, sampled_spec)[record.COALITIONS]
     assert set(sampled) == {"shapley_fidelity", "shapley_stderr_fidelity"}
