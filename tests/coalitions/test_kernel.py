@@ -17,10 +17,8 @@ settled_hitting = jax.jit(kernel.settled_hitting, static_argnums=(1, 2))
 MIXES, TOKENS = 6, 20
 
 
-@pytest.mark.parametrize("threads", [None, 3, 4])
+@pytest.mark.parametrize("threads", [None, 2, 3])
 def test_threads_and_devices_give_the_same_values(threads):
-    """Five sequences padded to the four devices, or over three or four threads (parts
-    of two sequences, the last padded: one program for both)."""
     attn = graphs.random_causal(0, (5, 4), 8)
     w = np.full((5, 4), 0.25, np.float32)
     run = functools.partial(
