@@ -11,6 +11,9 @@ from beyondpar.measure import coalition_game, record
 
 # Every measurement below on the same horizon and step count: each is a program.
 SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, coalitions=True)
+# Two fixed mixes beside the learned and the uniform one: four mixes, measured by the
+# program that measures the four heads.
+EXTRA = {"first_pair": np.array([1.0, 1.0, 0.0, 0.0]), "last_pair": np.array([0.0, 0.0, 1.0, 1.0])}
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def layer(reference):
 @pytest.fixture(scope="module")
 def measured(layer):
     """The layer's measurement with its exact coalition game."""
-    return measure.measure_layer(*layer, SPEC)
+    return measure.measure_layer(*layer, SPEC, extra=EXTRA)
 
 
 def test_the_fidelity_game_is_the_learned_mix_of_every_coalition(layer, measured):
@@ -46,7 +49,7 @@ def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer
     attn, weights = layer
     exact = measured[record.COALITIONS]
     sampled_spec = dataclasses.replace(SPEC, exact_coalition_heads=3, permutations=30)
-    sampled = measure.measure_layer(attn, weights, sampled_spec)[record.COALITIONS]
+    sampled = measure.measure_layer(attn, weights, sampled_spec, extra=EXTRA)[record.COALITIONS]
     assert set(sampled) == {"shapley_fidelity", "shapley_stderr_fidelity"}
     gap = np.abs(sampled["shapley_fidelity"] - exact["shapley_fidelity"])
     assert (gap <= 4 * sampled["shapley_stderr_fidelity"] + 1e-6).all()
@@ -55,7 +58,7 @@ def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer
 def test_no_coalitions_unless_asked_and_none_of_one_head(layer):
     attn, weights = layer
     plain = dataclasses.replace(SPEC, coalitions=False)
-    assert record.COALITIONS not in measure.measure_layer(attn, weights, plain)
+    assert record.COALITIONS not in measure.measure_layer(attn, weights, plain, extra=EXTRA)
     assert record.COALITIONS not in measure.measure_layer(attn[:, :1], None, SPEC)
 
 
