@@ -13,7 +13,7 @@ from beyondpar.measure import coalition_game, record
 SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, coalitions=True)
 # Two fixed mixes beside the learned and the uniform one: four mixes, measured by the
 # program that measures the four heads.
-EXTRA = {"first_pair": np.array([1.0, 1.0, 0.0, 0.0]), "last_pair": np.array([0.0, 0.0, 1.0, 1.0])}
+EXTRA = {"first_pair": np.float32([1, 1, 0, 0]), "last_pair": np.float32([0, 0, 1, 1])}
 
 
 @pytest.fixture(scope="module")
