@@ -65,9 +65,13 @@ def test_per_sequence_masks_equal_separate_calls(small):
         # The batch under sequence b's mask alone: row b is sequence b's separate call.
         alone = module.apply({"params": params}, tokens, head_mask=masks[b])
         np.testing.assert_allclose(together[b], alone[b], rtol=1e-6, atol=1e-6)
-    # And a batch of one: a sequence's output does not depend on the others in its batch.
-    single = module.apply({"params": params}, tokens[2:3], head_mask=masks[2])
-    np.testing.assert_allclose(together[2], single[0], rtol=1e-6, atol=1e-6)
+    # And other sequences under other masks beside it (the same shapes, so the same
+    # programs): a sequence's output does not depend on the others in its batch.
+    others = tokens.copy()
+    others[:2] = np.random.default_rng(2).integers(0, 11, (2, 12))
+    other_masks = np.stack([masks[2][::-1], np.zeros((2, 4)), masks[2]])
+    beside = module.apply({"params": params}, others, head_mask=other_masks)
+    np.testing.assert_allclose(together[2], beside[2], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -131,13 +131,14 @@ def test_every_coalition_is_its_mix_measured_alone(objective, horizon, walk, laz
 
 
 def test_empty_coalition_and_weightless_head_take_the_no_propagation_value():
-    attn = _attention(3, 2, 3, 5)
+    """On the shape and settings of the first two CASES (their programs)."""
+    attn = _attention(3, 2, 3, 6)
     weights = np.array([1.0, 0.0, 2.0])
-    for objective, empty in (("fidelity", 0.0), ("hitting_time", 100 * 4 / 5)):
-        assert coalitions.empty_value(objective, 5, 100) == pytest.approx(empty)
+    for objective, empty in (("fidelity", 0.0), ("hitting_time", 100 * 5 / 6)):
+        assert coalitions.empty_value(objective, 6, 100) == pytest.approx(empty)
         table = coalitions.values(attn, weights, objective=objective)
-        np.testing.assert_array_equal(table[:, 0], empty)
-        np.testing.assert_array_equal(table[:, 0b010], empty)
+        np.testing.assert_array_equal(table[:, 0], np.float32(empty))
+        np.testing.assert_array_equal(table[:, 0b010], np.float32(empty))
         phi = np.asarray(coalitions.shapley(table))
         np.testing.assert_array_equal(phi[:, 1], 0.0)
 
@@ -190,7 +191,10 @@ def _expected_sample(value_fn, order, antithetic):
 @pytest.mark.float64
 @pytest.mark.parametrize("antithetic", [False, True])
 def test_sampled_shapley_is_the_mean_and_stderr_of_each_orders_marginals(antithetic):
-    h, p, key = 5, 12, jax.random.PRNGKey(3)
+    """Six orders drawn in both cases (one program draws them), reversed too when
+    antithetic."""
+    h, key = 5, jax.random.PRNGKey(3)
+    p = 12 if antithetic else 6
     value_fn = _game_with_triple(h)
     order = coalitions.orders(key, h, p // 2 if antithetic else p)
     assert len({tuple(o) for o in order}) > 1  # independent orders, not one repeated

@@ -11,6 +11,9 @@ from beyondpar.measure import coalition_game, record
 
 # Every measurement below on the same horizon and step count: each is a program.
 SPEC = measure.MeasureSpec(horizon=20, max_steps=20, pairwise=False, coalitions=True)
+# Two fixed mixes beside the learned and the uniform one: four mixes, measured by the
+# program that measures the four heads.
+EXTRA = {"first_pair": np.float32([1, 1, 0, 0]), "last_pair": np.float32([0, 0, 1, 1])}
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +23,15 @@ def layer(reference):
     return attn[:3, 0, :, :48, :48].astype(np.float32), weights[0]
 
 
-def test_the_fidelity_game_is_the_learned_mix_of_every_coalition(layer):
+@pytest.fixture(scope="module")
+def measured(layer):
+    """The layer's measurement with its exact coalition game."""
+    return measure.measure_layer(*layer, SPEC, extra=EXTRA)
+
+
+def test_the_fidelity_game_is_the_learned_mix_of_every_coalition(layer, measured):
     attn, weights = layer
-    found = measure.measure_layer(attn, weights, SPEC)
+    found = measured
     games = found[record.COALITIONS]
     values = coalitions.values(attn, weights, objective="fidelity", horizon=20)
     np.testing.assert_allclose(
@@ -36,11 +45,11 @@ def test_the_fidelity_game_is_the_learned_mix_of_every_coalition(layer):
     assert games["triple_dividends_fidelity"].shape == (3, 4)
 
 
-def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer):
+def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer, measured):
     attn, weights = layer
-    exact = measure.measure_layer(attn, weights, SPEC)[record.COALITIONS]
+    exact = measured[record.COALITIONS]
     sampled_spec = dataclasses.replace(SPEC, exact_coalition_heads=3, permutations=30)
-    sampled = measure.measure_layer(attn, weights, sampled_spec)[record.COALITIONS]
+    sampled = measure.measure_layer(attn, weights, sampled_spec, extra=EXTRA)[record.COALITIONS]
     assert set(sampled) == {"shapley_fidelity", "shapley_stderr_fidelity"}
     gap = np.abs(sampled["shapley_fidelity"] - exact["shapley_fidelity"])
     assert (gap <= 4 * sampled["shapley_stderr_fidelity"] + 1e-6).all()
@@ -49,7 +58,7 @@ def test_sampled_fidelity_shapley_is_the_exact_within_four_standard_errors(layer
 def test_no_coalitions_unless_asked_and_none_of_one_head(layer):
     attn, weights = layer
     plain = dataclasses.replace(SPEC, coalitions=False)
-    assert record.COALITIONS not in measure.measure_layer(attn, weights, plain)
+    assert record.COALITIONS not in measure.measure_layer(attn, weights, plain, extra=EXTRA)
     assert record.COALITIONS not in measure.measure_layer(attn[:, :1], None, SPEC)
 
 

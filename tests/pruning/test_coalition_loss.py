@@ -20,6 +20,7 @@ SMALL = dict(vocab_size=11, embed_dim=16, num_layers=2, mlp_dim=24, max_len=12)
 # below (16 coalitions or a sample of them) runs the same programs, in passes (the last
 # one padded).
 MAX_TOKENS = 180
+ORDERS = 40  # sampled orders of every sampled game below
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_sampled_loss_shapley_is_the_exact_within_four_standard_errors(small):
     module, params, batch = small
     exact = coalition_loss.layer_fields(module, params, batch, 0, SPEC)
     sampled = coalition_loss.layer_fields(
-        module, params, batch, 0, dataclasses.replace(SPEC, exact_heads=3, permutations=40)
+        module, params, batch, 0, dataclasses.replace(SPEC, exact_heads=3, permutations=ORDERS)
     )
     assert set(sampled) == {"shapley_loss", "shapley_stderr_loss"}
     mean, stderr = sampled["shapley_loss"], sampled["shapley_stderr_loss"]
@@ -99,12 +100,13 @@ def test_masks_of_another_head_count_are_refused(small):
 
 
 def test_sampled_orders_are_seeded_by_the_seed_plus_the_layer(small):
-    """Each layer draws its own permutations: layer 1 with seed 2 samples with key 3."""
+    """Each layer draws its own permutations: layer 1 with seed 2 samples with key 3 (as
+    many orders as the test above draws: one program draws both)."""
     module, params, batch = small
-    spec = dataclasses.replace(SPEC, exact_heads=3, permutations=3, seed=2)
+    spec = dataclasses.replace(SPEC, exact_heads=3, permutations=ORDERS, seed=2)
     fields = coalition_loss.layer_fields(module, params, batch, 1, spec)
     value_fn = coalition_loss.loss_value_fn(module, params, batch, 1, MAX_TOKENS)
-    mean, stderr = coalitions.sampled_shapley(value_fn, 4, 3, jax.random.PRNGKey(3))
+    mean, stderr = coalitions.sampled_shapley(value_fn, 4, ORDERS, jax.random.PRNGKey(3))
     np.testing.assert_allclose(fields["shapley_loss"], mean, atol=1e-6)
     np.testing.assert_allclose(fields["shapley_stderr_loss"], stderr, atol=1e-6)
 
