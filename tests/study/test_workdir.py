@@ -186,19 +186,30 @@ def test_check_and_prepare_refuse_with_one_message_and_write_nothing(tmp_path, e
     assert snapshot(tmp_path) == before
 
 
-def test_extending_a_run_is_recorded_in_its_history(run, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy)
+@pytest.fixture(scope="module")
+def extended(run, tmp_path_factory):
+    """A copy of the shared run extended to a second epoch, logged and saved every 4 steps
+    (saves at 12 and 16, two kept): one training for the tests that read an extension."""
+    path = tmp_path_factory.mktemp("extended") / "run"
+    shutil.copytree(run, path)
     config = short()
     config.optim.num_epochs = 2
     config.log_every_steps = 4
-    train.train_and_evaluate(config, str(copy))
-    history = [json.loads(x) for x in (copy / "config_history.jsonl").read_text().splitlines()]
-    assert history == [
-        {"step": 8, "changes": {"log_every_steps": [8, 4], "optim.num_epochs": [1, 2]}}
-    ]
-    assert json.loads((copy / "config.json").read_text())["optim"]["num_epochs"] == 2
-    assert checkpoints.list_steps(copy / "checkpoints")[-1] == 16
+    config.checkpoint_every_steps = 4
+    train.train_and_evaluate(config, str(path))
+    return path
+
+
+def test_extending_a_run_is_recorded_in_its_history(extended):
+    history = [json.loads(x) for x in (extended / "config_history.jsonl").read_text().splitlines()]
+    changes = {
+        "checkpoint_every_steps": [8, 4],
+        "log_every_steps": [8, 4],
+        "optim.num_epochs": [1, 2],
+    }
+    assert history == [{"step": 8, "changes": changes}]
+    assert json.loads((extended / "config.json").read_text())["optim"]["num_epochs"] == 2
+    assert checkpoints.list_steps(extended / "checkpoints")[-1] == 16
 
 
 def test_observing_fields_may_change_and_every_change_is_kept(run, tmp_path):
@@ -277,16 +288,12 @@ def test_workdir_change_rules_field_by_field():
     }
 
 
-def test_checksums_follow_checkpoint_rotation(run, tmp_path):
-    """keep_checkpoints = 2: after three saves (8, then 12 and 16) only the two newest
-    steps remain, and the checksums file holds exactly theirs, so a damaged kept step is
-    caught."""
+def test_checksums_follow_checkpoint_rotation(extended, tmp_path):
+    """keep_checkpoints = 2: after three saves (8, then 12 and 16: `extended`) only the
+    two newest steps remain, and the checksums file holds exactly theirs, so a damaged
+    kept step is caught."""
     copy = tmp_path / "run"
-    shutil.copytree(run, copy)
-    config = short()
-    config.optim.num_epochs = 2
-    config.checkpoint_every_steps = 4
-    train.train_and_evaluate(config, str(copy))
+    shutil.copytree(extended, copy)  # its checksums file is damaged below
     folder = copy / "checkpoints"
     assert checkpoints.list_steps(folder) == [12, 16]
     sums = json.loads((folder / "checksums.json").read_text())
