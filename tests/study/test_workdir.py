@@ -417,8 +417,9 @@ def test_damaged_latest_checkpoint_is_skipped_on_resume(two_epoch_run, tmp_path,
 
 
 # A thread that holds the interpreter while it sleeps: a C call through `ctypes.PyDLL`
-# keeps the GIL, so the other threads wait for it as they would for a busy one, but the
-# machine's cores stay free (threads that computed to stay busy took a core each test).
+# keeps the GIL, so the other threads wait for it as they would for a busy one, while the
+# machine's cores stay free (threads that computed to stay busy burnt a whole core for the
+# test's 5 to 10 seconds).
 GIL_HOLD_US = 5_000
 
 
