@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from beyondpar import checkpoints, graphs, metrics
+from beyondpar import checkpoints, graphs
 from beyondpar import model as model_lib
 from beyondpar.measure import record as schema
 from beyondpar.reports import packing
@@ -56,18 +56,20 @@ def test_record_holds_the_models_attention_on_the_first_sequence(evaluated):
 
 
 def test_flows_are_the_kernels_on_that_sequence(evaluated):
+    """Each head's and each mix's flow to the sink, against the brute force in float64 on
+    the model's float32 attention."""
     record, attn, weights, _ = evaluated
     horizon = record["evaluation"]["horizon"]
     for layer, packed in record[attention_view.KEY]["layers"].items():
-        a = attn[0, int(layer)].astype(np.float32)  # as the model gives it
-        heads = np.asarray(metrics.node_fidelity(a, horizon), np.float64)
+        a = attn[0, int(layer)].astype(np.float32).astype(np.float64)  # as the model gives it
+        heads = np.stack([_phi64(h, horizon) for h in a])
         # 3 significant digits: within half a unit of the third.
         np.testing.assert_allclose(packed["heads"]["values"], heads, rtol=5e-3, atol=1e-9)
         np.testing.assert_array_equal(packed["heads"]["worst_token"], heads.argmin(-1))
-        uniform = np.full(a.shape[0], 1 / a.shape[0], np.float32)
+        uniform = np.full(a.shape[0], 1 / a.shape[0])
         assert list(packed["mixes"]) == ["learned", "uniform"]  # no optimum searched
         for name, w in (("learned", weights[int(layer)]), ("uniform", uniform)):
-            want = metrics.minimax_fidelity(graphs.combine_heads(a, w), horizon)
+            want = _phi64(np.einsum("h,hij->ij", w / w.sum(), a), horizon).min()
             assert packed["mixes"][name]["worst_value"] == pytest.approx(float(want), rel=1e-4)
 
 

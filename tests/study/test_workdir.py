@@ -2,12 +2,15 @@
 skipped, failed runs recorded, finite checkpoints, readable output."""
 
 import contextlib
+import ctypes
+import gc
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -183,19 +186,30 @@ def test_check_and_prepare_refuse_with_one_message_and_write_nothing(tmp_path, e
     assert snapshot(tmp_path) == before
 
 
-def test_extending_a_run_is_recorded_in_its_history(run, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy)
+@pytest.fixture(scope="module")
+def extended(run, tmp_path_factory):
+    """A copy of the shared run extended to a second epoch, logged and saved every 4 steps
+    (saves at 12 and 16, two kept): one training for the tests that read an extension."""
+    path = tmp_path_factory.mktemp("extended") / "run"
+    shutil.copytree(run, path)
     config = short()
     config.optim.num_epochs = 2
     config.log_every_steps = 4
-    train.train_and_evaluate(config, str(copy))
-    history = [json.loads(x) for x in (copy / "config_history.jsonl").read_text().splitlines()]
-    assert history == [
-        {"step": 8, "changes": {"log_every_steps": [8, 4], "optim.num_epochs": [1, 2]}}
-    ]
-    assert json.loads((copy / "config.json").read_text())["optim"]["num_epochs"] == 2
-    assert checkpoints.list_steps(copy / "checkpoints")[-1] == 16
+    config.checkpoint_every_steps = 4
+    train.train_and_evaluate(config, str(path))
+    return path
+
+
+def test_extending_a_run_is_recorded_in_its_history(extended):
+    history = [json.loads(x) for x in (extended / "config_history.jsonl").read_text().splitlines()]
+    changes = {
+        "checkpoint_every_steps": [8, 4],
+        "log_every_steps": [8, 4],
+        "optim.num_epochs": [1, 2],
+    }
+    assert history == [{"step": 8, "changes": changes}]
+    assert json.loads((extended / "config.json").read_text())["optim"]["num_epochs"] == 2
+    assert checkpoints.list_steps(extended / "checkpoints")[-1] == 16
 
 
 def test_observing_fields_may_change_and_every_change_is_kept(run, tmp_path):
@@ -221,22 +235,19 @@ def test_observing_fields_may_change_and_every_change_is_kept(run, tmp_path):
     assert json.loads((copy / "config.json").read_text())["evaluation"]["num_sequences"] == 6
 
 
-def test_history_records_the_step_of_the_newest_checkpoint(run, tmp_path):
-    """A workdir with checkpoints at 8 and 16 resumed with more epochs: the change is
-    recorded at step 16, where the resumed run starts, not at the oldest kept step."""
+def test_history_records_the_step_of_the_newest_checkpoint(two_epoch_run, tmp_path):
+    """A workdir with checkpoints at 8 and 16 (the shared two-epoch run) resumed with
+    more epochs: the change is recorded at step 16, where the resumed run starts, not at
+    the oldest kept step nor the new last one."""
     copy = tmp_path / "run"
-    shutil.copytree(run, copy)
-    config = short()
-    config.optim.num_epochs = 2
-    train.train_and_evaluate(config, str(copy))
+    shutil.copytree(two_epoch_run, copy)
     assert checkpoints.list_steps(copy / "checkpoints") == [8, 16]
+    assert not (copy / "config_history.jsonl").exists()
+    config = short()
     config.optim.num_epochs = 3
     train.train_and_evaluate(config, str(copy))
     history = [json.loads(x) for x in (copy / "config_history.jsonl").read_text().splitlines()]
-    assert history == [
-        {"step": 8, "changes": {"optim.num_epochs": [1, 2]}},
-        {"step": 16, "changes": {"optim.num_epochs": [2, 3]}},
-    ]
+    assert history == [{"step": 16, "changes": {"optim.num_epochs": [2, 3]}}]
 
 
 def test_nan_loss_after_a_resume_names_the_checkpoint_it_resumed_from(run, tmp_path, monkeypatch):
@@ -277,16 +288,12 @@ def test_workdir_change_rules_field_by_field():
     }
 
 
-def test_checksums_follow_checkpoint_rotation(run, tmp_path):
-    """keep_checkpoints = 2: after three saves (8, then 12 and 16) only the two newest
-    steps remain, and the checksums file holds exactly theirs, so a damaged kept step is
-    caught."""
+def test_checksums_follow_checkpoint_rotation(extended, tmp_path):
+    """keep_checkpoints = 2: after three saves (8, then 12 and 16: `extended`) only the
+    two newest steps remain, and the checksums file holds exactly theirs, so a damaged
+    kept step is caught."""
     copy = tmp_path / "run"
-    shutil.copytree(run, copy)
-    config = short()
-    config.optim.num_epochs = 2
-    config.checkpoint_every_steps = 4
-    train.train_and_evaluate(config, str(copy))
+    shutil.copytree(extended, copy)  # its checksums file is damaged below
     folder = copy / "checkpoints"
     assert checkpoints.list_steps(folder) == [12, 16]
     sums = json.loads((folder / "checksums.json").read_text())
@@ -390,15 +397,15 @@ def test_overrides_from_the_command_line(command_lines):
 # ---------------------------------------------------------------- damaged files
 
 
-def test_damaged_latest_checkpoint_is_skipped_on_resume(run, tmp_path, capfd):
+def test_damaged_latest_checkpoint_is_skipped_on_resume(two_epoch_run, tmp_path, capfd):
+    """The shared two-epoch run (steps 8 and 16) with step 16 cut short, resumed with a
+    third epoch: step 16 is named and set aside, and the run goes on from step 8."""
     copy = tmp_path / "run"
-    shutil.copytree(run, copy)
-    config = short()
-    config.optim.num_epochs = 2
-    train.train_and_evaluate(config, str(copy))  # steps 8 and 16
+    shutil.copytree(two_epoch_run, copy)
     for data in (copy / "checkpoints" / "16").rglob("d/*"):
         data.write_bytes(data.read_bytes()[:20])
     capfd.readouterr()
+    config = short()
     config.optim.num_epochs = 3
     train.train_and_evaluate(config, str(copy))
     err = capfd.readouterr().err
@@ -409,38 +416,51 @@ def test_damaged_latest_checkpoint_is_skipped_on_resume(run, tmp_path, capfd):
     assert (copy / "damaged_checkpoints" / "step16").is_dir()
 
 
+# A thread that holds the interpreter while it sleeps: a C call through `ctypes.PyDLL`
+# keeps the GIL, so the other threads wait for it as they would for a busy one, while the
+# machine's cores stay free (threads that computed to stay busy burnt a whole core for the
+# test's 5 to 10 seconds).
+GIL_HOLD_US = 5_000
+
+
+@contextlib.contextmanager
+def interpreter_held(threads: int = 4):
+    """`threads` threads taking turns holding the interpreter until the block ends."""
+    libc, busy = ctypes.PyDLL(None), [True]
+
+    def hold():
+        while busy[0]:
+            libc.usleep(GIL_HOLD_US)
+
+    holders = [threading.Thread(target=hold) for _ in range(threads)]
+    for thread in holders:
+        thread.start()
+    try:
+        yield
+    finally:
+        busy[0] = False
+        for thread in holders:
+            thread.join()
+
+
 def test_a_failed_read_leaves_no_late_reports_on_a_busy_machine(run, tmp_path):
     """Orbax's abandoned reads report "Event loop is closed" as they finish; on a busy
     machine (threads holding the interpreter here) that comes late. None may reach the
     program's hooks after the one-line error."""
-    import threading
-
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     for data in (copy / "checkpoints" / "8").rglob("d/*"):
         data.write_bytes(data.read_bytes()[:20])
-    late, busy = [], True
-
-    def burn():
-        while busy:
-            sum(range(10_000))
-
-    burners = [threading.Thread(target=burn) for _ in range(4)]
+    late = []
     hook = sys.unraisablehook
     sys.unraisablehook = late.append
     try:
-        for thread in burners:
-            thread.start()
-        for _ in range(2):  # a second read meets the first one's late reports, if any
-            with pytest.raises(checkpoints.CheckpointError, match="step 8 is unreadable"):
-                checkpoints.load(copy / "checkpoints")
-            time.sleep(0.5)
+        with interpreter_held():
+            for _ in range(2):  # a second read meets the first one's late reports, if any
+                with pytest.raises(checkpoints.CheckpointError, match="step 8 is unreadable"):
+                    checkpoints.load(copy / "checkpoints")
+                time.sleep(1.0)
     finally:
-        busy = False
-        for thread in burners:
-            thread.join()
-        import gc
-
         gc.collect()
         sys.unraisablehook = hook
     assert [str(r.exc_value) for r in late] == []
@@ -498,10 +518,10 @@ def test_nothing_to_evaluate_is_an_error(command_lines):
 
 @pytest.fixture(scope="module")
 def damaged_references(tmp_path_factory):
-    """(records, failures) of a folder of the released cycle model at 16 tokens, a
-    4_heads_copy.npz cut short and a 2_heads_copy.npz of garbage."""
+    """(records, failures) of a folder of the released cycle model's first layer at 16
+    tokens, a 4_heads_copy.npz cut short and a 2_heads_copy.npz of garbage."""
     folder = tmp_path_factory.mktemp("references")
-    short_reference(folder)
+    short_reference(folder, layers=1)
     (folder / "4_heads_copy.npz").write_bytes((DATA / "4_heads_copy.npz").read_bytes()[:1000])
     (folder / "2_heads_copy.npz").write_bytes(b"garbage" * 100)
     return evaluate.evaluate_reference_folder(
@@ -605,7 +625,7 @@ def test_float64_in_float32_mode_warns_once(command_lines):
 
 
 def test_report_of_reference_records_shows_no_placeholders(damaged_references):
-    """The record of the released cycle model, evaluated on 16 tokens."""
+    """The record of the released cycle model's first layer, evaluated on 16 tokens."""
     records, _ = damaged_references
     text = report.markdown(records)
     assert "| 1_heads_cycle.npz | - | cycle | 1 | - |" in text
@@ -614,7 +634,6 @@ def test_report_of_reference_records_shows_no_placeholders(damaged_references):
 
 
 def test_a_damaged_npz_is_named_and_its_file_closed(tmp_path):
-    import gc
     import warnings
 
     good = files.read_npz(DATA / "1_heads_cycle.npz")
