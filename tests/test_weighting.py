@@ -17,13 +17,16 @@ from helpers.paths import DATA
 def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
     """The mean objective over the N sets of each mix; `max_steps` defaults to `horizon`.
     Mixes of row-stochastic heads by weights on the simplex (checked here, on the host)
-    are row-stochastic: the metrics skip their validation (one program less per shape)."""
+    are row-stochastic: the metrics skip their validation (one program less per shape).
+    Mixes of causal heads are causal: checked once on the heads, not on every batch of
+    mixes."""
     w = np.asarray(weights_SxH, np.float64)
     assert (w >= 0).all() and np.allclose(w.sum(-1), 1, rtol=0, atol=1e-4), w
+    causal = metrics.is_causal(attn_NxHxTxT)
     weights = jnp.asarray(weights_SxH, attn_NxHxTxT.dtype)
     mixed = jnp.einsum("sh,...nhij->...snij", weights, attn_NxHxTxT)  # and layers first
     steps = horizon if max_steps is None else max_steps
-    values = metrics.objective_unchecked(mixed, objective, horizon, steps, "reference")
+    values = metrics.objective_unchecked(mixed, objective, horizon, steps, "reference", causal)
     return np.asarray(jnp.mean(values, -1))
 
 
@@ -357,8 +360,9 @@ def test_cross_fitting_every_layer_folds_the_sets_not_the_layers():
     assert found["search_sets"] == [[3, 4, 5], [0, 1, 2]]
     assert found["weights"].shape == (2, 6, 3) and found["fold_weights"].shape == (2, 2, 3)
     alone = weighting.cross_fitted(attn[1], 2, **settings)
-    np.testing.assert_allclose(found["fold_weights"][1], alone["fold_weights"], atol=1e-6)
-    np.testing.assert_allclose(found["in_sample"][1], alone["in_sample"], rtol=1e-6)
+    fold_weights, in_sample = np.asarray(found["fold_weights"]), np.asarray(found["in_sample"])
+    np.testing.assert_allclose(fold_weights[1], alone["fold_weights"], atol=1e-6)
+    np.testing.assert_allclose(in_sample[1], alone["in_sample"], rtol=1e-6)
 
 
 @pytest.mark.parametrize("objective", weighting.OBJECTIVES)
@@ -497,6 +501,12 @@ def test_optimal_weights_with_unnormalised_init_returns_a_convex_mix():
     np.testing.assert_allclose(float(value), 0.8, rtol=1e-5)
 
 
+# The loss as the descent runs it, one program per walk (op by op, each step compiles).
+surrogate = jax.jit(
+    weighting._surrogate, static_argnames=("objective", "walk", "horizon", "max_steps")
+)
+
+
 @pytest.mark.parametrize(
     "walk, expected",
     [
@@ -514,7 +524,7 @@ def test_hitting_time_surrogate_is_exact_at_a_short_horizon(walk, expected, temp
     and K = 5 steps, h = (1/T) sum_{t<K} S_t[0], whatever the temperature."""
     attn = jnp.asarray([[[[1, 0], [1, 0]], [[1, 0], [0, 1]]]], jnp.float32)
     mix = jnp.asarray([[0.5, 0.5]], jnp.float32)
-    loss = weighting._surrogate(
+    loss = surrogate(
         attn, mix, temperature, objective="hitting_time", walk=walk, horizon=7, max_steps=5
     )
     np.testing.assert_allclose(np.asarray(loss), [expected], rtol=1e-5)
