@@ -168,7 +168,10 @@ def test_optimal_weights_never_lose_to_a_start_and_batch_over_layers():
         np.testing.assert_allclose(fid(weights[layer]), value[layer], rtol=1e-12)
         starts = [np.full(4, 0.25), init[layer], *np.eye(4)]
         assert value[layer] >= max(fid(w) for w in starts) - 1e-15
-        one, v1 = synergy.optimal_weights(a, init=init[layer], horizon=30, steps=30)
+        # The layer alone, as a batch of two copies of it (the programs of the batch):
+        # what the other layer of a batch holds must not change a layer's search.
+        twice = np.stack([a, a]), np.stack([init[layer], init[layer]])
+        one, v1 = synergy.optimal_weights(twice[0], init=twice[1], horizon=30, steps=30)
         np.testing.assert_allclose(v1, value[layer], rtol=1e-12)
 
 
@@ -221,7 +224,7 @@ def plain_rows(v0, mat, keep, steps):
 
 
 @pytest.mark.float64
-@pytest.mark.parametrize("steps", [1, 2, 7])
+@pytest.mark.parametrize("steps", [1, 7])  # a single step (no recursion), and several
 def test_row_recursion_gradient_equals_autodiff_of_the_loop(steps):
     """The custom VJP of `weighting.rows` against jax.grad of the plain loop, and against
     central finite differences of one entry, for a weighted sum of every iterate."""

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from beyondpar import checkpoints, graphs, metrics, model, synergy, tasks, weighting
+from beyondpar.base import parallel
 from beyondpar.study import config_lib, train
 from configs import smoke
 from helpers.paths import DATA
@@ -16,13 +17,16 @@ from helpers.paths import DATA
 def exact(attn_NxHxTxT, weights_SxH, objective, horizon=100, max_steps=None):
     """The mean objective over the N sets of each mix; `max_steps` defaults to `horizon`.
     Mixes of row-stochastic heads by weights on the simplex (checked here, on the host)
-    are row-stochastic: the metrics skip their validation (one program less per shape)."""
+    are row-stochastic: the metrics skip their validation (one program less per shape).
+    Mixes of causal heads are causal: checked once on the heads, not on every batch of
+    mixes."""
     w = np.asarray(weights_SxH, np.float64)
     assert (w >= 0).all() and np.allclose(w.sum(-1), 1, rtol=0, atol=1e-4), w
+    causal = metrics.is_causal(attn_NxHxTxT)
     weights = jnp.asarray(weights_SxH, attn_NxHxTxT.dtype)
     mixed = jnp.einsum("sh,...nhij->...snij", weights, attn_NxHxTxT)  # and layers first
     steps = horizon if max_steps is None else max_steps
-    values = metrics.objective_unchecked(mixed, objective, horizon, steps, "reference")
+    values = metrics.objective_unchecked(mixed, objective, horizon, steps, "reference", causal)
     return np.asarray(jnp.mean(values, -1))
 
 
@@ -67,8 +71,9 @@ def simplex_grid(heads: int, n: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def released_4_heads():
     module, params = checkpoints.import_reference(DATA / "4_heads_copy.npz", 4)
-    # 64 tokens: the shortest on the hitting time's triangular path, as the long ones.
-    examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 4, 64, 256)
+    # 64 tokens: the shortest on the hitting time's triangular path, as the long ones. Two
+    # sequences: every grid mix is scored on each, so the grid's cost is per sequence.
+    examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 2, 64, 256)
     apply = jax.jit(model.apply_with_attention, static_argnums=0)  # not op by op
     _, attn = apply(module, params, examples.inputs)
     return np.swapaxes(np.asarray(attn, np.float32), 0, 1)[:2]  # layers 1-2: L x N x H x T x T
@@ -93,32 +98,44 @@ def test_optimum_reaches_a_dense_grid_on_the_released_checkpoint(released_4_head
             assert got <= best * (1 + 1e-6), (layer, got, best)
 
 
-def trained_attention(tmp_path_factory, heads):
+def trained_params(config):
+    """The parameters `train.train_and_evaluate` ends with, from its own pieces (seeds,
+    data order, compiled update) without its evaluations and checkpoints: those only
+    read the state, and the run's last state is all that the search needs."""
+    mesh = parallel.data_mesh()
+    module = model.Transformer(config_lib.model_config(config))
+    tx = train.adam(config.optim.learning_rate)
+    k = train.keys(config.seed)
+    state = train.create_state(module, k["init"], tx, config.task.seq_len)
+    state = jax.device_put(state, parallel.replicated(mesh))
+    data, _ = train.make_datasets(config)
+    shape = (config.optim.batch_size, config.task.seq_len)
+    update = train.make_train_step(module, tx, mesh, k["dropout"], shape)
+    for step in range(train.total_steps(config)):
+        batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in data.batch(step)))
+        state, _ = update(state, batch)
+    return module, state["params"]
+
+
+def trained_attention(heads):
     config = smoke.get_config(f"heads={heads}")
     config.task.name = "cycle"
     config.model.embed_dim = 32
     # One layer: trained heads the same, half the model to compile (the search of several
     # layers at once, split over the devices, has its own tests below).
     config.model.num_layers = 1
-    config.evaluation.update(optimal_weights=False, pruning=False)
-    # Only the last step's state is used: no earlier save, log or evaluation (they leave
-    # the trained parameters as they are); it is the state the run returns, the one its
-    # last checkpoint holds.
-    config.update(checkpoint_every_steps=64, eval_every_steps=64, log_every_steps=64)
-    folder = tmp_path_factory.mktemp(f"heads{heads}")
-    state = train.train_and_evaluate(config, str(folder))
-    module = model.Transformer(config_lib.model_config(config))
+    module, params = trained_params(config)
     # Six sequences: the search runs on all of them, and each random mix is scored on all.
     examples = tasks.make_examples("cycle", jax.random.PRNGKey(5), 6, 16, 16)
     apply = jax.jit(model.apply_with_attention, static_argnums=0)  # not op by op
-    _, attn = apply(module, state["params"], examples.inputs)
+    _, attn = apply(module, params, examples.inputs)
     return np.swapaxes(np.asarray(attn, np.float32), 0, 1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("heads", [16])
-def test_optimum_beats_20000_random_mixes_on_trained_checkpoints(tmp_path_factory, heads):
-    attn = trained_attention(tmp_path_factory, heads)
+def test_optimum_beats_20000_random_mixes_on_trained_checkpoints(heads):
+    attn = trained_attention(heads)
     mixes = np.random.default_rng(heads).dirichlet(np.ones(heads), 20000).astype(np.float32)
     for objective in weighting.OBJECTIVES:
         weights, value = synergy.optimal_weights(attn, objective, horizon=20, max_steps=20)
@@ -202,16 +219,19 @@ def single_heads(attn_NxHxTxT):
     return exact(attn_NxHxTxT, anchors, "fidelity", 12)[1:]
 
 
+# Eight sets whose subsample of three (sets 0, 4 and 7) favours heads 0 and 1, while on
+# all eight head 2 is best: the sets of the searches above (their programs).
+SUBSAMPLE_MISLEADS = [(0, 1), (2,), (2,), (2,), (0, 1), (2,), (2,), (0, 1)]
+
+
 def test_every_single_head_is_scored_on_every_set():
-    """The subsample (here set 0 alone) favours heads 0 and 1; on all three sets head 2 is
-    best. The result must not be worse than head 2, even with no search at all."""
-    attn = _uniform_or_identity([(0, 1), (2,), (2,)])
+    """The subsample favours heads 0 and 1; on all eight sets head 2 is best. The result
+    must not be worse than head 2, even with no search at all."""
+    attn = _uniform_or_identity(SUBSAMPLE_MISLEADS)
     heads = single_heads(attn)
     assert heads[2] > max(heads[0], heads[1])
     for rounds in (0, 4):
-        w, value = synergy.optimal_weights(
-            attn, "fidelity", horizon=12, search_sequences=1, local_starts=1, local_rounds=rounds
-        )
+        w, value = synergy.optimal_weights(attn, "fidelity", **dict(SEARCH, local_rounds=rounds))
         assert float(value) >= heads[2] * (1 - 1e-6), (rounds, float(value), heads)
 
 
@@ -302,18 +322,12 @@ def test_the_search_subsamples_sequences_whatever_other_axes_the_batch_has(monke
 def test_every_single_head_is_scored_on_every_set_beside_learned_weights():
     """As above, with learned weights among the starts: they take a place in the pool,
     never the last head's place among the anchors."""
-    attn = _uniform_or_identity([(0, 1), (2,), (2,)])
+    attn = _uniform_or_identity(SUBSAMPLE_MISLEADS)
     heads = single_heads(attn)
-    w, value = synergy.optimal_weights(
-        attn,
-        "fidelity",
-        horizon=12,
-        init=np.asarray([1.0, 0.0, 0.0], np.float32),
-        search_sequences=1,
-        local_starts=1,
-        local_rounds=0,
-        random_starts=0,
-    )
+    init = np.asarray([1.0, 0.0, 0.0], np.float32)
+    # Five random starts: with the learned weights, the pool of the searches above.
+    settings = dict(SEARCH, local_rounds=0, random_starts=5)
+    w, value = synergy.optimal_weights(attn, "fidelity", init=init, **settings)
     assert float(value) >= heads[2] * (1 - 1e-6), (float(value), heads)
 
 
@@ -329,7 +343,9 @@ def test_fold_edges_are_rounded_so_the_split_reads_the_same_from_either_end(
 
 
 def test_a_single_fold_of_several_sets_is_in_sample():
-    attn = _uniform_or_identity([(0,), (1,), (2,)])
+    """The folds, their search sets and `held_out` come before any search: sets of one head
+    (its own optimum, no search to compile) show them."""
+    attn = graphs.random_causal(4, (3, 1), 9)  # N x 1 x T x T
     found = weighting.cross_fitted(attn, 1, horizon=12, local_rounds=0, random_starts=0)
     assert found["held_out"] is False and found["fold"].tolist() == [0, 0, 0]
     assert found["search_sets"] == [[0, 1, 2]]
@@ -346,8 +362,9 @@ def test_cross_fitting_every_layer_folds_the_sets_not_the_layers():
     assert found["search_sets"] == [[3, 4, 5], [0, 1, 2]]
     assert found["weights"].shape == (2, 6, 3) and found["fold_weights"].shape == (2, 2, 3)
     alone = weighting.cross_fitted(attn[1], 2, **settings)
-    np.testing.assert_allclose(found["fold_weights"][1], alone["fold_weights"], atol=1e-6)
-    np.testing.assert_allclose(found["in_sample"][1], alone["in_sample"], rtol=1e-6)
+    fold_weights, in_sample = np.asarray(found["fold_weights"]), np.asarray(found["in_sample"])
+    np.testing.assert_allclose(fold_weights[1], alone["fold_weights"], atol=1e-6)
+    np.testing.assert_allclose(in_sample[1], alone["in_sample"], rtol=1e-6)
 
 
 @pytest.mark.parametrize("objective", weighting.OBJECTIVES)
@@ -389,14 +406,15 @@ def test_candidates_scored_in_chunks_keep_their_own_scores(monkeypatch, objectiv
 def test_without_a_pattern_search_the_result_is_the_best_start_of_the_pool():
     """`local_rounds` = 0 with the search on every set: the result is the best of the
     pool (here a mix, neither uniform nor a single head), scored exactly."""
-    attn = jnp.asarray(graphs.random_causal(13, (8, 3), 9), jnp.float32)
-    pool = np.asarray(weighting.start_pool(3, None, (), jnp.float32, 16, 0))
+    # The sets and pool of each fold's search in the cross-fitting tests (their programs).
+    attn = jnp.asarray(graphs.random_causal(28, (3, 3), 9), jnp.float32)
+    pool = np.asarray(weighting.start_pool(3, None, (), jnp.float32, 6, 0))
     for objective in weighting.OBJECTIVES:
         scores = exact(attn, pool, objective, 12, 14)
         best = np.argmax(scores) if objective == "fidelity" else np.argmin(scores)
         assert best > 3, (objective, best)  # not an anchor: only the search's pick has it
         w, value = synergy.optimal_weights(
-            attn, objective, horizon=12, max_steps=14, random_starts=16, local_rounds=0
+            attn, objective, horizon=12, max_steps=14, random_starts=6, local_rounds=0
         )
         np.testing.assert_allclose(float(value), scores[best], rtol=1e-6, err_msg=objective)
         np.testing.assert_allclose(w, pool[best], atol=1e-7, err_msg=objective)
@@ -485,6 +503,12 @@ def test_optimal_weights_with_unnormalised_init_returns_a_convex_mix():
     np.testing.assert_allclose(float(value), 0.8, rtol=1e-5)
 
 
+# The loss as the descent runs it, one program per walk (op by op, each step compiles).
+surrogate = jax.jit(
+    weighting._surrogate, static_argnames=("objective", "walk", "horizon", "max_steps")
+)
+
+
 @pytest.mark.parametrize(
     "walk, expected",
     [
@@ -502,7 +526,7 @@ def test_hitting_time_surrogate_is_exact_at_a_short_horizon(walk, expected, temp
     and K = 5 steps, h = (1/T) sum_{t<K} S_t[0], whatever the temperature."""
     attn = jnp.asarray([[[[1, 0], [1, 0]], [[1, 0], [0, 1]]]], jnp.float32)
     mix = jnp.asarray([[0.5, 0.5]], jnp.float32)
-    loss = weighting._surrogate(
+    loss = surrogate(
         attn, mix, temperature, objective="hitting_time", walk=walk, horizon=7, max_steps=5
     )
     np.testing.assert_allclose(np.asarray(loss), [expected], rtol=1e-5)
