@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from beyondpar import checkpoints, graphs, metrics, model, synergy, tasks, weighting
-from beyondpar.base import parallel
 from beyondpar.study import config_lib, train
 from configs import smoke
 from helpers.paths import DATA
@@ -98,33 +97,21 @@ def test_optimum_reaches_a_dense_grid_on_the_released_checkpoint(released_4_head
             assert got <= best * (1 + 1e-6), (layer, got, best)
 
 
-def trained_params(config):
-    """The parameters `train.train_and_evaluate` ends with, from its own pieces (seeds,
-    data order, compiled update) without its evaluations and checkpoints: those only
-    read the state, and the run's last state is all that the search needs."""
-    mesh = parallel.data_mesh()
-    module = model.Transformer(config_lib.model_config(config))
-    tx = train.adam(config.optim.learning_rate)
-    k = train.keys(config.seed)
-    state = train.create_state(module, k["init"], tx, config.task.seq_len)
-    state = jax.device_put(state, parallel.replicated(mesh))
-    data, _ = train.make_datasets(config)
-    shape = (config.optim.batch_size, config.task.seq_len)
-    update = train.make_train_step(module, tx, mesh, k["dropout"], shape)
-    for step in range(train.total_steps(config)):
-        batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in data.batch(step)))
-        state, _ = update(state, batch)
-    return module, state["params"]
-
-
-def trained_attention(heads):
+def trained_attention(tmp_path_factory, heads):
     config = smoke.get_config(f"heads={heads}")
     config.task.name = "cycle"
     config.model.embed_dim = 32
     # One layer: trained heads the same, half the model to compile (the search of several
     # layers at once, split over the devices, has its own tests below).
     config.model.num_layers = 1
-    module, params = trained_params(config)
+    config.evaluation.update(optimal_weights=False, pruning=False)
+    # Only the last step's state is used: no earlier save, log or evaluation (they leave
+    # the trained parameters as they are); it is the state the run returns, the one its
+    # last checkpoint holds.
+    config.update(checkpoint_every_steps=64, eval_every_steps=64, log_every_steps=64)
+    folder = tmp_path_factory.mktemp(f"heads{heads}")
+    params = train.train_and_evaluate(config, str(folder))["params"]
+    module = model.Transformer(config_lib.model_config(config))
     # Six sequences: the search runs on all of them, and each random mix is scored on all.
     examples = tasks.make_examples("cycle", jax.random.PRNGKey(5), 6, 16, 16)
     apply = jax.jit(model.apply_with_attention, static_argnums=0)  # not op by op
@@ -134,8 +121,8 @@ def trained_attention(heads):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("heads", [16])
-def test_optimum_beats_20000_random_mixes_on_trained_checkpoints(heads):
-    attn = trained_attention(heads)
+def test_optimum_beats_20000_random_mixes_on_trained_checkpoints(tmp_path_factory, heads):
+    attn = trained_attention(tmp_path_factory, heads)
     mixes = np.random.default_rng(heads).dirichlet(np.ones(heads), 20000).astype(np.float32)
     for objective in weighting.OBJECTIVES:
         weights, value = synergy.optimal_weights(attn, objective, horizon=20, max_steps=20)
