@@ -1,6 +1,6 @@
 """Optimal head weights are optimal: at least the best of a dense grid (4 heads, the
-paper's released checkpoint) and of 20,000 random Dirichlet mixes (8 and 16 heads,
-checkpoints trained here), for both objectives."""
+paper's released checkpoint) and of 20,000 random Dirichlet mixes (16 heads, a
+checkpoint trained here), for both objectives."""
 
 import jax
 import jax.numpy as jnp
