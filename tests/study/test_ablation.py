@@ -140,9 +140,10 @@ def test_a_missing_base_config_is_one_error_for_the_whole_grid(tmp_path):
 def test_ablate_cli(resumed_grid, tmp_path):
     """The dry run and the run, from one batch of command lines (`launch_many`); the dry
     run is given a workdir of its own, where it may write nothing. The run's folder starts
-    with the grid's trained cycle run (the same config: one layer, one epoch), which the
-    CLI's flags must name exactly for it to be found finished: the CLI evaluates it and
-    writes the report, and trains nothing."""
+    with the grid's trained and evaluated cycle run (the same config: one layer, one
+    epoch), which the CLI's flags must name exactly for it to be found finished and
+    recorded: the CLI writes the report from it, training and evaluating nothing (both
+    are the in-process grid's, and `launch/evaluate.py`'s in tests/test_launchers_study.py)."""
     flags = [
         "--config=configs/ablation.py:base=smoke",
         "--config.levels.heads=(2,)",
@@ -154,6 +155,9 @@ def test_ablate_cli(resumed_grid, tmp_path):
     ]
     dry_dir, run_dir = tmp_path / "dry", tmp_path / "run"
     shutil.copytree(resumed_grid[0] / CYCLE, run_dir / CYCLE)
+    lines = (resumed_grid[0] / evaluate.RECORDS_FILE).read_text().splitlines(keepends=True)
+    recorded = "".join(line for line in lines if json.loads(line)["run"] == CYCLE)
+    (run_dir / evaluate.RECORDS_FILE).write_text(recorded)
     saved = run_dir / CYCLE / "checkpoints" / "8"
     stamp = saved.stat().st_mtime_ns
     dry, result = launch_many(
@@ -169,7 +173,8 @@ def test_ablate_cli(resumed_grid, tmp_path):
     assert "## Task: cycle" in (run_dir / "report" / "report.md").read_text()
     assert checkpoints.list_steps(run_dir / CYCLE / "checkpoints") == [8]
     assert saved.stat().st_mtime_ns == stamp
-    assert [r["run"] for r in evaluate.read_records(run_dir / evaluate.RECORDS_FILE)] == [CYCLE]
+    assert recorded.count("\n") == 1
+    assert (run_dir / evaluate.RECORDS_FILE).read_text() == recorded  # none added
 
 
 def test_run_reports_training_and_evaluation_failures_together(tmp_path, monkeypatch):
