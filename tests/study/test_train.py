@@ -424,6 +424,7 @@ def test_runs_of_the_same_model_share_one_compiled_update(tmp_path):
         config = smoke.get_config()
         config.progress_bar = False
         config.task.num_train = 64
+        config.model.num_layers = 1  # shorter compiles; a model of its own
         config.optim.update(num_epochs=2, **optim)
         before = len(compiled)
         train.train_and_evaluate(config, str(tmp_path / name))
