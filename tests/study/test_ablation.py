@@ -1,6 +1,7 @@
 """Ablations: the grid, dry runs, resumption without retraining, the CLI."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,24 +54,36 @@ def two_task_ablation():
     return config
 
 
-@pytest.mark.slow
-def test_interrupted_ablation_resumes_without_retraining(tmp_path, monkeypatch):
+COPY, CYCLE = "heads-2_seed-0_task-copy", "heads-2_seed-0_task-cycle"
+
+
+@pytest.fixture(scope="module")
+def resumed_grid(tmp_path_factory):
+    """`two_task_ablation` killed while training its second run, then run again: (folder,
+    the runs training was asked for, the first run's checkpoint time before the resume,
+    what the resumed `run` returned). The CLI test starts from its trained cycle run."""
+    root, trained = tmp_path_factory.mktemp("grid"), []
     real_train = train.train_and_evaluate
-    trained = []
 
     def counting(config, workdir):
         trained.append(Path(workdir).name)
-        if len(trained) == 2 and not hasattr(counting, "killed"):
-            counting.killed = True
+        if len(trained) == 2:
             raise KeyboardInterrupt  # killed while training the second run
         return real_train(config, workdir)
 
-    monkeypatch.setattr(train, "train_and_evaluate", counting)
-    with pytest.raises(KeyboardInterrupt):
-        ablation.run(two_task_ablation(), tmp_path, progress=False)
-    first, second = tmp_path / "heads-2_seed-0_task-copy", tmp_path / "heads-2_seed-0_task-cycle"
-    stamp = (first / "checkpoints" / "8").stat().st_mtime_ns
-    written, failures = ablation.run(two_task_ablation(), tmp_path, progress=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "train_and_evaluate", counting)
+        with pytest.raises(KeyboardInterrupt):
+            ablation.run(two_task_ablation(), root, progress=False)
+        stamp = (root / COPY / "checkpoints" / "8").stat().st_mtime_ns
+        result = ablation.run(two_task_ablation(), root, progress=False)
+    return root, trained, stamp, result
+
+
+@pytest.mark.slow
+def test_interrupted_ablation_resumes_without_retraining(resumed_grid, monkeypatch):
+    tmp_path, trained, stamp, (written, failures) = resumed_grid
+    first, second = tmp_path / COPY, tmp_path / CYCLE
     assert trained == [first.name, second.name, second.name]
     assert failures == []
     assert (first / "checkpoints" / "8").stat().st_mtime_ns == stamp
@@ -87,8 +100,10 @@ def test_interrupted_ablation_resumes_without_retraining(tmp_path, monkeypatch):
         "index.html",
     }
     # A third run trains and evaluates nothing.
+    again = []
+    monkeypatch.setattr(train, "train_and_evaluate", lambda c, w: again.append(Path(w).name))
     ablation.run(two_task_ablation(), tmp_path, progress=False)
-    assert len(trained) == 3 and len(evaluate.read_records(tmp_path / evaluate.RECORDS_FILE)) == 2
+    assert again == [] and len(evaluate.read_records(tmp_path / evaluate.RECORDS_FILE)) == 2
 
 
 def test_bad_grid():
@@ -122,10 +137,13 @@ def test_a_missing_base_config_is_one_error_for_the_whole_grid(tmp_path):
 
 
 @pytest.mark.slow
-def test_ablate_cli(tmp_path):
+def test_ablate_cli(resumed_grid, tmp_path):
     """The dry run and the run, from one batch of command lines (`launch_many`); the dry
-    run is given a workdir of its own, where it may write nothing. One layer: the CLI's
-    flags reach the run, and its programs compile sooner."""
+    run is given a workdir of its own, where it may write nothing. The run's folder starts
+    with the grid's trained and evaluated cycle run (the same config: one layer, one
+    epoch), which the CLI's flags must name exactly for it to be found finished and
+    recorded: the CLI writes the report from it, training and evaluating nothing (both
+    are the in-process grid's, and `launch/evaluate.py`'s in tests/test_launchers_study.py)."""
     flags = [
         "--config=configs/ablation.py:base=smoke",
         "--config.levels.heads=(2,)",
@@ -136,6 +154,12 @@ def test_ablate_cli(tmp_path):
         "--config.overrides.evaluation__optimal_weights=False",
     ]
     dry_dir, run_dir = tmp_path / "dry", tmp_path / "run"
+    shutil.copytree(resumed_grid[0] / CYCLE, run_dir / CYCLE)
+    lines = (resumed_grid[0] / evaluate.RECORDS_FILE).read_text().splitlines(keepends=True)
+    recorded = "".join(line for line in lines if json.loads(line)["run"] == CYCLE)
+    (run_dir / evaluate.RECORDS_FILE).write_text(recorded)
+    saved = run_dir / CYCLE / "checkpoints" / "8"
+    stamp = saved.stat().st_mtime_ns
     dry, result = launch_many(
         [
             ("ablate.py", [*flags, f"--workdir={dry_dir}", "--dry_run"]),
@@ -147,6 +171,10 @@ def test_ablate_cli(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"wrote {run_dir / 'report' / 'report.md'}" in result.stdout
     assert "## Task: cycle" in (run_dir / "report" / "report.md").read_text()
+    assert checkpoints.list_steps(run_dir / CYCLE / "checkpoints") == [8]
+    assert saved.stat().st_mtime_ns == stamp
+    assert recorded.count("\n") == 1
+    assert (run_dir / evaluate.RECORDS_FILE).read_text() == recorded  # none added
 
 
 def test_run_reports_training_and_evaluation_failures_together(tmp_path, monkeypatch):

@@ -26,17 +26,33 @@ from helpers.trained_runs import smoke_config
 SGD = optax.sgd(0.1)
 
 
+# The data-parallel, dropout and sharded-gradient tests compile their updates and
+# gradients for one layer of the smoke model (a second layer would only lengthen each
+# compile), starting from the smoke model's initial parameters less its second layer:
+# the initialisation that the training runs compile serves.
+ONE_LAYER = dataclasses.replace(config_lib.model_config(smoke.get_config()), num_layers=1)
+
+
+def one_layer_params():
+    smoke_module = model_lib.Transformer(config_lib.model_config(smoke.get_config()))
+    params = model_lib.init_params(smoke_module, jax.random.PRNGKey(0), 16)
+    return {name: p for name, p in params.items() if name != "layers_1"}
+
+
+def initial_state():
+    params = one_layer_params()
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": SGD.init(params)}
+
+
 def one_step(devices):
     config = smoke.get_config()
     mesh = parallel.data_mesh(devices)
-    module = model_lib.Transformer(config_lib.model_config(config))
-    tx = SGD
-    state = train.create_state(module, jax.random.PRNGKey(0), tx, 16)
-    state = jax.device_put(state, parallel.replicated(mesh))
+    module = model_lib.Transformer(ONE_LAYER)
+    state = jax.device_put(initial_state(), parallel.replicated(mesh))
     train_set, _ = train.make_datasets(config)
     batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
     step = train.make_train_step(
-        module, tx, mesh, jax.random.PRNGKey(1), (config.optim.batch_size, config.task.seq_len)
+        module, SGD, mesh, jax.random.PRNGKey(1), (config.optim.batch_size, config.task.seq_len)
     )
     state, loss = step(state, batch)
     state, loss = step(state, batch)
@@ -54,11 +70,11 @@ def test_data_parallel_step_equals_single_device():
 def test_sharded_gradients_are_the_whole_batchs_summed_in_one_flat_all_reduce():
     """Each device's loss and gradients on its shard, summed, are the whole batch's
     (the same dropout masks), and the compiled sum reduces one flat vector of every
-    gradient (and the loss), not one array per parameter. (The smoke model, whose
-    initialisation the training runs compile, with more dropout.)"""
-    cfg = dataclasses.replace(config_lib.model_config(smoke.get_config()), dropout_rate=0.2)
+    gradient (and the loss), not one array per parameter (18 of them). (`ONE_LAYER`, with
+    more dropout.)"""
+    cfg = dataclasses.replace(ONE_LAYER, dropout_rate=0.2)
     module, mesh, key = model_lib.Transformer(cfg), parallel.data_mesh(), jax.random.PRNGKey(2)
-    params = model_lib.init_params(module, jax.random.PRNGKey(0), 16)
+    params = one_layer_params()
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 2 * mesh.size, 16, 16)
 
     def whole_batch_loss(p):
@@ -325,8 +341,8 @@ def test_dropout_masks_change_with_the_step():
     `one_step`: its compiled update serves.)"""
     config = smoke.get_config()
     mesh = parallel.data_mesh()
-    module = model_lib.Transformer(config_lib.model_config(config))
-    initial = lambda: train.create_state(module, jax.random.PRNGKey(0), SGD, 16)
+    module = model_lib.Transformer(ONE_LAYER)
+    initial = initial_state
     train_set, _ = train.make_datasets(config)
     batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
     step = train.make_train_step(
@@ -408,6 +424,7 @@ def test_runs_of_the_same_model_share_one_compiled_update(tmp_path):
         config = smoke.get_config()
         config.progress_bar = False
         config.task.num_train = 64
+        config.model.num_layers = 1  # shorter compiles; a model of its own
         config.optim.update(num_epochs=2, **optim)
         before = len(compiled)
         train.train_and_evaluate(config, str(tmp_path / name))
