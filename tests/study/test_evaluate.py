@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from beyondpar import checkpoints, graphs, measure, metrics, pruning, synergy, tasks, weighting
-from beyondpar import model as model_lib
 from beyondpar.base import parallel
 from beyondpar.measure import record
 from beyondpar.study import attention_view, evaluate, report
@@ -19,9 +18,29 @@ from helpers.launchers import launch_many
 from helpers.paths import DATA
 from helpers.short_reference import short_reference
 
-# The model's logits and attention as one compiled program per model and shape (run op by
-# op, a forward pass compiles each of its many small operations on its own).
-apply_with_attention = jax.jit(model_lib.apply_with_attention, static_argnums=0)
+
+def model_forward(module, params, inputs):
+    """The model's logits, float32 attention and head weights from `evaluate.forward`, its
+    parameters and sequences placed as an evaluation places them: the evaluation's own
+    compiled program, run on any parameters of the model."""
+    params = jax.device_put(params, parallel.replicated(parallel.data_mesh(jax.local_devices())))
+    return evaluate.forward(module, params, parallel.split_over_devices(inputs))
+
+
+def without_heads(params, mask):
+    """`params` with each head that `mask` (L x H, 0 = removed) cut out of its layer's
+    output projection (the rows that read its output): those heads ablated in the
+    weights themselves."""
+
+    def cut(path, leaf):
+        name = jax.tree_util.keystr(path)
+        for layer, keep in enumerate(np.asarray(mask)):
+            if name == f"['layers_{layer}']['attn']['out']['kernel']":
+                rows = np.repeat(keep, leaf.shape[0] // len(keep)).astype(leaf.dtype)
+                return np.asarray(leaf) * rows[:, None]
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(cut, params)
 
 
 def test_reference_checkpoints_reproduce_the_paper(fixture):
@@ -179,8 +198,7 @@ def evaluated(spec):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(evaluate, "summarize", lambda v: values.update(v) or summarize(v))
         record = evaluate.evaluate_params(module, params, examples, spec)
-    # All heads kept: the masked program the attention-necessity test runs on this shape.
-    _, attn = apply_with_attention(module, params, examples.inputs, np.ones((4, 4)))
+    _, attn, _ = model_forward(module, params, examples.inputs)
     return values, np.asarray(attn, np.float64), weights, record
 
 
@@ -342,11 +360,12 @@ def test_the_optimum_of_each_sequence_is_searched_on_the_other_fold(searched):
 
 def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
     """The paper's 4-head copy checkpoint needs no head (its target is the current token);
-    the 1-head cycle checkpoint falls to about chance without its heads."""
+    the 1-head cycle checkpoint falls to about chance without its heads. Each accuracy is
+    that of the model whose masked heads are cut out of its weights."""
     found = {}
     # The copy checkpoint on 4 sequences of 40 tokens, the shape of `copy_on_two_folds`,
-    # and the cycle checkpoint on 3 of 8, `short_record`'s: their masked forward passes are
-    # compiled once for both.
+    # and the cycle checkpoint on 3 of 8, `short_record`'s: the masked passes and the
+    # forward passes of the cut models are the programs those fixtures compile.
     cases = (("4_heads_copy", 4, "copy", 4, 40), ("1_heads_cycle", 1, "cycle", 3, 8))
     for name, heads, task, n, seq_len in cases:
         module, params = checkpoints.import_reference(DATA / f"{name}.npz", heads)
@@ -360,7 +379,7 @@ def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
             mask = np.ones((4, heads)) * (np.arange(4) != layer)[:, None]
             cases.append((mask, necessity["accuracy_without_layer"][layer]))
         for mask, got in cases:
-            logits, _ = apply_with_attention(module, params, examples.inputs, mask)
+            logits, _, _ = model_forward(module, without_heads(params, mask), examples.inputs)
             predictable = np.asarray(examples.predictable)
             correct = (np.asarray(logits).argmax(-1) == np.asarray(examples.targets)) & predictable
             assert float(got) == pytest.approx(float(correct.sum() / predictable.sum()), abs=1e-6)
