@@ -5,21 +5,42 @@ import shutil
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
 from beyondpar import checkpoints, graphs, measure, metrics, pruning, synergy, tasks, weighting
-from beyondpar import model as model_lib
+from beyondpar.base import parallel
 from beyondpar.measure import record
 from beyondpar.study import attention_view, evaluate, report
 from helpers.launchers import launch_many
 from helpers.paths import DATA
 from helpers.short_reference import short_reference
 
-# The model's logits and attention as one compiled program per model and shape (run op by
-# op, a forward pass compiles each of its many small operations on its own).
-apply_with_attention = jax.jit(model_lib.apply_with_attention, static_argnums=0)
+
+def model_forward(module, params, inputs):
+    """The model's logits, float32 attention and head weights from `evaluate.forward`, its
+    parameters and sequences placed as an evaluation places them: the evaluation's own
+    compiled program, run on any parameters of the model."""
+    params = jax.device_put(params, parallel.replicated(parallel.data_mesh(jax.local_devices())))
+    return evaluate.forward(module, params, parallel.split_over_devices(inputs))
+
+
+def without_heads(params, mask):
+    """`params` with each head that `mask` (L x H, 0 = removed) cut out of its layer's
+    output projection (the rows that read its output): those heads ablated in the
+    weights themselves."""
+
+    def cut(path, leaf):
+        name = jax.tree_util.keystr(path)
+        for layer, keep in enumerate(np.asarray(mask)):
+            if name == f"['layers_{layer}']['attn']['out']['kernel']":
+                rows = np.repeat(keep, leaf.shape[0] // len(keep)).astype(leaf.dtype)
+                return np.asarray(leaf) * rows[:, None]
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(cut, params)
 
 
 def test_reference_checkpoints_reproduce_the_paper(fixture):
@@ -177,7 +198,7 @@ def evaluated(spec):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(evaluate, "summarize", lambda v: values.update(v) or summarize(v))
         record = evaluate.evaluate_params(module, params, examples, spec)
-    _, attn = apply_with_attention(module, params, examples.inputs)
+    _, attn, _ = model_forward(module, params, examples.inputs)
     return values, np.asarray(attn, np.float64), weights, record
 
 
@@ -339,11 +360,13 @@ def test_the_optimum_of_each_sequence_is_searched_on_the_other_fold(searched):
 
 def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
     """The paper's 4-head copy checkpoint needs no head (its target is the current token);
-    the 1-head cycle checkpoint falls to about chance without its heads."""
+    the 1-head cycle checkpoint falls to about chance without its heads. Each accuracy is
+    that of the model whose masked heads are cut out of its weights."""
     found = {}
-    # The copy checkpoint on 4 sequences of 40 tokens, the shape of `copy_on_two_folds`:
-    # its masked forward passes are compiled once for both.
-    cases = (("4_heads_copy", 4, "copy", 4, 40), ("1_heads_cycle", 1, "cycle", 6, 100))
+    # The copy checkpoint on 4 sequences of 40 tokens, the shape of `copy_on_two_folds`,
+    # and the cycle checkpoint on 3 of 8, `short_record`'s: the masked passes and the
+    # forward passes of the cut models are the programs those fixtures compile.
+    cases = (("4_heads_copy", 4, "copy", 4, 40), ("1_heads_cycle", 1, "cycle", 3, 8))
     for name, heads, task, n, seq_len in cases:
         module, params = checkpoints.import_reference(DATA / f"{name}.npz", heads)
         examples = tasks.make_examples(task, jax.random.PRNGKey(0), n, seq_len, 256)
@@ -356,7 +379,7 @@ def test_attention_necessity_is_a_true_ablation_of_the_released_checkpoints():
             mask = np.ones((4, heads)) * (np.arange(4) != layer)[:, None]
             cases.append((mask, necessity["accuracy_without_layer"][layer]))
         for mask, got in cases:
-            logits, _ = apply_with_attention(module, params, examples.inputs, mask)
+            logits, _, _ = model_forward(module, without_heads(params, mask), examples.inputs)
             predictable = np.asarray(examples.predictable)
             correct = (np.asarray(logits).argmax(-1) == np.asarray(examples.targets)) & predictable
             assert float(got) == pytest.approx(float(correct.sum() / predictable.sum()), abs=1e-6)
@@ -443,49 +466,65 @@ def test_reference_files_prefer_npz_and_keep_a_lone_pt(tmp_path):
     assert names == ["4_heads_copy.npz", "8_heads_cycle.pt"]
 
 
+def measured_sets(seed, spec, extra=None):
+    """Random causal attention measured as `evaluated` measures the copy checkpoint's: 16
+    (sequence, layer) sets of 4 heads on 40 tokens, split over the devices as the
+    evaluation splits them, with their own learned weights and `extra` mixes per set, so
+    the measurement's compiled kernels are the fixtures'. Returns (attention N x L x H x T
+    x T, the measurement record of its 16 sets)."""
+    attn = graphs.random_causal(seed, (4, 4, 4), 40)
+    per_set = lambda w: np.broadcast_to(np.asarray(w, np.float32), (16, 4)).copy()
+    sets = jnp.reshape(parallel.split_over_devices(attn), (16, 4, 40, 40))
+    extra = {name: per_set(w) for name, w in (extra or {}).items()}
+    return attn, measure.measure_layer(sets, per_set([0.4, 0.3, 0.2, 0.1]), spec, extra=extra)
+
+
 @pytest.mark.parametrize("walk", ["reference", "normalized"])
 def test_optimal_columns_are_each_optimums_own_mix_on_the_walk_evaluated(walk):
     """Each optimum's columns come from the mix of its own name, its hitting times on the
-    walk the evaluation runs: four optima with four different weightings of three heads,
+    walk the evaluation runs: four optima with four different weightings of the heads,
     whose numbers differ, so a column read from another mix or walk would not match."""
-    attn = graphs.random_causal(5, (4, 3), 10)
     mixes = {
-        record.OPTIMAL: [1.0, 0.0, 0.0],
-        record.OPTIMAL_IN_SAMPLE: [0.0, 1.0, 0.0],
-        record.OPTIMAL_HITTING_TIME: [0.0, 0.0, 1.0],
-        record.OPTIMAL_HITTING_TIME_IN_SAMPLE: [0.5, 0.5, 0.0],
+        record.OPTIMAL: [1.0, 0.0, 0.0, 0.0],
+        record.OPTIMAL_IN_SAMPLE: [0.0, 1.0, 0.0, 0.0],
+        record.OPTIMAL_HITTING_TIME: [0.0, 0.0, 1.0, 0.0],
+        record.OPTIMAL_HITTING_TIME_IN_SAMPLE: [0.5, 0.5, 0.0, 0.0],
     }
-    extra = {name: np.asarray(w, np.float32) for name, w in mixes.items()}
-    spec = measure.MeasureSpec(horizon=20, max_steps=25, eps=0.3)
-    layer = measure.measure_layer(attn, np.asarray([0.6, 0.3, 0.1]), spec, extra=extra)
+    spec = measure.MeasureSpec(horizon=HORIZON, max_steps=MAX_STEPS, eps=EPS)
+    attn, layer = measured_sets(5, spec, mixes)
     got = evaluate.columns(layer, walk)
-    mixed = {name: graphs.combine_heads(attn, w[None]) for name, w in extra.items()}
-    fidelity = lambda name: metrics.minimax_fidelity(mixed[name], 20)
-    hitting = lambda name, on=walk: metrics.hitting_time(mixed[name], 25, on)
+    # The four mixes and two heads: the operators' shape of the field test, whose compiled
+    # kernels score them on both walks.
+    ops = operators_of(attn, *mixes.values())[:, :, :6]
+    other = "normalized" if walk == "reference" else "reference"
+    fidelity = np.asarray(metrics.minimax_fidelity(ops, HORIZON)).reshape(16, 6)
+    hitting = {
+        on: np.asarray(metrics.hitting_time(ops, MAX_STEPS, on)).reshape(16, 6)
+        for on in (walk, other)
+    }
     want = {
-        "fidelity_optimal": fidelity(record.OPTIMAL),
-        "fidelity_optimal_in_sample": fidelity(record.OPTIMAL_IN_SAMPLE),
-        "hitting_time_optimal": hitting(record.OPTIMAL_HITTING_TIME),
-        "hitting_time_optimal_in_sample": hitting(record.OPTIMAL_HITTING_TIME_IN_SAMPLE),
+        "fidelity_optimal": fidelity[:, 0],
+        "fidelity_optimal_in_sample": fidelity[:, 1],
+        "hitting_time_optimal": hitting[walk][:, 2],
+        "hitting_time_optimal_in_sample": hitting[walk][:, 3],
     }
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
-    other = "normalized" if walk == "reference" else "reference"
-    off_walk = np.asarray(hitting(record.OPTIMAL_HITTING_TIME, other))
+    off_walk = hitting[other][:, 2]
     assert np.abs(np.asarray(got["hitting_time_optimal"]) - off_walk).max() > 1e-3
 
 
 def test_a_tie_with_the_best_head_is_no_win():
     """`combined_wins` is 1 where the learned mix beats its best head (gain > 0): a mix
     equal to its best head (gain 0, e.g. a one-head layer's) does not win."""
-    # The shapes and spec of the test above: its compiled kernels serve this one too.
-    attn = graphs.random_causal(6, (4, 3), 10)
-    spec = measure.MeasureSpec(horizon=20, max_steps=25, eps=0.3)
-    layer = measure.measure_layer(attn, np.asarray([0.6, 0.3, 0.1]), spec)
-    layer["mixes"][record.LEARNED][record.GAIN.name] = np.asarray([0.0, 0.1, -0.1, 0.0])
+    # The shapes and spec of the `normalized` fixture: its compiled kernels serve this one.
+    spec = measure.MeasureSpec(horizon=SHORT_HORIZON, max_steps=MAX_STEPS, eps=EPS)
+    _, layer = measured_sets(6, spec)
+    gain = np.tile(np.asarray([0.0, 0.1, -0.1, 0.0], np.float32), 4)
+    layer["mixes"][record.LEARNED][record.GAIN.name] = gain
     got = evaluate.columns(layer, "reference")
-    np.testing.assert_array_equal(got["combined_wins"], [0.0, 1.0, 0.0, 0.0])
-    np.testing.assert_array_equal(got["gain"], [0.0, 0.1, -0.1, 0.0])
+    np.testing.assert_array_equal(got["combined_wins"], np.tile([0.0, 1.0, 0.0, 0.0], 4))
+    np.testing.assert_array_equal(got["gain"], gain)
 
 
 def test_the_pages_optimal_mix_is_the_held_out_optimum_of_the_first_sequence(searched):

@@ -1,5 +1,6 @@
-"""Pruning curves of the paper's model: true ablations through the head mask, with the
-fidelity of the heads that remain."""
+"""Pruning curves of a model: true ablations through the head mask, with the fidelity of
+the heads that remain. Every test runs one small random model (the paper's copy model
+keeps its accuracy without any head, so its points cannot be told apart by accuracy)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,12 +11,12 @@ from beyondpar import graphs, metrics, pruning, tasks
 from beyondpar import model as model_lib
 from beyondpar.study import evaluate, pruning_curves
 
-# One horizon and one step cap for every curve on the 4 x 40-token batches (the reference
-# model's and `masked_models`'), and one for the 3 x 12-token ones (`tiny`): the metric
-# kernels compile once per batch shape and setting, and these share them. The horizon
-# and the cap differ, so a curve that swaps them shows.
+# One horizon and one step cap for every curve and layer, all on 4 x 40-token batches
+# (`masked_models`' and `small_layer`'s): the metric kernels compile once per batch shape
+# and setting, and these share them. The horizon and the cap differ, so a curve that swaps
+# them shows.
 HORIZON, MAX_STEPS = 30, 7
-SMALL_SPEC = (10, 6, "normalized")
+SPEC = (HORIZON, MAX_STEPS, "normalized")
 
 # The model's attention as one compiled program (op by op, a forward pass compiles each of
 # its many small operations on its own).
@@ -29,11 +30,27 @@ def tiny():
     parameters: one model config for every test that needs no trained model."""
     cfg = model_lib.ModelConfig(num_heads=4, vocab_size=6, max_len=40, mlp_dim=8, embed_dim=8)
     module = model_lib.Transformer(cfg)
-    return module, model_lib.init_params(module, jax.random.PRNGKey(0))
+    return module, random_params(module, seed=3)
 
 
-def test_curve_keeps_one_head_and_measures_it(reference):
-    module, params, examples, attn, weights = reference
+def random_params(module, seed):
+    """Parameters of `module`'s shapes drawn in NumPy (the initialiser's program compiles
+    for seconds, and any random model serves): matrices N(0, 1 / fan-in), biases 0, layer
+    norm scales 1."""
+    shapes = jax.eval_shape(lambda key: model_lib.init_params(module, key), jax.random.key(0))
+    rng = np.random.default_rng(seed)
+
+    def draw(path, leaf):
+        name = jax.tree_util.keystr(path)
+        if "scale" in name or "bias" in name:
+            return jnp.full(leaf.shape, float("scale" in name), leaf.dtype)
+        return jnp.asarray(rng.normal(0, leaf.shape[0] ** -0.5, leaf.shape), leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def test_curve_keeps_one_head_and_measures_it(small_model):
+    module, params, examples, attn, weights = small_model
     masks = np.ones((2, 4, 4), np.float32)
     masks[1, 0] = [0, 0, 1, 0]  # layer 0 keeps head 2 only
     got = pruning_curves.curve(
@@ -53,10 +70,10 @@ def test_curve_keeps_one_head_and_measures_it(reference):
 
 
 @pytest.mark.parametrize("walk", ["normalized", "reference"])
-def test_curve_measures_each_point_with_its_horizon_steps_and_walk(reference, walk):
+def test_curve_measures_each_point_with_its_horizon_steps_and_walk(small_model, walk):
     """Fidelity over `horizon` steps, the hitting time over `max_steps` on `walk`, of
     every layer's mix of the heads kept (here, all of them)."""
-    module, params, examples, attn, weights = reference
+    module, params, examples, attn, weights = small_model
     masks = jnp.ones((1, 4, 4), jnp.float32)
     got = pruning_curves.curve(module, params, examples, weights, masks, HORIZON, MAX_STEPS, walk)
     mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
@@ -93,6 +110,15 @@ def masked_models(tiny):
     return (module, params, examples, weights, masks), want, np.asarray(attns[0])
 
 
+@pytest.fixture(scope="module")
+def small_model(masked_models):
+    """The small random model on its 4 x 40-token copy batch, as conftest's `reference`
+    gives the paper's model: (module, params, examples, attention, head importances). One
+    model config, so the curve's layer programs compile once for the file."""
+    (module, params, examples, weights, _), _, attn = masked_models
+    return module, params, examples, attn, weights
+
+
 @pytest.mark.parametrize("group, mix_bytes", [(16, 2**28), (2, 2**28), (16, 1)])
 def test_points_that_share_layers_are_each_the_masked_model(
     masked_models, group, mix_bytes, monkeypatch
@@ -104,14 +130,13 @@ def test_points_that_share_layers_are_each_the_masked_model(
     monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
     monkeypatch.setattr(pruning_curves, "MIX_BYTES", mix_bytes)
     (module, params, examples, weights, masks), want, _ = masked_models
-    spec = (HORIZON, MAX_STEPS, "normalized")
-    got = pruning_curves.curve(module, params, examples, weights, masks, *spec)
+    got = pruning_curves.curve(module, params, examples, weights, masks, *SPEC)
     for p, (accuracy, fid, hit) in enumerate(want):
         assert got["accuracy"][p] == pytest.approx(accuracy)
         for layer in range(4):
             np.testing.assert_allclose(got["fidelity"][p][layer], fid[layer], rtol=1e-5)
             np.testing.assert_allclose(got["hitting_time"][p][layer], hit[layer], rtol=1e-5)
-    assert len(set(got["accuracy"])) == len(masks)  # 32, 39, 30, 36, 34, 35, 41 of 50
+    assert len(set(got["accuracy"])) == len(masks)  # 13, 12, 20, 17, 18, 14, 9 of 160
 
 
 def test_accuracy_counts_predictable_positions_only(masked_models):
@@ -144,10 +169,10 @@ def test_pruning_curves_cover_every_order(masked_models):
         assert sorted(layers) == sorted(list(range(4)) * 3)
 
 
-def test_curve_takes_the_models_mixes_as_causal_without_a_check(reference, monkeypatch):
+def test_curve_takes_the_models_mixes_as_causal_without_a_check(small_model, monkeypatch):
     """The model masks every score above the diagonal: its mixes go to the minimax's early
     stop (causal operators only) without a pass that checks it."""
-    module, params, examples, attn, weights = reference
+    module, params, examples, attn, weights = small_model
     mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
     want = np.mean(metrics.minimax_fidelity(mixed, HORIZON), 0)
     for where in (metrics, metrics.operators):  # the public name and the kernels' own
@@ -163,7 +188,7 @@ def test_masks_that_read_one_stream_share_its_attention(tiny):
     """A group's masks only scale the heads' outputs: the softmax runs once on B x H x T x
     T for the whole group, not once per mask, and each mask's results are its own."""
     module, params = tiny
-    stream = jax.random.normal(jax.random.PRNGKey(2), (3, 12, 8))
+    stream = np.random.default_rng(2).standard_normal((4, 40, 8), np.float32)
     masks = [[1, 1, 1, 1], [0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 1, 1]]  # a group of 4, padded size
     masks = jnp.asarray(masks, jnp.float32)
     importance = jnp.asarray([0.1, 0.2, 0.3, 0.4])
@@ -172,7 +197,7 @@ def test_masks_that_read_one_stream_share_its_attention(tiny):
     exp_shapes = [
         eqn.outvars[0].aval.shape for eqn in _equations(jaxpr.jaxpr) if eqn.primitive.name == "exp"
     ]
-    assert exp_shapes == [(3, 4, 12, 12)]  # one softmax, no mask axis
+    assert exp_shapes == [(4, 4, 40, 40)]  # one softmax, no mask axis
     out, mixed = pruning_curves._group_runs(*args)
     for g, mask in enumerate(masks):
         own_out, attn = apply_layer(module, params["layers_1"], stream, mask)
@@ -196,7 +221,7 @@ def small_layer(tiny):
     """The small random model's layer 1, two input streams and five masks, read in an order
     that is not the streams' (masks 0, 2, 4 read stream 1; masks 1, 3 read stream 0)."""
     module, params = tiny
-    streams = jax.random.normal(jax.random.PRNGKey(4), (2, 3, 12, 8))
+    streams = np.random.default_rng(4).standard_normal((2, 4, 40, 8), np.float32)
     inputs = np.array([1, 0, 1, 0, 1])
     masks = jnp.asarray(
         [[1, 1, 1, 1], [0, 1, 1, 0], [1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 1]], jnp.float32
@@ -212,19 +237,22 @@ def test_layer_gives_each_mask_its_own_stream_in_mask_order(small_layer, group, 
     mask u, in the order of the masks."""
     monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
     module, layer_params, streams, inputs, masks, importance = small_layer
-    horizon, max_steps, walk = SMALL_SPEC
     out, fid, hit = pruning_curves._layer(
-        module, layer_params, streams, inputs, masks, importance, SMALL_SPEC
+        module, layer_params, streams, inputs, masks, importance, SPEC
     )
-    assert out.shape == (5, 3, 12, 8) and fid.shape == hit.shape == (5,)
+    assert out.shape == (5, 4, 40, 8) and fid.shape == hit.shape == (5,)
+    mixes = []
     for u, mask in enumerate(masks):
         own, attn = apply_layer(module, layer_params, streams[inputs[u]], mask)
         np.testing.assert_allclose(out[u], own, rtol=1e-5, atol=1e-6)
-        mix = graphs.combine_heads(attn, importance * mask)
-        fidelity = metrics.minimax_fidelity(mix, horizon)
-        hitting = metrics.hitting_time(mix, max_steps, walk)
-        np.testing.assert_allclose(fid[u], np.mean(fidelity), rtol=1e-5)
-        np.testing.assert_allclose(hit[u], np.mean(hitting), rtol=1e-5)
+        mixes.append(graphs.combine_heads(attn, importance * mask))
+    # Scored four masks at a time (the last repeated): the 4 x 4 x 40 x 40 programs of
+    # the curve tests.
+    mixes = jnp.stack(mixes + mixes[-1:] * 3).reshape(2, 4, 4, 40, 40)
+    fidelity = np.concatenate([metrics.minimax_fidelity(m, HORIZON) for m in mixes])
+    hitting = np.concatenate([metrics.hitting_time(m, MAX_STEPS, SPEC[2]) for m in mixes])
+    np.testing.assert_allclose(fid, np.mean(fidelity, -1)[:5], rtol=1e-5)
+    np.testing.assert_allclose(hit, np.mean(hitting, -1)[:5], rtol=1e-5)
 
 
 def test_layer_keeps_each_call_within_the_mix_budget(small_layer, monkeypatch):
@@ -232,7 +260,7 @@ def test_layer_keeps_each_call_within_the_mix_budget(small_layer, monkeypatch):
     even when `MASK_GROUP` would allow more."""
     module, layer_params, streams, inputs, masks, importance = small_layer
     monkeypatch.setattr(pruning_curves, "MASK_GROUP", 16)
-    monkeypatch.setattr(pruning_curves, "MIX_BYTES", 2 * 3 * 12 * 12 * 4)  # two mixes
+    monkeypatch.setattr(pruning_curves, "MIX_BYTES", 2 * 4 * 40 * 40 * 4)  # two mixes
     sizes, run = [], pruning_curves._group_runs
 
     def counted(module, layer_params, stream, masks_GxH, importance_H):
@@ -240,7 +268,7 @@ def test_layer_keeps_each_call_within_the_mix_budget(small_layer, monkeypatch):
         return run(module, layer_params, stream, masks_GxH, importance_H)
 
     monkeypatch.setattr(pruning_curves, "_group_runs", counted)
-    pruning_curves._layer(module, layer_params, streams, inputs, masks, importance, SMALL_SPEC)
+    pruning_curves._layer(module, layer_params, streams, inputs, masks, importance, SPEC)
     assert sorted(sizes) == [1, 2, 2]  # stream 1: masks 0, 2 | mask 4; stream 0: masks 1, 3
 
 
