@@ -85,6 +85,19 @@ def test_curve_measures_each_point_with_its_horizon_steps_and_walk(small_model, 
     assert np.all(np.asarray(got["hitting_time"][0]) < MAX_STEPS)
 
 
+def test_curve_measures_fidelity_over_its_horizon_when_the_step_cap_is_longer(small_model):
+    """A horizon of one step under a step cap of MAX_STEPS: the mixes' fidelity moves
+    between the two, so only a fidelity over `horizon` steps matches."""
+    module, params, examples, attn, weights = small_model
+    masks = jnp.ones((1, 4, 4), jnp.float32)
+    got = pruning_curves.curve(module, params, examples, weights, masks, 1, MAX_STEPS, "normalized")
+    mixed = jnp.stack([graphs.combine_heads(attn[:, i], weights[i]) for i in range(4)], 1)
+    one_step = np.mean(metrics.minimax_fidelity(mixed, 1), axis=0)
+    capped = np.mean(metrics.minimax_fidelity(mixed, MAX_STEPS), axis=0)
+    assert not np.allclose(one_step, capped, rtol=1e-3, atol=0)  # the case tells them apart
+    np.testing.assert_allclose(got["fidelity"][0], one_step, rtol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def masked_models(tiny):
     """The small random model, a curve's masks over its 4 x 4 heads, and each mask's whole
