@@ -64,7 +64,7 @@ def test_predicts_the_next_token_of_english(smollm2, first_tokens):
     halves (18%, 127) all fail here."""
     module, params, _ = smollm2
     ids = first_tokens
-    # Layer by layer, as the analyses run it (the block program the sink test compiles;
+    # Layer by layer, as the analyses run it (the block program the text analysis below runs;
     # tests/pretrained/test_running.py: the same logits as the whole forward).
     logits = last_value(pretrained.layer_by_layer(module, params, ids))
     logits = np.asarray(logits[0, :-1], np.float64)
@@ -77,31 +77,34 @@ def test_predicts_the_next_token_of_english(smollm2, first_tokens):
     assert perplexity < 30, perplexity
 
 
-def test_attention_sink_on_the_first_token(smollm2, first_tokens):
-    module, params, _ = smollm2
-    ids = first_tokens
+@pytest.fixture(scope="module")
+def text_analysis(smollm2, first_tokens):
+    """What `launch/analyze.py --model=<gguf> --text_file=... --layers=0,29 --nopairwise`
+    runs (`analyse_text`; its flags are tests/test_launchers.py's and the command line's
+    tests/analysis/test_text.py's) on the text's first 128 tokens, in this process: the
+    forward and the walks are run once for the sink test and the report test."""
+    text = smollm2[2].decode(first_tokens[0])
+    spec = measure.MeasureSpec(layers=(0, 29), pairwise=False)
+    return text, text_lib.text_record(SMOLLM2_GGUF, text, spec)
+
+
+def test_attention_sink_on_the_first_token(text_analysis):
     # The rollout runs through every layer whatever is analysed: the last layer is the
-    # one asserted on, its walks the programs the report test below runs again.
-    record = text_lib.analyze_tokens(
-        module, params, ids, measure.MeasureSpec(layers=(29,), pairwise=False)
-    )
-    assert sorted(record["layers"]) == [29]
+    # one asserted on.
+    _, record = text_analysis
+    assert sorted(record["layers"]) == [0, 29]
     assert record["rollout"]["sink_share"][0].argmax() == 0
     assert record["rollout"]["sink_share"][0, 0] > 0.5
     deep = record["layers"][29]["sink_mass"][0]  # per head: attention on token 0
     assert np.mean(deep > 0.5) >= 0.5
 
 
-def test_text_analysis_writes_the_real_models_report(tmp_path, smollm2, first_tokens):
-    """What `launch/analyze.py --model=<gguf> --text_file=... --layers=0,29 --nopairwise`
-    runs (`analyse_text`; its flags are tests/test_launchers.py's and the command line's
-    tests/analysis/test_text.py's), in this process: the text is the first 128 tokens, so
-    the forward and the walks are the programs the sink test compiled."""
-    text = smollm2[2].decode(first_tokens[0])
+def test_text_analysis_writes_the_real_models_report(tmp_path, text_analysis):
+    """The report of `text_analysis`: the text is the first 128 tokens."""
+    text, found = text_analysis
     assert TEXT.startswith(text)  # the text's opening, cut where token 128 ends
-    spec = measure.MeasureSpec(layers=(0, 29), pairwise=False)
     out = tmp_path / "out"
-    text_report.write(text_lib.text_record(SMOLLM2_GGUF, text, spec), out)
+    text_report.write(found, out)
     report = (out / "report.md").read_text()
     assert "30 layers x 9 query heads" in report
     record = json.loads((out / "analysis.json").read_text())
