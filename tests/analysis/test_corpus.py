@@ -179,7 +179,13 @@ def test_bad_corpora_are_named(tmp_path, name, content, message):
 
 
 @pytest.fixture(scope="module")
-def corpus_run(tmp_path_factory):
+def baseline_calls():
+    """The arguments of every uniform-baseline measurement during `corpus_run`."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def corpus_run(tmp_path_factory, baseline_calls):
     out = tmp_path_factory.mktemp("corpus")
     # Batches of 3 and 1: the shapes the in-sample values (3 search windows) and the
     # single windows below measure, compiled once for all of them.
@@ -189,7 +195,12 @@ def corpus_run(tmp_path_factory):
     spec = measure.MeasureSpec(
         horizon=20, max_steps=20, pairwise=False, sink_tokens=1, optimal_weights=True
     )
-    summary, windows = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
+    real = measure.baselines
+    counted = lambda *args: baseline_calls.append(args) or real(*args)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(text_lib, "baselines", counted)
+        patch.setattr(corpus_lib.measure, "baselines", counted)
+        summary, windows = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, spec, out, progress=False)
     corpus_report.write(summary, out)
     return out, summary, windows, cspec, spec
 
@@ -313,18 +324,12 @@ def test_windows_of_another_record_format_are_refused(corpus_run, tmp_path, foun
     assert after == before
 
 
-def test_a_corpus_run_computes_its_baselines_once(tmp_path, monkeypatch):
+def test_a_corpus_run_computes_its_baselines_once(corpus_run, baseline_calls):
     """Uniform causal attention is the same for every batch: measured for the summary
-    only, never per batch of windows."""
-    calls = []
-    real = measure.baselines
-    counted = lambda *args: calls.append(args) or real(*args)
-    monkeypatch.setattr(text_lib, "baselines", counted)
-    monkeypatch.setattr(corpus_lib.measure, "baselines", counted)
-    # Two batches, of three and one: the shapes of `corpus_run`'s windows.
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=3)
-    summary, _ = corpus_lib.run(HF / "llama-tiny", TEXT, cspec, SPEC, tmp_path, progress=False)
-    assert len(calls) == 1
+    only, never per batch of windows (`corpus_run`: three batches, of 3, 3 and 1)."""
+    _, summary, _, cspec, spec = corpus_run
+    assert len(baseline_calls) == 1
+    assert baseline_calls[0] == (cspec.tokens, spec)
     assert summary["baseline"]["baseline"]["fidelity"] == pytest.approx(1 / 24, rel=1e-5)
 
 
