@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from beyondpar import checkpoints, tasks
-from beyondpar.base import parallel
 from beyondpar.study import evaluate, train
 
 # Its own paths: the interpreters below import this file alone, without conftest's
@@ -38,10 +37,7 @@ def _numbers() -> dict:
     # The evaluation's own forward program, on the evaluation's placement of its arguments
     # (so compiled once), and the gradient compiled as training compiles it: programs
     # with their fusions, not an eager program per operation.
-    mesh = parallel.data_mesh(jax.local_devices())
-    placed = jax.device_put(params, parallel.replicated(mesh))
-    inputs = parallel.split_over_devices(examples.inputs)
-    logits, attention, _ = evaluate.forward(module, placed, inputs)
+    logits, attention, _ = evaluate.forward(module, *evaluate.placed(params, examples.inputs))
 
     def loss(p):
         logits = module.apply({"params": p}, examples.inputs)

@@ -7,7 +7,6 @@ import jax
 
 from beyondpar import model as model_lib
 from beyondpar import tasks
-from beyondpar.base import parallel
 from beyondpar.base.timing import timed
 from beyondpar.benchmarks.machine import matmul_flops_per_s
 from beyondpar.benchmarks.printing import print_result
@@ -22,9 +21,14 @@ def synergy_suite(
     compilation, the best of `repeats` later calls does not; a line per part as it
     finishes, after the machine's float32 matmul rate (measured in the same run: it tells
     a slower or busier day apart)."""
-    module, params = _placed_model(heads, layers, t)
+    module = model_lib.Transformer(
+        model_lib.ModelConfig(num_heads=heads, num_layers=layers, max_len=t)
+    )
     examples = tasks.make_examples("copy", jax.random.PRNGKey(1), sequences, t, 256)
-    inputs = parallel.split_over_devices(examples.inputs)
+    # Placed as the evaluation places them: each part runs the programs the whole
+    # evaluation runs, whose first call then compiles only what no part does.
+    params = model_lib.init_params(module, jax.random.PRNGKey(0))
+    params, inputs = evaluate.placed(params, examples.inputs)
     spec = evaluate.EvalSpec(num_sequences=sequences)
     parts = {
         "metrics + diversity + pairwise + cross-head": lambda: evaluate.per_sequence(
@@ -67,21 +71,6 @@ def synergy_suite(
     )
     print_result([total_line, f"shares of the parts: {shares}"], result)
     return result
-
-
-def _placed_model(heads: int, layers: int, t: int):
-    """(module, parameters) of the paper's model, the parameters on every device as
-    `evaluate` places them (and the suite splits the sequences as it does): each part
-    then runs the programs the whole evaluation runs, whose first call compiles only
-    what no part does."""
-    module = model_lib.Transformer(
-        model_lib.ModelConfig(num_heads=heads, num_layers=layers, max_len=t)
-    )
-    params = jax.device_put(
-        model_lib.init_params(module, jax.random.PRNGKey(0)),
-        parallel.replicated(parallel.data_mesh(jax.local_devices())),
-    )
-    return module, params
 
 
 def _pruning(module, params, examples, inputs, spec):

@@ -106,13 +106,18 @@ def per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec) -> di
     return _per_sequence(module, params, examples, spec)[0]
 
 
+def placed(params, inputs_NxT):
+    """(parameters on every local device, sequences split over them): the evaluation's
+    placement, under which the forward pass and the metric kernels each work on their
+    share without copies between devices."""
+    replicated = parallel.replicated(parallel.data_mesh(jax.local_devices()))
+    return jax.device_put(params, replicated), parallel.split_over_devices(inputs_NxT)
+
+
 def _per_sequence(module, params, examples: tasks.Examples, spec: EvalSpec):
     """(per-sequence metrics, attention (N, L, H, T, T), learned weights (L, H), the
     fidelity game's COALITION fields (N, L, ...) when `spec.coalitions`)."""
-    params = jax.device_put(params, parallel.replicated(parallel.data_mesh(jax.local_devices())))
-    # Sequences spread over the local devices: the forward pass and the metric kernels
-    # each work on their share without copies between devices.
-    inputs = parallel.split_over_devices(examples.inputs)
+    params, inputs = placed(params, examples.inputs)
     logits, attn, weights = forward(module, params, inputs)
     optimal = optimal_mixes(attn, weights, spec)
     mspec = measure.MeasureSpec(

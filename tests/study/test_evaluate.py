@@ -23,8 +23,7 @@ def model_forward(module, params, inputs):
     """The model's logits, float32 attention and head weights from `evaluate.forward`, its
     parameters and sequences placed as an evaluation places them: the evaluation's own
     compiled program, run on any parameters of the model."""
-    params = jax.device_put(params, parallel.replicated(parallel.data_mesh(jax.local_devices())))
-    return evaluate.forward(module, params, parallel.split_over_devices(inputs))
+    return evaluate.forward(module, *evaluate.placed(params, inputs))
 
 
 def without_heads(params, mask):
