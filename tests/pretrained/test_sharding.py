@@ -131,7 +131,6 @@ def test_sharded_run_equals_the_fixture(name, data, model):
     got_logits, got_attn = pretrained.apply_with_attention(module, params, placed)
     np.testing.assert_allclose(got_logits, logits, atol=atol(name, "logits"))
     np.testing.assert_allclose(got_attn, attn, atol=atol(name, "attention"))
-    np.testing.assert_allclose(got_logits, logits, atol=1e-4)
     if (name, (data, model)) in LAYER_BY_LAYER_ON:
         check_one_layer_at_a_time(name, mesh, module, params, placed, attn)
 
