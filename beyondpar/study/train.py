@@ -96,7 +96,11 @@ def make_datasets(config: ml_collections.ConfigDict) -> tuple[Dataset, tasks.Exa
 
 
 def create_state(module: model_lib.Transformer, key, tx, seq_len: int) -> dict:
-    params = model_lib.init_params(module, key, seq_len)
+    return state_of(model_lib.init_params(module, key, seq_len), tx)
+
+
+def state_of(params, tx) -> dict:
+    """The training state at step 0 of `params` under the optimiser `tx`."""
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 
 

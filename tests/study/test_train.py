@@ -40,8 +40,7 @@ def one_layer_params():
 
 
 def initial_state():
-    params = one_layer_params()
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": SGD.init(params)}
+    return train.state_of(one_layer_params(), SGD)
 
 
 def one_step(devices):
