@@ -243,13 +243,21 @@ def small_layer(tiny):
     return module, params["layers_1"], streams, inputs, masks, importance
 
 
-@pytest.mark.parametrize("group", [16, 2])
-def test_layer_gives_each_mask_its_own_stream_in_mask_order(small_layer, group, monkeypatch):
+@pytest.mark.parametrize(
+    "group, inputs",
+    [(16, None), (2, None), (16, [0, 1, 0, 1, 0])],
+    ids=["one-group-a-stream", "groups-of-two", "first-group-padded"],
+)
+def test_layer_gives_each_mask_its_own_stream_in_mask_order(
+    small_layer, group, inputs, monkeypatch
+):
     """Whatever order the masks' input streams come in, and however the masks that read
     one stream are grouped, mask u's results are the layer on stream `inputs[u]` under
-    mask u, in the order of the masks."""
+    mask u, in the order of the masks; also when a group other than the last is padded
+    (three masks on stream 0 run as four), whose padding rows must not shift the next."""
     monkeypatch.setattr(pruning_curves, "MASK_GROUP", group)
-    module, layer_params, streams, inputs, masks, importance = small_layer
+    module, layer_params, streams, fixture_inputs, masks, importance = small_layer
+    inputs = np.asarray(fixture_inputs if inputs is None else inputs)
     out, fid, hit = pruning_curves._layer(
         module, layer_params, streams, inputs, masks, importance, SPEC
     )
