@@ -91,6 +91,10 @@ def test_other_products_go_to_lax_dot_general(monkeypatch):
     np.testing.assert_array_equal(got, lax.dot_general(jnp.ones((2, 3)), kernel, other))
     got = linear.dense_dot_general(x, kernel, own, preferred_element_type=jnp.float32)
     linear.dense_dot_general(x, kernel, own, precision=lax.Precision.HIGHEST)
+    # DenseGeneral's kernel of several output axes: Dense's contraction, not Dense's call.
+    wide = jnp.ones((4, 2, 3))
+    got_wide = linear.dense_dot_general(x, wide, own)
+    np.testing.assert_array_equal(got_wide, lax.dot_general(x, wide, own))
     assert calls == [1] and got.dtype == jnp.float32
 
 
