@@ -207,6 +207,22 @@ def test_analysis_suites_report_every_part(capsys, monkeypatch):
     assert out[0].startswith("2 heads, 3 sequences of 16 tokens")
 
 
+def test_synergy_suite_reports_first_calls_and_the_best_of_the_later_calls(monkeypatch, capsys):
+    """Each part and the whole evaluation: its first call's time, and the best of
+    `repeats` later calls (scripted times, in the order the suite takes them; nothing
+    runs)."""
+    monkeypatch.setattr(synergy_benchmark, "matmul_flops_per_s", lambda repeats: 1e9)
+    # Per part, then the whole: the first call, then three later calls.
+    times = iter([9.0, 3.0, 1.0, 2.0, 8.0, 2.0, 4.0, 3.0, 7.0, 5.0, 6.0, 4.0, 20, 11, 10, 12])
+    monkeypatch.setattr(synergy_benchmark, "timed", lambda fn: (None, next(times)))
+    s = synergy_benchmark.synergy_suite(repeats=3, sequences=3, heads=2, t=16, layers=1)
+    capsys.readouterr()
+    assert list(s["seconds_first_call"].values()) == [9.0, 8.0, 7.0]
+    assert list(s["seconds_warm"].values()) == [1.0, 2.0, 4.0]
+    assert (s["total_first_call_s"], s["total_s"]) == (20, 10)
+    assert list(s["share"].values()) == pytest.approx([1 / 7, 2 / 7, 4 / 7])
+
+
 def test_corpus_suite_times_every_part_of_a_corpus_analysis(capsys, monkeypatch):
     monkeypatch.setattr(corpus, "matmul_flops_per_s", lambda repeats: 87.6e9)
     summarized = []
