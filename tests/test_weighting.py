@@ -595,3 +595,24 @@ def test_one_head_optimum_keeps_the_attentions_dtype():
     w, value = weighting.optimal_weights(attn, horizon=20, max_steps=20)
     assert (w.dtype, value.dtype) == (jnp.float32, jnp.float32)
     np.testing.assert_array_equal(np.asarray(w), [1.0])
+
+
+def test_a_moving_start_keeps_its_step_at_most_one_half():
+    """Uniform causal attention against staying put on 6 tokens: the fidelity grows with
+    the uniform head's weight (checked on the mixes the search meets), so from (1/2, 1/2)
+    each round moves towards it: to (3/4, 1/4), then, the step doubled but held at 1/2,
+    to (7/8, 1/8); a step let grow to 1 would jump onto the vertex."""
+    t = 6
+    uniform = np.tril(np.ones((t, t), np.float32))
+    uniform /= uniform.sum(-1, keepdims=True)
+    attn = np.stack([uniform, np.eye(t, dtype=np.float32)])[None]  # one set of two heads
+    w0 = np.asarray([0.5, 2 / 3, 0.75, 6 / 7, 0.875, 1.0], np.float32)
+    fidelity = exact(attn, np.stack([w0, 1 - w0], -1), "fidelity", 20)
+    assert np.all(np.diff(fidelity) > 0), fidelity
+    settings = dict(objective="fidelity", walk="reference", horizon=20, max_steps=20)
+    start = jnp.asarray([[0.5, 0.5]], jnp.float32)
+    weights, value = weighting.pattern_search(
+        jnp.asarray(attn), start, jnp.asarray(fidelity[:1]), 1.0, 2, settings
+    )
+    np.testing.assert_array_equal(weights, [[0.875, 0.125]])
+    np.testing.assert_allclose(value, fidelity[4:5], rtol=1e-6)
