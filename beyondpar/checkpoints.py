@@ -183,8 +183,11 @@ def _quiet_orbax():
         failed = False
     finally:
         if failed:
+            # A full collection finalises the abandoned reads while their reports are still
+            # swallowed. A good read leaves none and skips the collection, which costs a
+            # second or more in a process holding many compiled programs.
             _wait_until_quiet(reported)
-        gc.collect()
+            gc.collect()
         sys.unraisablehook, threading.excepthook, sys.stderr = hooks
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)

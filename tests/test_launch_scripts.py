@@ -46,7 +46,9 @@ def run_script(root: Path, script: str, *args: str, **env: str) -> list[list[str
     """The command lines the stand-ins saw while `bash launch/<script> args` ran."""
     calls = root / "calls.txt"
     calls.write_text("")
-    env = dict(os.environ, CALLS=str(calls), PYTHON=str(root / ".venv" / "bin" / "python"), **env)
+    # The caller's own TEST_WORKERS (`TEST_WORKERS=4 ./launch/test.sh`) is not the default.
+    inherited = {k: v for k, v in os.environ.items() if k != "TEST_WORKERS"}
+    env = dict(inherited, CALLS=str(calls), PYTHON=str(root / ".venv" / "bin" / "python"), **env)
     done = subprocess.run(
         ["bash", str(root / "launch" / script), *args],
         cwd=root,
