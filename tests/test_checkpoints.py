@@ -1,6 +1,9 @@
 """Run checkpoints: orbax round trips, checksums, damaged steps and interrupted saves."""
 
 import json
+import sys
+import threading
+import time
 import typing
 
 import jax
@@ -170,3 +173,62 @@ def test_checksum_is_the_same_for_a_named_tuple_read_back_as_a_dict():
     as_dict = {"step": np.int32(7), "params": params}
     assert checkpoints.checksum(as_tuple) == checkpoints.checksum(as_dict)
     assert checkpoints.checksum(as_tuple) != checkpoints.checksum(as_tuple._replace(step=8))
+
+
+class _ScriptedManager:
+    """A checkpoint manager whose restore runs `read` (returning the state or raising as
+    an orbax read does), in a folder with no recorded checksums."""
+
+    def __init__(self, directory, read):
+        self.directory, self._read = directory, read
+
+    def restore(self, step, args):
+        return self._read()
+
+
+def test_a_read_good_or_failed_gives_back_the_hooks_and_stderr_it_found(tmp_path):
+    found = sys.unraisablehook, threading.excepthook, sys.stderr
+    assert checkpoints.restore(_ScriptedManager(tmp_path, lambda: {"w": 1}), 4, {}) == {"w": 1}
+    assert (sys.unraisablehook, threading.excepthook, sys.stderr) == found
+
+    def failing():
+        raise OSError("disk gone")
+
+    with pytest.raises(checkpoints.CheckpointError, match="step 4 is unreadable: OSError"):
+        checkpoints.restore(_ScriptedManager(tmp_path, failing), 4, {})
+    assert (sys.unraisablehook, threading.excepthook, sys.stderr) == found
+
+
+def test_a_failed_read_swallows_the_reports_of_its_abandoned_reads_that_come_later(tmp_path):
+    """Orbax's abandoned reads report from their threads after the exception: one 0.95 s
+    later (later than the wait's quiet time, within its settle time) never reaches the
+    program's hook."""
+    late, hook = [], sys.unraisablehook
+
+    def abandoned_read():
+        time.sleep(0.95)
+        sys.unraisablehook("Event loop is closed")  # whichever hook is in place by then
+
+    reads = [threading.Thread(target=abandoned_read)]
+
+    def failing():
+        reads[0].start()
+        raise ValueError("OUT_OF_RANGE: cut short")
+
+    sys.unraisablehook = late.append
+    try:
+        with pytest.raises(checkpoints.CheckpointError, match="step 2 is unreadable"):
+            checkpoints.restore(_ScriptedManager(tmp_path, failing), 2, {})
+        reads[0].join()
+    finally:
+        sys.unraisablehook = hook
+    assert late == []
+
+
+def test_an_error_of_several_lines_is_named_by_its_type_and_first_line(tmp_path):
+    def failing():
+        raise ValueError("tree structures do not match:\n  a: ...\nIf intentional, pass ...")
+
+    with pytest.raises(checkpoints.CheckpointError) as err:
+        checkpoints.restore(_ScriptedManager(tmp_path, failing), 5, {})
+    assert str(err.value) == "step 5 is unreadable: ValueError: tree structures do not match:"
