@@ -4,16 +4,13 @@ import numpy as np
 import pytest
 
 from beyondpar.benchmarks import coalitions
-from beyondpar.benchmarks.models import SMOLLM2_135M
+from helpers.tiny_models import TINY_SMOLLM2
 
 
 def test_coalitions_suite_times_both_models(capsys, monkeypatch):
     monkeypatch.setattr(coalitions, "matmul_flops_per_s", lambda repeats: 87.6e9)
-    tiny = dict(SMOLLM2_135M, vocab_size=64, hidden_size=24)
-    tiny.update(intermediate_size=32, num_hidden_layers=2, num_attention_heads=3)
-    tiny.update(num_key_value_heads=1, max_position_embeddings=64)
     r = coalitions.coalitions_suite(
-        windows=3, tokens=12, sequences=2, smollm2_config=tiny, paper_heads=2, repeats=2
+        windows=3, tokens=12, sequences=2, smollm2_config=TINY_SMOLLM2, paper_heads=2, repeats=2
     )
     small, paper = r["smollm2"], r["paper_16_heads"]
     assert (small["layers"], small["heads"], small["coalitions"]) == (2, 3, 16)

@@ -9,7 +9,7 @@ import pytest
 from beyondpar import coalitions, tasks
 from beyondpar import model as model_lib
 from beyondpar.benchmarks import coalitions as bench
-from beyondpar.benchmarks.models import SMOLLM2_135M
+from helpers.tiny_models import TINY_SMOLLM2
 
 
 def test_suite_measures_the_last_layers_and_times_the_best_later_call(monkeypatch):
@@ -17,18 +17,14 @@ def test_suite_measures_the_last_layers_and_times_the_best_later_call(monkeypatc
     reports the best call after the first (a clock that only grows: the later ones)."""
     clock = iter(range(1, 1000))
     monkeypatch.setattr(bench, "timed", lambda fn: (fn(), float(next(clock))))
-    tiny = {  # SmolLM2's family and fields, shrunk
-        **SMOLLM2_135M,
-        **dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1),
-        **dict(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64),
-    }
+    # The SmolLM2 part on the shapes of the suite's other test (compiled once for both).
     result = bench.coalitions_suite(
         repeats=3,
-        windows=2,
-        tokens=8,
+        windows=3,
+        tokens=12,
         sequences=2,
         paper_layers=1,
-        smollm2_config=tiny,
+        smollm2_config=TINY_SMOLLM2,
         paper_heads=2,
     )
     small = result["smollm2"]
