@@ -680,7 +680,8 @@ def test_an_edited_corpus_is_refused_on_a_rerun(tmp_path):
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "a.txt").write_text(TEXT.read_text())
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=4, batch_size=3)  # `corpus_run`'s shapes
+    # One batch of three: the series test's shapes and spec.
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=3, batch_size=3)
     out = tmp_path / "out"
     corpus_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
     before = (out / corpus_lib.WINDOWS_FILE).read_text()
@@ -717,17 +718,18 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
 
 
 def test_each_record_names_its_windows_document_and_position():
-    """Four windows of two documents, three per batch: the second batch holds the second
-    document's third window, at position 2 of its document, not of its batch."""
+    """Six windows of two documents, three per batch: the second batch holds the second
+    document's third to fifth windows, at positions 2 to 4 of their document, not 0 to 2
+    of their batch."""
     module, params, _ = pretrained.load(HF / "llama-tiny")
-    tokens = np.arange(4 * 24).reshape(4, 24) % 50 + 1  # the series test's shapes
-    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 1, 1, 1]))
+    tokens = np.arange(6 * 24).reshape(6, 24) % 50 + 1  # batches of the series test's shape
+    picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 1, 1, 1, 1, 1]))
     got = {}
     corpus_lib.analyze_windows(
-        module, params, picked, [0, 1, 2, 3], SPEC, 3, got.__setitem__, progress=False
+        module, params, picked, list(range(6)), SPEC, 3, got.__setitem__, progress=False
     )
-    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 1, 2: 1, 3: 1}
-    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1, 3: 2}
+    assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1}
+    assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
 
 
 def test_report_tables_are_rectangular_and_pruning_rows_are_the_curves_ends(corpus_run):
