@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -98,15 +99,17 @@ def command_lines(run, tmp_path_factory):
     a user runs them but from one batch (`launch_many`: the launchers' libraries imported
     once, each command line in a process of its own): {test: (its result, its folder)}.
     `busy`'s workdir is held by another process while they run; `damaged` is evaluated
-    twice, its records file starting with a valid JSON line that is not a record."""
+    twice, its records file starting with a valid JSON line that is not a record;
+    `reference` is a folder of the released 1-head cycle checkpoint cut to 16 positions."""
     folder = {
         name: tmp_path_factory.mktemp(name)
-        for name in ("busy", "overrides", "damaged", "nothing", "summary")
+        for name in ("busy", "overrides", "damaged", "nothing", "summary", "reference")
     }
     folder["damaged_again"] = folder["damaged"]
     folder["float64"] = None
     damaged_tree(run, folder["damaged"])
     (folder["damaged"] / evaluate.RECORDS_FILE).write_text('{"hello": 1}\n')
+    short_reference(folder["reference"] / "ref")
     cases = {
         "busy": ("train.py", ["--config=configs/smoke.py", f"--workdir={folder['busy']}"]),
         "overrides": (
@@ -121,6 +124,10 @@ def command_lines(run, tmp_path_factory):
         "damaged": ("evaluate.py", [f"--runs={folder['damaged']}"]),
         "damaged_again": ("evaluate.py", [f"--runs={folder['damaged']}"]),
         "nothing": ("evaluate.py", [f"--runs={folder['nothing']}"]),
+        "reference": (
+            "evaluate.py",
+            [f"--reference={folder['reference'] / 'ref'}", f"--out={folder['reference'] / 'out'}"],
+        ),
         "summary": (
             "train.py",
             [
@@ -262,7 +269,7 @@ def test_nan_loss_after_a_resume_names_the_checkpoint_it_resumed_from(run, tmp_p
 
         def wrapped(state, batch):
             new, loss = step_fn(state, batch)
-            return new, jnp.where(new["step"] == 11, jnp.nan, loss)
+            return new, (nan_like(loss) if int(new["step"]) == 11 else loss)
 
         return wrapped
 
@@ -529,6 +536,19 @@ def test_evaluation_names_damaged_files_and_goes_on(command_lines):
     assert "evaluated 0 checkpoint(s), skipped 1 already recorded, failed 2" in again.stdout
 
 
+def test_evaluate_cli_on_reference(command_lines):
+    """`launch/evaluate.py --reference` on a folder holding the released 1-head cycle
+    checkpoint cut to 16 positions (the same weights and file name; the paper's 100
+    positions cost seconds of metrics and say nothing more about the command line). What
+    the launcher prints and returns for failed checkpoints is tests/test_launchers.py's."""
+    result, folder = command_lines["reference"]
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = folder / "out"
+    records = [json.loads(ln) for ln in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in records] == ["1_heads_cycle.npz"]
+    assert "## Task: cycle" in (out / "report.md").read_text()
+
+
 def test_nothing_to_evaluate_is_an_error(command_lines):
     result, empty = command_lines["nothing"]
     assert result.returncode == 2
@@ -604,8 +624,8 @@ def test_non_finite_state_is_never_saved(tmp_path, monkeypatch):
 
         def wrapped(state, batch):
             new, loss = step_fn(state, batch)
-            bad = new["step"] >= 8  # the loss stays finite: only the state goes bad
-            new["opt_state"] = jax_tree_where(bad, new["opt_state"])
+            if int(new["step"]) >= 8:  # the loss stays finite: only the state goes bad
+                new["opt_state"] = jax.tree.map(nan_like, new["opt_state"])
             return new, loss
 
         return wrapped
@@ -619,12 +639,12 @@ def test_non_finite_state_is_never_saved(tmp_path, monkeypatch):
     assert checkpoints.list_steps(tmp_path / "checkpoints") == []
 
 
-def jax_tree_where(bad, tree):
-    import jax
-
-    return jax.tree.map(
-        lambda x: jnp.where(bad, jnp.nan, x) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
-    )
+def nan_like(x):
+    """`x` with every float set to NaN, placed as `x` is (put, not computed: no program
+    is compiled for it); other dtypes unchanged."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    return jax.device_put(np.full(x.shape, np.nan, x.dtype), x.sharding)
 
 
 def test_train_cli_ends_with_one_summary_line(command_lines):
