@@ -1,8 +1,7 @@
 """Language-model training on text: configs, schedule, bits per byte, a short run that
 learns, its TensorBoard events and resumption, and a 12-step run whose logged numbers are
 recomputed from its checkpoint, schedule and event files. The two runs share one model
-and graph settings and held-out set, so the second reuses the first's programs (one process
-per file)."""
+and graph settings, so the second reuses the first's programs (one process per file)."""
 
 import json
 import math
@@ -40,16 +39,12 @@ from helpers.lm_training import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAPH_WINDOWS = 2  # the attention graphs of 2 held-out windows: the measures' cost is per window
-# 70 held-out windows: more than one padded chunk of 64 over the devices, and the held-out
-# set of both runs of this file, which then share one compiled held-out loss.
-HELDOUT_WINDOWS = 70
 
 
 def run_config():
-    """The tiny config with its graphs measured on fewer windows and the held-out set of
-    the 12-step run (the killed run's too)."""
+    """The tiny config with its graphs measured on fewer windows (the killed run's too)."""
     config = tiny_config()
-    config.evaluation.update(graph_windows=GRAPH_WINDOWS, heldout_windows=HELDOUT_WINDOWS)
+    config.evaluation.graph_windows = GRAPH_WINDOWS
     return config
 
 
@@ -135,9 +130,8 @@ def interval_run_config():
     config.log_every_steps = 4
     config.eval_every_steps = 6
     config.checkpoint_every_steps = 6
-    config.evaluation.update(
-        heldout_windows=HELDOUT_WINDOWS, graph_windows=GRAPH_WINDOWS, graph_tokens=16
-    )
+    # 70 held-out windows: more than one padded chunk of 64 over the devices.
+    config.evaluation.update(heldout_windows=70, graph_windows=2, graph_tokens=16)
     return config
 
 
@@ -231,7 +225,7 @@ jax.config.update("jax_num_cpu_devices", 4)
 from beyondpar.study import runs
 from helpers.lm_training import tiny_config
 config = tiny_config()
-config.evaluation.update(graph_windows=int(sys.argv[2]), heldout_windows=int(sys.argv[3]))
+config.evaluation.graph_windows = int(sys.argv[2])
 runs.train_and_evaluate(config, sys.argv[1])
 """
 
@@ -241,9 +235,7 @@ def test_lm_train_resume_after_kill_9_gives_identical_parameters(text_run, tmp_p
     again, ends with the uninterrupted run's parameters and metrics lines."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     process = subprocess.Popen(
-        [sys.executable, "-c", KILLED_RUN, str(tmp_path), str(GRAPH_WINDOWS), str(HELDOUT_WINDOWS)],
-        env=env,
-        cwd=ROOT,
+        [sys.executable, "-c", KILLED_RUN, str(tmp_path), str(GRAPH_WINDOWS)], env=env, cwd=ROOT
     )
     deadline = time.monotonic() + 240
     while not checkpoints.list_steps(tmp_path / "checkpoints") and time.monotonic() < deadline:
@@ -322,13 +314,13 @@ def test_lm_train_run_evaluation_recomputed_from_its_checkpoint(short_run):
     assert step == 12
     params = state["params"]
     text_data = data_lib.load(config.data, config.seed, cache_dir=str(workdir))
-    heldout = np.asarray(text_data.heldout_windows(HELDOUT_WINDOWS, config.seq_len))
+    heldout = np.asarray(text_data.heldout_windows(70, config.seq_len))
     module = model_lib.Transformer(config_lib.model_config(config))
     # Jitted: one program for the 70 windows at once (the run's went in padded chunks).
     nats = jax.jit(text_step.window_nats, static_argnums=0)(module, params, heldout)
     nats = np.asarray(nats, np.float64)
     last = records[-1]
-    assert last["eval/loss"] == pytest.approx(nats.sum() / (HELDOUT_WINDOWS * 32), rel=1e-5)
+    assert last["eval/loss"] == pytest.approx(nats.sum() / (70 * 32), rel=1e-5)
     bpb = last["eval/loss"] / math.log(2) / text_data.bytes_per_token
     assert last["eval/bits_per_byte"] == pytest.approx(bpb, rel=1e-9)
     windows = text_graphs.graph_windows(heldout, config.evaluation)

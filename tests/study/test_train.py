@@ -70,12 +70,11 @@ def test_sharded_gradients_are_the_whole_batchs_summed_in_one_flat_all_reduce():
     """Each device's loss and gradients on its shard, summed, are the whole batch's
     (the same dropout masks), and the compiled sum reduces one flat vector of every
     gradient (and the loss), not one array per parameter (18 of them). (`ONE_LAYER`, with
-    more dropout, on as many sequences as the smoke runs' evaluation set: its drawing
-    program serves.)"""
+    more dropout.)"""
     cfg = dataclasses.replace(ONE_LAYER, dropout_rate=0.2)
     module, mesh, key = model_lib.Transformer(cfg), parallel.data_mesh(), jax.random.PRNGKey(2)
     params = one_layer_params()
-    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 64, 16, 16)
+    examples = tasks.make_examples("copy", jax.random.PRNGKey(1), 2 * mesh.size, 16, 16)
 
     def whole_batch_loss(p):
         logits = module.apply(
