@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Lint, format check and the test suite (CPU only), in .venv. Extra arguments go to pytest.
 # As root, installs Chromium (apt) for the browser tests when it is missing.
-# The suite runs in TEST_WORKERS processes (default 2), one test file per process at a time.
+# The suite runs in TEST_WORKERS processes (default 2), one test file per process at a time,
+# the longest files first (tests/helpers/file_order.py).
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh" test
 # The browser tests (tests/reports/test_html_browser.py) drive Debian's Chromium: where it is
@@ -14,4 +15,4 @@ if [ ! -x "$chromium" ] && [ "$(id -u)" = 0 ]; then
 fi
 ruff check .
 ruff format --check .
-python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
+python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -45,6 +45,7 @@ import pytest  # noqa: E402
 
 from beyondpar import checkpoints, tasks  # noqa: E402
 from beyondpar import model as model_lib  # noqa: E402
+from helpers.file_order import longest_first  # noqa: E402
 from helpers.markers import refuse_float64_without_marker  # noqa: E402
 from helpers.memory_maps import release_compiled_programs  # noqa: E402
 from helpers.paths import DATA, FIXTURES, load_fixture  # noqa: E402
@@ -53,6 +54,7 @@ from helpers.trained_runs import shared_folder, smoke_config, trained_once  # no
 
 def pytest_collection_modifyitems(items):
     refuse_float64_without_marker(items)
+    longest_first(items)
 
 
 @pytest.fixture(autouse=True)

@@ -99,7 +99,8 @@ def test_test_sh_lints_then_runs_pytest_one_file_per_worker(tmp_path):
     root = fake_root(tmp_path)
     installed(root, "test")
     browser = {"BEYONDPAR_CHROMIUM": sys.executable}  # a browser is there: nothing to install
-    pytest_call = ["python", "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-k", "x"]
+    pytest_call = ["python", "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile"]
+    pytest_call += ["--no-loadscope-reorder", "-k", "x"]  # in the order of file_order.py
     assert run_script(root, "test.sh", "-k", "x", **browser)[1:] == [
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],

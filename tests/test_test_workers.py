@@ -1,12 +1,17 @@
 """The test workers' own upkeep: compiled programs released before the kernel's map
-limit is reached (a worker that passed it died inside XLA's compiler)."""
+limit is reached (a worker that passed it died inside XLA's compiler), and test files
+started longest first."""
 
 import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from helpers.file_order import LONG_FILES, file_of, longest_first, missing_files
 from helpers.memory_maps import memory_maps, release_compiled_programs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _compile(count: int) -> list:
@@ -38,3 +43,30 @@ def test_compiled_programs_hold_memory_maps_until_released():
     assert release_compiled_programs(lambda: (grown, 2 * grown - 2))  # over half
     assert memory_maps()[0] < held + (grown - held) // 4  # most of them unmapped
     assert [float(p(jnp.ones(1))[0]) for p in programs[:3]] == [1.0, 2.0, 3.0]
+
+
+class _Collected:
+    def __init__(self, nodeid):
+        self.nodeid = nodeid
+
+
+def test_long_files_start_first_and_the_rest_keep_their_collection_order():
+    names = ["a.py::t1", "b.py::t1", "c.py::t1", "a.py::t2", "d.py::t1", "c.py::t2"]
+    items = [_Collected(name) for name in names]
+    longest_first(items, {"c.py": 9.0, "d.py": 30.0})
+    assert [item.nodeid for item in items] == [
+        "d.py::t1",
+        "c.py::t1",
+        "c.py::t2",
+        "a.py::t1",
+        "b.py::t1",
+        "a.py::t2",
+    ]
+
+
+def test_the_suite_collects_its_long_files_longest_first_and_names_only_files_it_has(request):
+    assert missing_files(ROOT) == []
+    assert missing_files(ROOT, {"tests/no_such_file.py": 1.0}) == ["tests/no_such_file.py"]
+    # The seconds of the files this run collected, in the order it collected them.
+    collected = [LONG_FILES.get(file_of(item), 0.0) for item in request.session.items]
+    assert collected == sorted(collected, reverse=True)
