@@ -47,9 +47,11 @@ from beyondpar import checkpoints, tasks  # noqa: E402
 from beyondpar import model as model_lib  # noqa: E402
 from helpers.file_order import longest_first  # noqa: E402
 from helpers.markers import refuse_float64_without_marker  # noqa: E402
-from helpers.memory_maps import release_compiled_programs  # noqa: E402
+from helpers.memory_maps import collect_garbage_less_often, release_compiled_programs  # noqa: E402
 from helpers.paths import DATA, FIXTURES, load_fixture  # noqa: E402
 from helpers.trained_runs import shared_folder, smoke_config, trained_once  # noqa: E402
+
+collect_garbage_less_often()  # a test process holds thousands of compiled programs
 
 
 def pytest_collection_modifyitems(items):

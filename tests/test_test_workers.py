@@ -2,6 +2,7 @@
 limit is reached (a worker that passed it died inside XLA's compiler), and test files
 started longest first."""
 
+import gc
 import re
 from pathlib import Path
 
@@ -9,7 +10,11 @@ import jax
 import jax.numpy as jnp
 
 from helpers.file_order import LONG_FILES, file_of, longest_first, missing_files
-from helpers.memory_maps import memory_maps, release_compiled_programs
+from helpers.memory_maps import (
+    YOUNG_COLLECTION_ALLOCATIONS,
+    memory_maps,
+    release_compiled_programs,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,3 +75,15 @@ def test_the_suite_collects_its_long_files_longest_first_and_names_only_files_it
     # The seconds of the files this run collected, in the order it collected them.
     collected = [LONG_FILES.get(file_of(item), 0.0) for item in request.session.items]
     assert collected == sorted(collected, reverse=True)
+
+
+def test_young_collections_wait_for_many_allocations():
+    started = []
+    gc.collect()  # the young generation's count starts at 0
+    gc.callbacks.append(lambda phase, info: phase == "start" and started.append(info))
+    try:
+        kept = [[i] for i in range(YOUNG_COLLECTION_ALLOCATIONS // 2)]
+    finally:
+        gc.callbacks.pop()
+    assert len(kept) == YOUNG_COLLECTION_ALLOCATIONS // 2
+    assert started == []  # CPython's default (700 allocations) collects 35 times here
