@@ -223,23 +223,6 @@ def test_a_gguf_with_a_sliding_window_keeps_it(tmp_path):
     assert (np.asarray(attn)[..., (i - j == 7)] > 0).all()
 
 
-def test_a_qwen2_gguf_with_a_sliding_window_windows_every_layer(tmp_path):
-    """A Qwen2 file that records qwen2.attention.sliding_window keeps no
-    max_window_layers, so the window is read as every layer's: the first layer too, which
-    the Hugging Face copy (max_window_layers 1) leaves full. No query reads a key 8
-    or more positions back in any layer, and each reads the one 7 back."""
-    module, params, _ = pretrained.load(export(HF / "qwen2-tiny", tmp_path / "q.gguf"))
-    cfg = module.config
-    assert cfg.num_layers == 2
-    assert [cfg.window(layer) for layer in range(cfg.num_layers)] == [8, 8]
-    _, attn = pretrained.apply_with_attention(module, params, expected("qwen2-tiny")["tokens"])
-    attn = np.asarray(attn)
-    i, j = np.indices(attn.shape[-2:])
-    assert attn.shape[-1] > 8
-    assert not attn[..., i - j >= 8].any()
-    assert (attn[..., (i - j == 7)] > 0).all()
-
-
 def test_llama_rows_are_unpermuted_and_not_for_qwen(tmp_path):
     """llama.cpp interleaves the rotary pairs of Llama's q/k rows and leaves Qwen's (its
     NEOX rotary) alone: reading the Llama file without undoing it gives other attention."""

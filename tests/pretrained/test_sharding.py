@@ -3,6 +3,7 @@ attention of every fixture, as close to transformers' float64 ones as on one dev
 parameters really split along the axis their layout asks for (Phi-3's fused projections
 by whole groups), one layer's attention gathered over `model` at a time."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import gguf
@@ -30,6 +31,7 @@ MESHES = [(1, 4), (2, 2)]
 # devices on `model`, where more head counts do not divide (two key-value heads, or
 # gemma3-multimodal's two heads) and those projections stay whole. Every family runs on
 # both meshes (a family of one fixture runs it on both): each branch is still taken.
+# llama-tiny and phi3-tiny are on (2, 2), where their GGUF files load onto the mesh.
 SHARDED_ON = {
     "gemma2-pattern": [(2, 2)],
     "gemma2-tiny": [(1, 4)],
@@ -41,8 +43,8 @@ SHARDED_ON = {
     "llama3-rope": [(1, 4)],
     "mistral-window": [(1, 4)],
     "neox-tiny": MESHES,
-    "phi3-longrope": [(2, 2)],
-    "phi3-tiny": [(1, 4)],
+    "phi3-longrope": [(1, 4)],
+    "phi3-tiny": [(2, 2)],
     "qwen3-tiny": [(2, 2)],
 }
 # One layer at a time on the mesh (a family's blocks sharded, each layer's attention
@@ -59,8 +61,8 @@ LAYER_BY_LAYER_ON = {
     ("gemma3-tiny", (2, 2)),
     ("gemma3-multimodal", (1, 4)),  # 2 query heads on a 4-wide model axis: kept whole
     ("gemma2-tiny", (1, 4)),
-    ("phi3-tiny", (1, 4)),
-    ("phi3-longrope", (2, 2)),
+    ("phi3-tiny", (2, 2)),
+    ("phi3-longrope", (1, 4)),
 }
 # A batch that does not split over the devices gathers each layer's attention on the
 # mesh's first device whatever the family: checked on the fixture sharded on both meshes.
@@ -241,13 +243,19 @@ def test_phi3_devices_hold_whole_groups_and_matching_gate_and_up():
 @pytest.mark.parametrize("name", ["llama-tiny", "gemma3-legacy", "phi3-tiny"])
 def test_gguf_loads_straight_onto_the_mesh(tmp_path, monkeypatch, name):
     """Through the kernels, fix-ups and all (Llama's rows, Gemma's norms, Phi-3's groups),
-    untied heads as stored: the logits of the same file on one device."""
+    untied heads as stored: the logits of the same file on one device. A file whose
+    module is the Hugging Face one with its norm epsilon rounded to float32 (the same
+    float32 model) runs as that module: llama-tiny's and phi3-tiny's runs on the mesh
+    are then the programs of their fixtures' sharded runs (both on (2, 2))."""
     monkeypatch.setattr(gguf_quants, "KERNEL_MIN_VALUES", 0)
     path = export(HF / name, tmp_path / "model.gguf", gguf.GGMLQuantizationType.F16)
     tokens = np.concatenate([expected(name)["tokens"]] * 2)
-    module, params, _ = pretrained.load(path, progress=False)
+    stored, params, _ = pretrained.load(path, progress=False)
+    module = as_hugging_face(stored, name)
+    assert (module is stored) == (name == "gemma3-legacy")  # llama.cpp's own Gemma 3
     want, _ = pretrained.apply_with_attention(module, params, tokens)
-    module, params, _ = pretrained.load(path, mesh=parallel.model_mesh(2, 2), progress=False)
+    on_mesh, params, _ = pretrained.load(path, mesh=parallel.model_mesh(2, 2), progress=False)
+    assert on_mesh == stored
     up = "gate_up_proj" if name.startswith("phi3") else "up_proj"
     assert params["layers_1"][up]["kernel"].sharding.spec == P(None, "model")
     assert params["lm_head"]["embedding"].sharding.spec == P("model", None)
@@ -257,6 +265,15 @@ def test_gguf_loads_straight_onto_the_mesh(tmp_path, monkeypatch, name):
     np.testing.assert_allclose(got, want, atol=atol(name, "logits"))
     if name != "gemma3-legacy":  # llama.cpp runs Gemma 3 its own way (test_gguf_reader)
         np.testing.assert_allclose(got[:2], expected(name)["logits"], atol=5e-3)
+
+
+def as_hugging_face(gguf_module, name):
+    """The fixture's own module when `gguf_module` is it with the norm epsilon rounded
+    to float32 as a GGUF file stores it, else `gguf_module`."""
+    module = pretrained.build(hf_folder.read_config(HF / name))
+    eps = float(np.float32(module.config.eps))
+    as_stored = module.clone(config=dataclasses.replace(module.config, eps=eps))
+    return module if as_stored == gguf_module else gguf_module
 
 
 @pytest.mark.parametrize("kernels", [True, False])
