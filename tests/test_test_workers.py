@@ -8,10 +8,13 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 
+from helpers import memory_maps as memory_maps_module
 from helpers.file_order import LONG_FILES, file_of, longest_first, missing_files
 from helpers.memory_maps import (
     YOUNG_COLLECTION_ALLOCATIONS,
+    collect_garbage_less_often,
     memory_maps,
     release_compiled_programs,
 )
@@ -87,3 +90,54 @@ def test_young_collections_wait_for_many_allocations():
         gc.callbacks.pop()
     assert len(kept) == YOUNG_COLLECTION_ALLOCATIONS // 2
     assert started == []  # CPython's default (700 allocations) collects 35 times here
+
+
+def test_only_the_young_generations_threshold_changes():
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 3, 4)
+        collect_garbage_less_often()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_ALLOCATIONS, 3, 4)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_without_proc_no_maps_are_counted_and_nothing_is_released(monkeypatch):
+    def unreadable(*args, **kwargs):
+        raise FileNotFoundError("/proc/self/maps")
+
+    monkeypatch.setattr(memory_maps_module, "open", unreadable, raising=False)
+    assert memory_maps() == (0, 1)
+    assert not release_compiled_programs()
+
+
+def _suite_conftest(request):
+    """The suite's own conftest module, as pytest loaded it."""
+    plugins = request.config.pluginmanager.get_plugins()
+    return next(
+        p for p in plugins if str(getattr(p, "__file__", "")) == str(ROOT / "tests" / "conftest.py")
+    )
+
+
+class _Unmarked(_Collected):
+    def get_closest_marker(self, name):
+        return None
+
+
+def test_the_suites_collection_puts_long_files_first(request):
+    items = [_Unmarked("tests/test_norm.py::t"), _Unmarked("tests/test_metrics.py::t")]
+    _suite_conftest(request).pytest_collection_modifyitems(items)
+    assert [item.nodeid for item in items] == ["tests/test_metrics.py::t", "tests/test_norm.py::t"]
+
+
+def test_each_test_file_ends_by_releasing_programs_over_the_map_budget(request, monkeypatch):
+    conftest = _suite_conftest(request)
+    assert "_release_compiled_programs" in request.fixturenames  # autouse
+    checked = []
+    monkeypatch.setattr(conftest, "release_compiled_programs", lambda: checked.append(1))
+    after_each_file = conftest._release_compiled_programs._get_wrapped_function()()
+    next(after_each_file)
+    assert checked == []  # nothing before the file's tests
+    with pytest.raises(StopIteration):
+        next(after_each_file)
+    assert checked == [1]
