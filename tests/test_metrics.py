@@ -600,14 +600,15 @@ def test_metrics_by_walk_checks_rows_only_when_asked():
 
 
 def test_batches_equal_loop():
-    mats = causal(7, (2, 3), 16)
-    batched = metrics.operator_metrics(mats, horizon=20, max_steps=20)
+    # The shape and settings of `test_metrics_by_walk_is_each_walks_metrics_from_one_pass`.
+    mats = causal(7, (2, 3), 11)
+    batched = metrics.operator_metrics(mats, 20, 15, 0.3)
     for i in range(2):
         for j in range(3):
-            one = metrics.operator_metrics(mats[i, j], horizon=20, max_steps=20)
+            one = metrics.operator_metrics(mats[i, j], 20, 15, 0.3)
             for name in one._fields:
                 np.testing.assert_allclose(getattr(batched, name)[i, j], getattr(one, name))
-    assert batched.node_fidelity.shape == (2, 3, 16)
+    assert batched.node_fidelity.shape == (2, 3, 11)
     assert batched.hitting_time.shape == (2, 3)
 
 
@@ -642,9 +643,10 @@ def test_second_call_does_not_retrace(module, block, kernel, monkeypatch):
     "dtype", [jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.float64)]
 )
 def test_dtype_in_is_dtype_out(dtype):
-    # The shape and settings of `test_batches_equal_loop`: in float32 its programs serve.
-    c = jnp.asarray(graphs.random_causal(0, (2, 3), 16), dtype)
-    m = metrics.operator_metrics(c, horizon=20, max_steps=20)
+    # The shape and settings of `test_batches_equal_loop` (float32) and of
+    # `test_metrics_by_walk_is_each_walks_metrics_from_one_pass` (float64): their programs.
+    c = jnp.asarray(graphs.random_causal(0, (2, 3), 11), dtype)
+    m = metrics.operator_metrics(c, 20, 15, 0.3)
     for name in ("node_fidelity", "minimax_fidelity", "hitting_time", "spectral_radius"):
         assert getattr(m, name).dtype == dtype
     assert metrics.sink_signal(c, 3).dtype == dtype
