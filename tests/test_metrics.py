@@ -227,8 +227,8 @@ def test_star_closed_form():
 
 @pytest.mark.float64
 def test_uniform_causal_closed_form():
-    """Every query attends uniformly to itself and all earlier tokens (the star's shape and
-    horizon, causal as it is: the star's programs serve)."""
+    """Every query attends uniformly to itself and all earlier tokens. Six tokens and
+    horizon 40, as the star (also causal): its programs serve."""
     t = 6
     c = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
     harmonic = np.concatenate([[0.0], np.cumsum(1 / np.arange(1, t + 1))])  # H_0..H_T
