@@ -386,7 +386,9 @@ def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
         np.testing.assert_array_equal(got, every_step)
     full = np.asarray(metrics.node_fidelity(cases[-1], 100))
     assert np.argmin(full[0]) == 1
-    assert np.argmax(np.asarray(metrics.sink_signal(cases[-1], 100))[0, :, 1]) > 5
+    # The chain's own peak (NumPy's powers, a property of the case): token 1's comes late.
+    signal = [np.linalg.matrix_power(cases[-1][0], t)[-1, 1] for t in range(1, 101)]
+    assert np.argmax(signal) > 5
 
 
 @pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.float64)])
