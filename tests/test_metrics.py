@@ -142,9 +142,9 @@ def test_normalized_walk_sends_an_unread_token_to_the_sink():
 
 @pytest.mark.float64
 def test_sink_signal_is_last_row_of_powers():
-    c = causal(1, (), 9)
+    c = causal(1, (), 6)  # the closed forms' shape: its program serves them
     got = metrics.sink_signal(c, 5)
-    assert got.shape == (5, 9)
+    assert got.shape == (5, 6)
     for t in range(5):
         np.testing.assert_allclose(got[t], np.linalg.matrix_power(c, t + 1)[-1], rtol=1e-12)
     np.testing.assert_allclose(np.sum(got, -1), 1.0, rtol=1e-12)  # shares sum to one
@@ -227,14 +227,15 @@ def test_star_closed_form():
 
 @pytest.mark.float64
 def test_uniform_causal_closed_form():
-    """Every query attends uniformly to itself and all earlier tokens."""
-    t = 9
+    """Every query attends uniformly to itself and all earlier tokens. Six tokens and
+    horizon 40, as the star (also causal): its programs serve."""
+    t = 6
     c = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
     harmonic = np.concatenate([[0.0], np.cumsum(1 / np.arange(1, t + 1))])  # H_0..H_T
     # The sink reads everyone equally, then only its own 1/T share stays with it.
-    np.testing.assert_allclose(metrics.minimax_fidelity(c, 50), 1 / t, rtol=1e-12)
-    s2 = (harmonic[t] - harmonic[np.arange(t)]) / t
-    np.testing.assert_allclose(metrics.sink_signal(c, 2)[1], s2, rtol=1e-12)
+    np.testing.assert_allclose(metrics.minimax_fidelity(c, 40), 1 / t, rtol=1e-12)
+    s2 = (harmonic[t] - harmonic[np.arange(t)]) / t  # step 2 of the sink signal test's 5
+    np.testing.assert_allclose(metrics.sink_signal(c, 5)[1], s2, rtol=1e-12)
     # Normalised walk: column i holds 1/(j+1) for j >= i and sums to H_T - H_i.
     i = np.arange(t - 1)
     stay = (1 / (i + 1)) / (harmonic[t] - harmonic[i])
@@ -253,14 +254,14 @@ def test_causal_first_token_never_leaves_reference_walk():
 
 @pytest.mark.float64
 def test_deterministic_path_has_zero_spectral_radius():
-    n = 6  # the keep-or-pass cycle's shape and precision: its programs serve
+    n, k = 6, 40  # the keep-or-pass cycle's shape, precision and step cap: its programs
     c = keep_or_pass_cycle(n, 0.0)  # every token passes on in exactly one step
     for walk in WALKS:
         np.testing.assert_allclose(metrics.spectral_radius(c, walk), 0.0)
         np.testing.assert_allclose(metrics.spectral_mixing_time(c, walk=walk), 0.0)
         np.testing.assert_allclose(metrics.relaxation_time(c, walk), 1.0)
-        np.testing.assert_allclose(metrics.hitting_time(c, walk=walk), (n - 1) / 2)
-        assert int(metrics.tv_mixing_time(c, walk=walk)) == n - 1
+        np.testing.assert_allclose(metrics.hitting_time(c, k, walk), (n - 1) / 2)
+        assert int(metrics.tv_mixing_time(c, 0.25, k, walk)) == n - 1
 
 
 @pytest.mark.parametrize("walk", WALKS)
@@ -294,8 +295,8 @@ def test_transition_rows_sum_to_one():
 
 @pytest.mark.float64
 def test_power_iteration_matches_eigvals():
-    for seed in range(5):
-        c = bidirectional(seed, 15)
+    for seed in range(5):  # the keep-or-pass cycle's shape: its spectral programs serve
+        c = bidirectional(seed, 6)
         for walk in WALKS:
             q = np.asarray(metrics.transition_matrix(c, walk))[:-1, :-1]
             rho = max(abs(np.linalg.eigvals(q)))
@@ -380,11 +381,14 @@ def test_minimax_fidelity_stops_early_with_the_value_of_every_step(dtype):
     for c, k in zip(cases, (100, 100, 7, 100, 100, 8, 7, 100), strict=True):
         every_step = np.min(np.asarray(metrics.node_fidelity(c, k)), axis=-1)
         np.testing.assert_array_equal(metrics.minimax_fidelity(c, k), every_step)
-        got = metrics.objective_unchecked(c, "fidelity", k, 1, "reference")
+        # As a search passes its mixes, a JAX array: the program of the checked call.
+        got = metrics.objective_unchecked(jnp.asarray(c), "fidelity", k, 1, "reference")
         np.testing.assert_array_equal(got, every_step)
     full = np.asarray(metrics.node_fidelity(cases[-1], 100))
     assert np.argmin(full[0]) == 1
-    assert np.argmax(np.asarray(metrics.sink_signal(cases[-1], 100))[0, :, 1]) > 5
+    # The chain's own peak (NumPy's powers, a property of the case): token 1's comes late.
+    signal = [np.linalg.matrix_power(cases[-1][0], t)[-1, 1] for t in range(1, 101)]
+    assert np.argmax(signal) > 5
 
 
 @pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.float64)])
@@ -395,8 +399,7 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     (which also gives the other metrics, in its own order of sums) to rounding: mixes of
     causal heads (their walks reach the sink within a few steps), rows that sum to a
     little over 1, operators that read later tokens, and a slow chain whose walks are
-    still under way at the last step; from 1 step to 100 (the caps of 60 and 100 steps
-    are those of the slow chain's check, so that its programs serve it too)."""
+    still under way at the last step; at 1 step and 100 (the slow chain's check adds 60)."""
     heads = causal(7, (6, 4), 30).astype(dtype)
     rng = np.random.default_rng(1)
     cases = [np.einsum("nh,nhij->nij", rng.dirichlet(np.full(4, 0.5), 6), heads)]
@@ -407,7 +410,8 @@ def test_hitting_time_stops_early_with_the_value_of_every_step(dtype, walk):
     # The dense sweep's hitting time is the same recursion whether or not it is told that
     # `c` is causal (that only picks how it finds the spectral radius): one program each.
     sweep = functools.partial(metrics.metrics_by_walk, walks=(walk,), validate=False)
-    for c, k in zip(cases, (100, 60, 100, 100), strict=True):
+    k = 100
+    for c in cases:
         c = np.asarray(c, dtype)
         early = metrics.hitting_time(c, k, walk, validate=False)
         every_step = early_stop._settled_hitting_jit(c, max_steps=k, walk=walk, settle=False)
@@ -444,8 +448,8 @@ def test_minimax_fidelity_of_a_non_causal_operator_runs_every_step():
     want = brute_force(c, 20, "reference")[0].min()
     np.testing.assert_allclose(want, 0.362975, rtol=1e-12)
     np.testing.assert_allclose(metrics.minimax_fidelity(c, 20), want, rtol=1e-12)
-    for hint in ({}, {"causal": False}):
-        got = metrics.objective_unchecked(c, "fidelity", 20, 1, "reference", **hint)
+    for hint in ({}, {"causal": False}):  # a JAX array, as checked: one program
+        got = metrics.objective_unchecked(jnp.asarray(c), "fidelity", 20, 1, "reference", **hint)
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
@@ -572,8 +576,11 @@ def test_metrics_by_walk_is_each_walks_metrics_from_one_pass():
         np.testing.assert_allclose(
             signal[1, 2, t], np.linalg.matrix_power(c[1, 2], t + 1)[-1], rtol=1e-12
         )
-    np.testing.assert_allclose(signal, metrics.sink_signal(c, 20), rtol=1e-12)
-    assert metrics.metrics_by_walk(c, 20, 15, 0.3)[1] is None
+    # Every step of every operator, as NumPy's matrix powers give it.
+    powers = [np.linalg.matrix_power(c, t)[..., -1, :] for t in range(1, 21)]
+    np.testing.assert_allclose(signal, np.stack(powers, axis=-2), rtol=1e-12)
+    # Without `signal`, none: the one-walk sweep of `operator_metrics` above.
+    assert metrics.metrics_by_walk(c, 20, 15, 0.3, ("reference",))[1] is None
     for walks in [(), ("normalized", "normalized"), ("reference", "forward")]:
         with pytest.raises(ValueError, match="walk"):
             metrics.metrics_by_walk(c, 20, 15, walks=walks)
@@ -595,14 +602,15 @@ def test_metrics_by_walk_checks_rows_only_when_asked():
 
 
 def test_batches_equal_loop():
-    mats = causal(7, (2, 3), 16)
-    batched = metrics.operator_metrics(mats, horizon=20, max_steps=20)
+    # The shape and settings of `test_metrics_by_walk_is_each_walks_metrics_from_one_pass`.
+    mats = causal(7, (2, 3), 11)
+    batched = metrics.operator_metrics(mats, 20, 15, 0.3)
     for i in range(2):
         for j in range(3):
-            one = metrics.operator_metrics(mats[i, j], horizon=20, max_steps=20)
+            one = metrics.operator_metrics(mats[i, j], 20, 15, 0.3)
             for name in one._fields:
                 np.testing.assert_allclose(getattr(batched, name)[i, j], getattr(one, name))
-    assert batched.node_fidelity.shape == (2, 3, 16)
+    assert batched.node_fidelity.shape == (2, 3, 11)
     assert batched.hitting_time.shape == (2, 3)
 
 
@@ -637,9 +645,10 @@ def test_second_call_does_not_retrace(module, block, kernel, monkeypatch):
     "dtype", [jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.float64)]
 )
 def test_dtype_in_is_dtype_out(dtype):
-    # The shape and settings of `test_batches_equal_loop`: in float32 its programs serve.
-    c = jnp.asarray(graphs.random_causal(0, (2, 3), 16), dtype)
-    m = metrics.operator_metrics(c, horizon=20, max_steps=20)
+    # The shape and settings of `test_batches_equal_loop` (float32) and of
+    # `test_metrics_by_walk_is_each_walks_metrics_from_one_pass` (float64): their programs.
+    c = jnp.asarray(graphs.random_causal(0, (2, 3), 11), dtype)
+    m = metrics.operator_metrics(c, 20, 15, 0.3)
     for name in ("node_fidelity", "minimax_fidelity", "hitting_time", "spectral_radius"):
         assert getattr(m, name).dtype == dtype
     assert metrics.sink_signal(c, 3).dtype == dtype
