@@ -530,15 +530,18 @@ def test_the_pages_flows_are_measured_over_the_evaluations_horizon(normalized):
     assert sorted(view["layers"]) == [str(layer) for layer in range(num_layers)]
     for layer, packed in view["layers"].items():
         a = np.asarray(attn, np.float32)[0, int(layer)]
-        operators = {"heads": a}
-        operators.update(
-            {name: graphs.combine_heads(a, w[int(layer)]) for name, w in mixes.items()}
+        mixed = [graphs.combine_heads(a, w[int(layer)]) for w in mixes.values()]
+        # The heads and the two mixes in one batch (H + 2 operators), the shape the
+        # evaluation's own flows compile for: one kernel call per horizon.
+        on = np.concatenate([a, np.stack(mixed)])
+        phis, laters = (
+            np.asarray(metrics.node_fidelity(on, h), np.float64) for h in (horizon, horizon + 1)
         )
+        at = {"heads": slice(0, num_heads), "learned": num_heads, "uniform": num_heads + 1}
         shown = {"heads": packed["heads"], **packed["mixes"]}
         assert list(packed["mixes"]) == ["learned", "uniform"]
-        for name, c in operators.items():
-            phi = np.asarray(metrics.node_fidelity(c, horizon), np.float64)
-            later = np.asarray(metrics.node_fidelity(c, horizon + 1), np.float64)
+        for name, i in at.items():
+            phi, later = phis[i], laters[i]
             assert np.abs(later - phi).max() > 0.05 * phi.max(), (layer, name)
             np.testing.assert_allclose(shown[name]["values"], phi, rtol=5e-3, atol=1e-9)
             np.testing.assert_allclose(shown[name]["worst_value"], phi.min(-1), rtol=1e-4)
