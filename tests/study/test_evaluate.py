@@ -514,14 +514,18 @@ def test_a_tie_with_the_best_head_is_no_win():
 def test_the_pages_optimal_mix_is_the_held_out_optimum_of_the_first_sequence(searched):
     """The record's attention view draws, beside the learned mix, the first sequence's
     held-out optimum of fidelity (not its in-sample one), at the evaluation's horizon."""
-    got, attn, _, found = searched
+    got, attn, learned, found = searched
     view = found[attention_view.KEY]
     held_out = np.asarray(got["optimal_weights_fidelity"])[0]
     in_sample = np.asarray(got["optimal_weights_fidelity_in_sample"])[0]
     assert not np.allclose(held_out, in_sample)  # the two would tell a swap apart
     for layer, packed in view["layers"].items():
         a = attn[0, int(layer)].astype(np.float32)
-        want = metrics.minimax_fidelity(graphs.combine_heads(a, held_out[int(layer)]), HORIZON)
+        mixes = (learned[int(layer)], np.full(len(a), 1 / len(a)), held_out[int(layer)])
+        # The heads and the view's three mixes, the optimal last: the batch the
+        # evaluation's own flows compile for.
+        on = np.concatenate([a, np.stack([graphs.combine_heads(a, w) for w in mixes])])
+        want = np.asarray(metrics.node_fidelity(on, HORIZON))[-1].min()
         assert list(packed["mixes"]) == ["learned", "uniform", "optimal"]
         assert packed["mixes"]["optimal"]["worst_value"] == pytest.approx(float(want), rel=1e-4)
 
