@@ -341,7 +341,10 @@ def test_dropout_masks_change_with_the_step():
     config = smoke.get_config()
     mesh = parallel.data_mesh()
     module = model_lib.Transformer(ONE_LAYER)
-    initial = initial_state
+
+    def initial():  # replicated over the mesh, as `one_step` and a run place the state
+        return jax.device_put(initial_state(), parallel.replicated(mesh))
+
     train_set, _ = train.make_datasets(config)
     batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
     step = train.make_train_step(
