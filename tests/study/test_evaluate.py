@@ -292,9 +292,17 @@ def test_synergy_fields_of_a_record_are_the_functions_on_its_attention(searched)
     assert np.all(inside >= best_head - 1e-6)
     fastest_head = got["hitting_time_per_head"].mean(0).min(-1)
     assert np.all(got["hitting_time_optimal_in_sample"].mean(0) <= fastest_head + 1e-5)
-    np.testing.assert_allclose(got["head_diversity"], synergy.head_diversity(attn), rtol=1e-5)
+    # The heads as the evaluation hands them to the kernels: 16 (sequence, layer) sets
+    # split over the devices, so that its compiled kernels serve.
+    sets = jnp.reshape(parallel.split_over_devices(np.float32(attn)), (-1, *attn.shape[2:]))
+
+    def on_sets(f, *args):
+        per_set = np.asarray(f(sets, *args))
+        return per_set.reshape(*attn.shape[:2], *per_set.shape[1:])
+
+    np.testing.assert_allclose(got["head_diversity"], on_sets(synergy.head_diversity), rtol=1e-5)
     np.testing.assert_allclose(
-        got["pairwise_synergy"], synergy.pairwise_synergy(attn, HORIZON), rtol=1e-3, atol=1e-7
+        got["pairwise_synergy"], on_sets(synergy.pairwise_synergy, HORIZON), rtol=1e-3, atol=1e-7
     )
     share = np.asarray(synergy.cross_head_share(attn, got["head_weights"][0][None], HORIZON))
     np.testing.assert_allclose(got["cross_head_share_mean"], share.mean(-1), rtol=1e-4, atol=1e-6)
@@ -506,14 +514,18 @@ def test_a_tie_with_the_best_head_is_no_win():
 def test_the_pages_optimal_mix_is_the_held_out_optimum_of_the_first_sequence(searched):
     """The record's attention view draws, beside the learned mix, the first sequence's
     held-out optimum of fidelity (not its in-sample one), at the evaluation's horizon."""
-    got, attn, _, found = searched
+    got, attn, learned, found = searched
     view = found[attention_view.KEY]
     held_out = np.asarray(got["optimal_weights_fidelity"])[0]
     in_sample = np.asarray(got["optimal_weights_fidelity_in_sample"])[0]
     assert not np.allclose(held_out, in_sample)  # the two would tell a swap apart
     for layer, packed in view["layers"].items():
         a = attn[0, int(layer)].astype(np.float32)
-        want = metrics.minimax_fidelity(graphs.combine_heads(a, held_out[int(layer)]), HORIZON)
+        mixes = (learned[int(layer)], np.full(len(a), 1 / len(a)), held_out[int(layer)])
+        # The heads and the view's three mixes, the optimal last: the batch the
+        # evaluation's own flows compile for.
+        on = np.concatenate([a, np.stack([graphs.combine_heads(a, w) for w in mixes])])
+        want = np.asarray(metrics.node_fidelity(on, HORIZON))[-1].min()
         assert list(packed["mixes"]) == ["learned", "uniform", "optimal"]
         assert packed["mixes"]["optimal"]["worst_value"] == pytest.approx(float(want), rel=1e-4)
 
@@ -530,15 +542,18 @@ def test_the_pages_flows_are_measured_over_the_evaluations_horizon(normalized):
     assert sorted(view["layers"]) == [str(layer) for layer in range(num_layers)]
     for layer, packed in view["layers"].items():
         a = np.asarray(attn, np.float32)[0, int(layer)]
-        operators = {"heads": a}
-        operators.update(
-            {name: graphs.combine_heads(a, w[int(layer)]) for name, w in mixes.items()}
+        mixed = [graphs.combine_heads(a, w[int(layer)]) for w in mixes.values()]
+        # The heads and the two mixes in one batch (H + 2 operators), the shape the
+        # evaluation's own flows compile for: one kernel call per horizon.
+        on = np.concatenate([a, np.stack(mixed)])
+        phis, laters = (
+            np.asarray(metrics.node_fidelity(on, h), np.float64) for h in (horizon, horizon + 1)
         )
+        at = {"heads": slice(0, num_heads), "learned": num_heads, "uniform": num_heads + 1}
         shown = {"heads": packed["heads"], **packed["mixes"]}
         assert list(packed["mixes"]) == ["learned", "uniform"]
-        for name, c in operators.items():
-            phi = np.asarray(metrics.node_fidelity(c, horizon), np.float64)
-            later = np.asarray(metrics.node_fidelity(c, horizon + 1), np.float64)
+        for name, i in at.items():
+            phi, later = phis[i], laters[i]
             assert np.abs(later - phi).max() > 0.05 * phi.max(), (layer, name)
             np.testing.assert_allclose(shown[name]["values"], phi, rtol=5e-3, atol=1e-9)
             np.testing.assert_allclose(shown[name]["worst_value"], phi.min(-1), rtol=1e-4)

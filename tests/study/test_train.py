@@ -341,7 +341,10 @@ def test_dropout_masks_change_with_the_step():
     config = smoke.get_config()
     mesh = parallel.data_mesh()
     module = model_lib.Transformer(ONE_LAYER)
-    initial = initial_state
+
+    def initial():  # replicated over the mesh, as `one_step` and a run place the state
+        return jax.device_put(initial_state(), parallel.replicated(mesh))
+
     train_set, _ = train.make_datasets(config)
     batch = tasks.Examples(*(parallel.shard_batch(a, mesh) for a in train_set.batch(0)))
     step = train.make_train_step(
@@ -383,11 +386,12 @@ def test_resume_drops_lines_logged_after_the_last_checkpoint(tmp_path, monkeypat
 def test_evaluate_split_is_independent_of_batch_size():
     """50 sequences in batches of 12, 32 and 64 (all padded; 12 and 32 over several
     batches) give one answer. (32 is the training runs' batch: its compiled evaluation
-    serves.)"""
+    serves, the parameters replicated over the mesh as a run's are.)"""
     config = smoke.get_config()
     mesh = parallel.data_mesh()
     module = model_lib.Transformer(config_lib.model_config(config))
     params = model_lib.init_params(module, jax.random.PRNGKey(0), 16)
+    params = jax.device_put(params, parallel.replicated(mesh))
     examples = tasks.make_examples("cycle", jax.random.PRNGKey(3), 50, 16, 16)
     examples = tasks.Examples(*(np.asarray(a) for a in examples))
     apply = jax.jit(lambda p, x: module.apply({"params": p}, x))  # one program, not op by op
@@ -496,6 +500,7 @@ def test_log_eval_and_checkpoint_cadence(tmp_path, monkeypatch):
     mesh = parallel.data_mesh()
     module = model_lib.Transformer(config_lib.model_config(config))
     _, evaluation = train.make_datasets(config)
+    params = jax.device_put(params, parallel.replicated(mesh))  # as the run places them
     got = train.evaluate_split(train.make_eval_step(module, mesh), params, evaluation, 32, mesh)
     for name, value in got.items():
         np.testing.assert_allclose(records[-1][f"eval/{name}"], value, rtol=1e-6)
