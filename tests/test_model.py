@@ -60,8 +60,9 @@ def test_parameters_are_float32_when_64_bit_arrays_are_on():
     "config",
     [
         dict(num_heads=4, dropout_rate=0.3, **SMALL),
-        # Sizes of their own (one layer: each layer more only lengthens the compiling).
-        dict(num_heads=2, dropout_rate=0.0, vocab_size=7, embed_dim=8, num_layers=1, mlp_dim=5),
+        # Another head count and no dropout, at SMALL's sizes: the one `init_params`
+        # program of the tests here, not a program of sizes of its own.
+        dict(num_heads=2, dropout_rate=0.0, **SMALL),
     ],
 )
 def test_init_params_are_modules_own_initialisation(config):
@@ -346,9 +347,11 @@ def test_unembed_is_the_models_output_layer_with_its_bias():
 
 
 def _attention_inputs(b=3, h=2, t=7, d=4, seed=0):
-    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-    q, k, v = (jax.random.normal(key, (b, h, t, d), jnp.float64) for key in keys[:3])
-    return q, k, v, jax.random.bits(keys[3], (b, h, t), jnp.uint32)
+    """float64 queries, keys and values and uint32 row seeds, drawn in NumPy: drawn by JAX,
+    each shape compiled sampling programs of its own."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((b, h, t, d)) for _ in range(3))
+    return q, k, v, jnp.asarray(rng.integers(0, 2**32, (b, h, t), dtype=np.uint32))
 
 
 def _attention_by_autodiff(q, k, v, seeds, rate):
@@ -382,7 +385,7 @@ def test_attention_gradient_written_out_matches_autodiff(rate, shape):
     q, k, v, seeds = _attention_inputs(*shape)
     if rate is None:
         seeds, rate = None, 0.0
-    weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float64)
+    weights = np.random.default_rng(9).standard_normal(q.shape)
 
     def loss(attend):
         return lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, seeds, rate)) * weights)
@@ -406,10 +409,10 @@ def test_causal_softmax_is_each_prefix_softmax():
     the last key, future to every other row, scores highest in every row and the scores
     are far from 0 (the row maximum has to come off first)."""
     q, k, _, _ = _attention_inputs(b=2, h=3, t=9, d=5, seed=4)
-    q = jnp.abs(q) * 20.0 + 3.0
-    k = k.at[:, :, -1].set(50.0)  # q . k_last > 250 > every other score of the row
-    got = np.asarray(model.causal_softmax(q, k))
-    scores = np.einsum("bhqd,bhkd->bhqk", np.asarray(q), np.asarray(k))
+    q = np.abs(q) * 20.0 + 3.0
+    k[:, :, -1] = 50.0  # q . k_last > 250 > every other score of the row
+    got = np.asarray(jax.jit(model.causal_softmax)(q, k))  # one program, not op by op
+    scores = np.einsum("bhqd,bhkd->bhqk", q, k)
     assert np.all(scores.argmax(-1) == 8)
     for i in range(9):
         prefix = scores[..., i, : i + 1]
@@ -493,8 +496,10 @@ def test_narrow_heads_sum_their_gradients_without_products(tokens):
 def test_contract_rows_is_the_plain_product_transposed_and_padded(head_dim):
     """A block of 4 query rows against its first 5 keys, padded to all 7 keys, by the sum
     (narrow heads) and by the product."""
-    wide = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4, 5), jnp.float64)
-    narrow = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 4, head_dim), jnp.float64)
+    # Drawn in NumPy: drawn by JAX, each head dimension compiled sampling programs.
+    rng = np.random.default_rng(head_dim)
+    wide = jnp.asarray(rng.standard_normal((2, 3, 4, 5)))
+    narrow = jnp.asarray(rng.standard_normal((2, 3, 4, head_dim)))
     got = np.asarray(model._contract_rows(wide, narrow, 7))
     assert got.shape == (2, 3, head_dim, 7)
     want = np.einsum("bhqk,bhqd->bhdk", np.asarray(wide), np.asarray(narrow))
@@ -527,8 +532,9 @@ def test_causal_softmax_of_later_queries_reads_keys_up_to_each_one():
     """Queries 3..5 of a sequence against its first 6 keys: the same rows as the whole
     sequence's attention, cut at key 6."""
     q, k, _, _ = _attention_inputs(b=2, h=3, t=9, d=5, seed=6)
-    whole = np.asarray(model.causal_softmax(q, k))
-    got = np.asarray(model.causal_softmax(q[..., 3:6, :], k[..., :6, :], 3))
+    softmax = jax.jit(model.causal_softmax, static_argnums=2)  # a program, not op by op
+    whole = np.asarray(softmax(q, k))
+    got = np.asarray(softmax(q[..., 3:6, :], k[..., :6, :], 3))
     assert got.shape == (2, 3, 3, 6)
     np.testing.assert_allclose(got, whole[..., 3:6, :6], rtol=1e-13, atol=1e-15)
     assert np.all(whole[..., 3:6, 6:] == 0)
@@ -732,10 +738,10 @@ def test_training_attention_handles_scores_whose_exponential_overflows():
     """Scores over 900 (exp overflows float64 past 709) still give the softmax's outputs
     and gradients: the row maximum comes off before the exponential."""
     q, k, v, seeds = _attention_inputs(b=2, h=2, t=7, d=3, seed=3)
-    q = jnp.abs(q) * 20.0 + 30.0
-    k = jnp.abs(k) * 10.0 + 10.0
-    assert float(jnp.einsum("bhqd,bhkd->bhqk", q, k).min()) > 900
-    weights = jax.random.normal(jax.random.PRNGKey(9), q.shape, jnp.float64)
+    q = np.abs(q) * 20.0 + 30.0
+    k = np.abs(k) * 10.0 + 10.0
+    assert float(np.einsum("bhqd,bhkd->bhqk", q, k).min()) > 900
+    weights = np.random.default_rng(9).standard_normal(q.shape)
 
     def loss(attend):
         return lambda q, k, v: jnp.sum(attend(q, k, v, seeds, 0.3) * weights)
