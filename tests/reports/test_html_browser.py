@@ -115,20 +115,44 @@ class Opened:
 
 
 def opened(browser, path):
+    """A page loaded once for a module's tests (each page load parses the plotting library);
+    every test chooses the layer and head it reads."""
     page = Opened(browser, path)
     yield page
     page.page.close()
     assert not page.problems, page.problems
 
 
-@pytest.fixture
-def corpus_page(browser, corpus_folder):
+def checked(page: Opened):
+    """The shared page, with the console errors and failed requests of this test's steps."""
+    yield page
+    problems, page.problems[:] = list(page.problems), []
+    assert not problems, problems
+
+
+@pytest.fixture(scope="module")
+def corpus_opened(browser, corpus_folder):
     yield from opened(browser, corpus_folder / html.FILE)
 
 
-@pytest.fixture
-def text_page(browser, text_folder):
+@pytest.fixture(scope="module")
+def text_opened(browser, text_folder):
     yield from opened(browser, text_folder / html.FILE)
+
+
+@pytest.fixture(scope="module")
+def study_opened(browser, study_folder):
+    yield from opened(browser, study_folder / html.FILE)
+
+
+@pytest.fixture
+def corpus_page(corpus_opened):
+    yield from checked(corpus_opened)
+
+
+@pytest.fixture
+def text_page(text_opened):
+    yield from checked(text_opened)
 
 
 @pytest.fixture
@@ -137,8 +161,8 @@ def example2_page(browser, example2_folder):
 
 
 @pytest.fixture
-def study_page(browser, study_folder):
-    yield from opened(browser, study_folder / html.FILE)
+def study_page(study_opened):
+    yield from checked(study_opened)
 
 
 def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
@@ -167,6 +191,8 @@ def test_corpus_controls_show_the_summarys_numbers(corpus_page, corpus_folder):
 def test_keyboard_moves_the_head_and_the_flow_marks_the_worst_token(corpus_page, corpus_folder):
     views = json.loads((corpus_folder / "views.json").read_text())["views"]
     page = corpus_page.page
+    page.select_option("#layer", "0")
+    page.select_option("#head", "0")
     page.focus("#head")
     page.keyboard.press("ArrowDown")
     assert page.input_value("#head") == "1"
