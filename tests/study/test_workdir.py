@@ -94,7 +94,17 @@ def damaged_tree(run: Path, root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def command_lines(run, tmp_path_factory):
+def busy(tmp_path_factory):
+    """(a workdir, the process holding its lock): held from the command lines' batch until
+    the test of a busy workdir kills its holder (one holder for the command line and the
+    call in this process)."""
+    folder = tmp_path_factory.mktemp("busy")
+    with held_by_another_process(folder) as holder:
+        yield folder, holder
+
+
+@pytest.fixture(scope="module")
+def command_lines(run, busy, tmp_path_factory):
     """The command lines of this file's tests that need nothing done between them, run as
     a user runs them but from one batch (`launch_many`: the launchers' libraries imported
     once, each command line in a process of its own): {test: (its result, its folder)}.
@@ -103,8 +113,9 @@ def command_lines(run, tmp_path_factory):
     `reference` is a folder of the released 1-head cycle checkpoint cut to 16 positions."""
     folder = {
         name: tmp_path_factory.mktemp(name)
-        for name in ("busy", "overrides", "damaged", "nothing", "summary", "reference")
+        for name in ("overrides", "damaged", "nothing", "summary", "reference")
     }
+    folder["busy"] = busy[0]
     folder["damaged_again"] = folder["damaged"]
     folder["float64"] = None
     damaged_tree(run, folder["damaged"])
@@ -141,8 +152,7 @@ def command_lines(run, tmp_path_factory):
     }
     # Not a launcher: a script of a user's own, which the batch runs as it runs them.
     cases["float64"] = (str(FLOAT64_WARNING), [])
-    with held_by_another_process(folder["busy"]):
-        done = launch_many(list(cases.values()))
+    done = launch_many(list(cases.values()))
     return {name: (result, folder[name]) for name, result in zip(cases, done, strict=True)}
 
 
@@ -314,19 +324,19 @@ def test_checksums_follow_checkpoint_rotation(extended, tmp_path):
         checkpoints.load(folder, 12)
 
 
-def test_a_busy_workdir_stops_a_second_process_at_once(command_lines, tmp_path):
-    with held_by_another_process(tmp_path) as holder:
-        start = time.perf_counter()
-        with pytest.raises(
-            locks.FolderBusy, match=f"workdir {tmp_path} is in use .*pid {holder.pid}"
-        ):
-            train.train_and_evaluate(short(), str(tmp_path))
-        assert time.perf_counter() - start < 5
-        assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
-    cli, busy = command_lines["busy"]
+def test_a_busy_workdir_stops_a_second_process_at_once(command_lines, busy):
+    """The command line's workdir, still held: refused in this process too, at once."""
+    folder, holder = busy
+    start = time.perf_counter()
+    with pytest.raises(locks.FolderBusy, match=f"workdir {folder} is in use .*pid {holder.pid}"):
+        train.train_and_evaluate(short(), str(folder))
+    assert time.perf_counter() - start < 5
+    assert not (folder / "checkpoints").exists() and not (folder / "metrics.jsonl").exists()
+    cli, _ = command_lines["busy"]
     assert cli.returncode == 2 and "is in use by another process" in cli.stderr
-    assert not (busy / "checkpoints").exists()
-    with locks.lock(tmp_path), locks.lock(tmp_path):  # free again, and re-entrant
+    holder.kill()  # a killed holder releases the lock
+    holder.wait()
+    with locks.lock(folder), locks.lock(folder):  # free again, and re-entrant
         pass
 
 
