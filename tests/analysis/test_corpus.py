@@ -511,10 +511,11 @@ def corpus_command_lines(tmp_path_factory):
     command_lines = [
         [model, *flags, f"--out={tmp_path / f'out{i}'}"] for i, (flags, _) in enumerate(cases)
     ]
-    # Two windows a model: one batch of SPEC_FLAGS' two. The good command line beside the
-    # bad ones (one model's corpus analysis is wired to the command line as
+    # Two windows of 24 tokens a model: one batch of SPEC_FLAGS' two, the shape of the
+    # series test's and `corpus_run`'s batches (their programs). The good command line
+    # beside the bad ones (one model's corpus analysis is wired to the command line as
     # tests/test_launchers.py checks, and run in process by test_coalition_summary.py).
-    series_run = [f"--model={','.join(SERIES_MODELS)}", f"--corpus={TEXT}", "--tokens=16"]
+    series_run = [f"--model={','.join(SERIES_MODELS)}", f"--corpus={TEXT}", "--tokens=24"]
     series_run += ["--max_windows=2", f"--out={tmp_path / 'series'}", *SPEC_FLAGS]
     *runs, series_done = launch_many(
         [("analyze.py", flags) for flags in [*command_lines, series_run]]
@@ -530,7 +531,7 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(corpus_command_line
         assert not (tmp_path / f"out{i}").exists()
     assert done.returncode == 0, done.stderr[-2000:]
     report = (tmp_path / "series" / "llama-tiny" / "report.md").read_text()
-    assert "2 windows of 16 tokens" in report and "baseline: uniform causal" in report
+    assert "2 windows of 24 tokens" in report and "baseline: uniform causal" in report
 
 
 def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path, corpus_command_lines):
