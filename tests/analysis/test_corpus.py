@@ -187,10 +187,10 @@ def baseline_calls():
 @pytest.fixture(scope="module")
 def corpus_run(tmp_path_factory, baseline_calls):
     out = tmp_path_factory.mktemp("corpus")
-    # Batches of 3 and 1: the shapes the in-sample values (3 search windows) and the
-    # single windows below measure, compiled once for all of them.
+    # Batches of 2 and 1: the shapes the mesh run, the in-sample values (3 search
+    # windows, as 2 and 1) and the single windows below measure, compiled once for all.
     cspec = corpus_lib.CorpusSpec(
-        tokens=24, max_windows=7, batch_size=3, pruning=True, pruning_windows=3, pruning_points=3
+        tokens=24, max_windows=7, batch_size=2, pruning=True, pruning_windows=3, pruning_points=3
     )
     spec = measure.MeasureSpec(
         horizon=20, max_steps=20, pairwise=False, sink_tokens=1, optimal_weights=True
@@ -326,7 +326,7 @@ def test_windows_of_another_record_format_are_refused(corpus_run, tmp_path, foun
 
 def test_a_corpus_run_computes_its_baselines_once(corpus_run, baseline_calls):
     """Uniform causal attention is the same for every batch: measured for the summary
-    only, never per batch of windows (`corpus_run`: three batches, of 3, 3 and 1)."""
+    only, never per batch of windows (`corpus_run`: four batches, of 2, 2, 2 and 1)."""
     _, summary, _, cspec, spec = corpus_run
     assert len(baseline_calls) == 1
     assert baseline_calls[0] == (cspec.tokens, spec)
@@ -372,8 +372,8 @@ def test_windows_on_a_data_x_model_mesh_are_the_same_records(corpus_run, tmp_pat
     numbers as on one device."""
     out, _, _, cspec, spec = corpus_run
     mesh = parallel.model_mesh(2, 2)
-    # The curves are not per window; batches of the shared run's 3 would not split in two.
-    records_only = dataclasses.replace(cspec, pruning=False, batch_size=2)
+    # The curves are not per window; batches of the shared run's two (its programs).
+    records_only = dataclasses.replace(cspec, pruning=False)
     corpus_lib.run(HF / "llama-tiny", TEXT, records_only, spec, tmp_path, mesh=mesh, progress=False)
     done = {r["window"]: r for r in lines(out / corpus_lib.WINDOWS_FILE)}
     sharded = lines(tmp_path / corpus_lib.WINDOWS_FILE)
@@ -511,10 +511,11 @@ def corpus_command_lines(tmp_path_factory):
     command_lines = [
         [model, *flags, f"--out={tmp_path / f'out{i}'}"] for i, (flags, _) in enumerate(cases)
     ]
-    # Two windows a model: one batch of SPEC_FLAGS' two. The good command line beside the
-    # bad ones (one model's corpus analysis is wired to the command line as
+    # Two windows of 24 tokens a model: one batch of SPEC_FLAGS' two, the shape of the
+    # series test's and `corpus_run`'s batches (their programs). The good command line
+    # beside the bad ones (one model's corpus analysis is wired to the command line as
     # tests/test_launchers.py checks, and run in process by test_coalition_summary.py).
-    series_run = [f"--model={','.join(SERIES_MODELS)}", f"--corpus={TEXT}", "--tokens=16"]
+    series_run = [f"--model={','.join(SERIES_MODELS)}", f"--corpus={TEXT}", "--tokens=24"]
     series_run += ["--max_windows=2", f"--out={tmp_path / 'series'}", *SPEC_FLAGS]
     *runs, series_done = launch_many(
         [("analyze.py", flags) for flags in [*command_lines, series_run]]
@@ -530,13 +531,13 @@ def test_corpus_cli_bad_input_is_one_line_and_writes_nothing(corpus_command_line
         assert not (tmp_path / f"out{i}").exists()
     assert done.returncode == 0, done.stderr[-2000:]
     report = (tmp_path / "series" / "llama-tiny" / "report.md").read_text()
-    assert "2 windows of 16 tokens" in report and "baseline: uniform causal" in report
+    assert "2 windows of 24 tokens" in report and "baseline: uniform causal" in report
 
 
 def test_corpus_series_summarises_each_models_corpus_analysis(tmp_path, corpus_command_lines):
     models = SERIES_MODELS
-    # One batch of three a model: a shape of `corpus_run`'s windows.
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=3, batch_size=3)
+    # Batches of two and one a model: the shapes of `corpus_run`'s windows.
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=3, batch_size=2)
     out = tmp_path / "series"
     records, written = series.run_corpus(models, TEXT, cspec, SPEC, out, progress=False)
     assert [r["model"] for r in records] == models
@@ -597,19 +598,19 @@ def test_in_sample_values_are_each_searchs_own_windows_and_beat_every_head(corpu
     for fold, searched in enumerate(found["search_windows"]):
         extra = {"o": np.asarray(found["weights"][fold])}
         inner = {"o": np.asarray(found["weights_without_sink"][fold])}
-        rec = text_lib.analyze_tokens(
-            module, params, windows.tokens[searched], plain, None, extra, inner
-        )
+        # The search's 3 windows as 2 and 1: the batches of `corpus_run`.
+        recs = [
+            text_lib.analyze_tokens(module, params, windows.tokens[part], plain, None, extra, inner)
+            for part in (searched[:2], searched[2:])
+        ]
         for layer in (0, 1):
-            for graph, suffix in (
-                (rec["layers"][layer], ""),
-                (rec["layers"][layer]["without_sink"], "_without_sink"),
-            ):
+            for pick, suffix in ((lambda g: g, ""), (lambda g: g["without_sink"], "_without_sink")):
+                graphs = [pick(rec["layers"][layer]) for rec in recs]
+                mixed = np.concatenate([g["mixes"]["o"]["fidelity"] for g in graphs])
+                heads = np.concatenate([g["heads"]["fidelity"] for g in graphs])
                 value = found[f"in_sample{suffix}"][fold][layer]
-                assert value == pytest.approx(
-                    float(np.mean(graph["mixes"]["o"]["fidelity"])), rel=1e-5
-                )
-                best_head = np.max(np.mean(graph["heads"]["fidelity"], axis=0))
+                assert value == pytest.approx(float(np.mean(mixed)), rel=1e-5)
+                best_head = np.max(np.mean(heads, axis=0))
                 assert value >= best_head - 1e-7, (fold, layer, suffix)  # its own optimum
     in_sample = summary["optimal"]["in_sample"]["1"]
     assert in_sample == pytest.approx(np.mean([f[1] for f in found["in_sample"]]))
@@ -680,8 +681,8 @@ def test_an_edited_corpus_is_refused_on_a_rerun(tmp_path):
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "a.txt").write_text(TEXT.read_text())
-    # One batch of three: the series test's shapes and spec.
-    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=3, batch_size=3)
+    # Batches of two and one: the series test's shapes and spec.
+    cspec = corpus_lib.CorpusSpec(tokens=24, max_windows=3, batch_size=2)
     out = tmp_path / "out"
     corpus_lib.run(HF / "llama-tiny", folder, cspec, SPEC, out, progress=False)
     before = (out / corpus_lib.WINDOWS_FILE).read_text()
@@ -718,15 +719,15 @@ def test_layer_plot_is_log_scaled_with_plain_labels_and_every_series(corpus_run)
 
 
 def test_each_record_names_its_windows_document_and_position():
-    """Six windows of two documents, three per batch: the second batch holds the second
-    document's third to fifth windows, at positions 2 to 4 of their document, not 0 to 2
-    of their batch."""
+    """Six windows of two documents, two per batch: the last batch holds the second
+    document's fourth and fifth windows, at positions 3 and 4 of their document, not 0
+    and 1 of their batch."""
     module, params, _ = pretrained.load(HF / "llama-tiny")
     tokens = np.arange(6 * 24).reshape(6, 24) % 50 + 1  # batches of the series test's shape
     picked = types.SimpleNamespace(tokens=tokens, document=np.asarray([0, 1, 1, 1, 1, 1]))
     got = {}
     corpus_lib.analyze_windows(
-        module, params, picked, list(range(6)), SPEC, 3, got.__setitem__, progress=False
+        module, params, picked, list(range(6)), SPEC, 2, got.__setitem__, progress=False
     )
     assert {i: line["document"] for i, line in got.items()} == {0: 0, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1}
     assert {i: line["position"] for i, line in got.items()} == {0: 0, 1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
