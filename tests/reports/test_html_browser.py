@@ -132,7 +132,10 @@ def checked(page: Opened):
 
 @pytest.fixture(scope="module")
 def corpus_opened(browser, corpus_folder):
-    yield from opened(browser, corpus_folder / html.FILE)
+    for page in opened(browser, corpus_folder / html.FILE):
+        # Freshly loaded, before any test chooses: the first layer's first head.
+        assert (page.page.input_value("#layer"), page.page.input_value("#head")) == ("0", "0")
+        yield page
 
 
 @pytest.fixture(scope="module")
