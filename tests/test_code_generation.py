@@ -100,7 +100,8 @@ def test_quick_flags_name_only_flags_the_installed_xla_knows(jaxlib, with_emitte
 
     flags = quick_compile_flags(jaxlib).split()
     assert ("--xla_cpu_use_fusion_emitters=false" in flags) is with_emitter_flag
-    assert flags[:2] == [
+    assert flags[:3] == [
         "--xla_backend_optimization_level=1",
         "--xla_llvm_disable_expensive_passes=true",
+        "--xla_cpu_parallel_codegen_split_count=1",
     ]
