@@ -13,6 +13,12 @@ if [ ! -x "$chromium" ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
 fi
+# The suite starts many interpreters (its test processes, the launchers, two-process runs):
+# each reads the modules' bytecode from a cache, as Python does by default, rather than
+# compiling their source again where PYTHONDONTWRITEBYTECODE turns caching off; the cache
+# lives in .venv, not beside the sources.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$PWD/.venv/pycache"
 ruff check .
 ruff format --check .
 python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

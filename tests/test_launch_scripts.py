@@ -110,6 +110,22 @@ def test_test_sh_lints_then_runs_pytest_one_file_per_worker(tmp_path):
     assert run_script(root, "test.sh", "-k", "x", TEST_WORKERS="3", **browser)[-1] == pytest_call
 
 
+def test_test_sh_caches_bytecode_in_the_venv_whatever_the_callers_setting(tmp_path):
+    """Every interpreter of the suite (workers, launchers, their children) reads cached
+    bytecode: a caller's PYTHONDONTWRITEBYTECODE is dropped, and the cache is in .venv."""
+    root = fake_root(tmp_path)
+    installed(root, "test")
+    seen = tmp_path / "env.txt"
+    (root / ".venv" / "bin" / "python").write_text(
+        '#!/usr/bin/env bash\necho "${PYTHONDONTWRITEBYTECODE-unset} $PYTHONPYCACHEPREFIX" >> '
+        f"{seen}\n"
+    )
+    browser = {"BEYONDPAR_CHROMIUM": sys.executable}
+    run_script(root, "test.sh", PYTHONDONTWRITEBYTECODE="1", **browser)
+    # The first line: setup_env.sh's version check, before the suite's settings.
+    assert seen.read_text().splitlines()[-1] == f"unset {root}/.venv/pycache"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="test.sh installs Chromium only as root")
 def test_test_sh_installs_chromium_for_the_browser_tests_where_it_is_missing(tmp_path):
     root = fake_root(tmp_path)
