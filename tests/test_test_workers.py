@@ -1,9 +1,11 @@
 """The test workers' own upkeep: compiled programs released before the kernel's map
-limit is reached (a worker that passed it died inside XLA's compiler), and test files
-started longest first."""
+limit is reached (a worker that passed it died inside XLA's compiler), test files
+started longest first, and workers that end without finalisation."""
 
 import gc
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -18,6 +20,7 @@ from helpers.memory_maps import (
     memory_maps,
     release_compiled_programs,
 )
+from helpers.worker_exit import end_worker_now, is_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,3 +144,70 @@ def test_each_test_file_ends_by_releasing_programs_over_the_map_budget(request, 
     with pytest.raises(StopIteration):
         next(after_each_file)
     assert checked == [1]
+
+
+class _Config:
+    """A pytest config: a worker's has `workerinput`."""
+
+    def __init__(self, worker: bool):
+        if worker:
+            self.workerinput = {"workerid": "gw0"}
+
+
+def test_only_a_worker_ends_at_once_and_with_status_0():
+    ended = []
+    end_worker_now(_Config(worker=False), exit=ended.append)
+    assert ended == [] and not is_worker(_Config(worker=False))
+    end_worker_now(_Config(worker=True), exit=ended.append)
+    assert ended == [0] and is_worker(_Config(worker=True))
+
+
+def test_the_suites_workers_end_after_every_other_plugins_last_hook(request, monkeypatch):
+    conftest = _suite_conftest(request)
+    hook = conftest.pytest_unconfigure
+    assert hook.pytest_impl["trylast"]  # pytest's own hooks (reports, logs) come first
+    seen = []
+    monkeypatch.setattr(conftest, "end_worker_now", seen.append)
+    config = _Config(worker=True)
+    hook(config)
+    assert seen == [config]
+
+
+_TWO_RESULTS = """
+def test_passes():
+    print("printed by a worker")
+
+
+def test_fails():
+    assert 1 == 2
+"""
+
+_ENDS_WORKERS = """
+import pytest
+from helpers.worker_exit import end_worker_now
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    end_worker_now(config)
+"""
+
+
+def test_workers_that_end_at_once_lose_no_result(tmp_path):
+    """Two workers, each ending as the suite's do: the controller still reports both
+    results, the failure's output, and fails."""
+    (tmp_path / "conftest.py").write_text(_ENDS_WORKERS)
+    (tmp_path / "test_one.py").write_text(_TWO_RESULTS)
+    (tmp_path / "test_two.py").write_text(_TWO_RESULTS)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-rA", "."],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT / "tests"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 failed, 2 passed" in done.stdout
+    assert done.stdout.count("assert 1 == 2") >= 2
+    assert done.stdout.count("printed by a worker") == 2
