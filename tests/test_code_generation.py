@@ -105,3 +105,14 @@ def test_quick_flags_name_only_flags_the_installed_xla_knows(jaxlib, with_emitte
         "--xla_llvm_disable_expensive_passes=true",
         "--xla_cpu_parallel_codegen_split_count=1",
     ]
+
+
+def test_a_flag_the_caller_set_keeps_the_callers_value():
+    """The suite's flags follow the caller's XLA_FLAGS, except those the caller set."""
+    from helpers.compilation import with_flags
+
+    quick = "--xla_backend_optimization_level=1 --xla_cpu_parallel_codegen_split_count=1"
+    assert with_flags("--xla_backend_optimization_level=3", quick) == (
+        "--xla_backend_optimization_level=3 --xla_cpu_parallel_codegen_split_count=1"
+    )
+    assert with_flags("", quick) == quick
