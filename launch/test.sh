@@ -16,9 +16,10 @@ fi
 # The suite starts many interpreters (its test processes, the launchers, two-process runs):
 # each reads the modules' bytecode from a cache, as Python does by default, rather than
 # compiling their source again where PYTHONDONTWRITEBYTECODE turns caching off; the cache
-# lives in .venv, not beside the sources.
+# lives in .venv, not beside the sources (less that of modules the tests wrote to /tmp).
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX="$PWD/.venv/pycache"
+rm -rf "$PYTHONPYCACHEPREFIX/tmp"
 ruff check .
 ruff format --check .
 python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

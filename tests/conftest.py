@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    """A worker ends after every other plugin's last hook, without finalisation."""
+    """A worker ends after pytest's own last hooks, without finalisation."""
     end_worker_now(config)
 
 

@@ -3,6 +3,7 @@ limit is reached (a worker that passed it died inside XLA's compiler), test file
 started longest first, and workers that end without finalisation."""
 
 import gc
+import os
 import re
 import subprocess
 import sys
@@ -156,13 +157,13 @@ class _Config:
 
 def test_only_a_worker_ends_at_once_and_with_status_0():
     ended = []
-    end_worker_now(_Config(worker=False), exit=ended.append)
+    end_worker_now(_Config(worker=False), end=ended.append)
     assert ended == [] and not is_worker(_Config(worker=False))
-    end_worker_now(_Config(worker=True), exit=ended.append)
+    end_worker_now(_Config(worker=True), end=ended.append)
     assert ended == [0] and is_worker(_Config(worker=True))
 
 
-def test_the_suites_workers_end_after_every_other_plugins_last_hook(request, monkeypatch):
+def test_the_suites_workers_end_after_pytests_own_last_hooks(request, monkeypatch):
     conftest = _suite_conftest(request)
     hook = conftest.pytest_unconfigure
     assert hook.pytest_impl["trylast"]  # pytest's own hooks (reports, logs) come first
@@ -202,12 +203,18 @@ def test_workers_that_end_at_once_lose_no_result(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-rA", "."],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT / "tests"), "PATH": "/usr/bin:/bin"},
+        env={
+            "PYTHONPATH": str(ROOT / "tests"),
+            "PATH": "/usr/bin:/bin",
+            **{k: v for k, v in os.environ.items() if k.startswith("PYTHON") and "PATH" not in k},
+        },
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    # A worker that ended before its results were sent is restarted as crashed.
+    assert "node down" not in done.stdout
     assert "2 failed, 2 passed" in done.stdout
     assert done.stdout.count("assert 1 == 2") >= 2
     assert done.stdout.count("printed by a worker") == 2

@@ -5,7 +5,7 @@ Code-generation settings, not numerical ones (no fast-math), compile faster and 
 these sizes as fast: a lighter LLVM pipeline; each program's code as one LLVM module
 (XLA cuts it into parts compiled on parallel threads, which on two cores shared by two
 test processes only adds each part's own passes and memory maps: whole, the test
-processes hold half as many maps and spend 9% less CPU time); and (before jaxlib 0.11)
+processes hold half as many maps and spend 10% less CPU time); and (before jaxlib 0.11)
 XLA's elemental emitter for fusions in place of its MLIR emitters, which build a new MLIR
 context with every dialect for each program. `test_code_generation.py` checks that the
 paper's model gives the same numbers with XLA's defaults."""

@@ -1,7 +1,9 @@
 """The end of a test process: a pytest-xdist worker stops at its last hook, skipping
 Python's finalisation. Its results are with the controller by then (sent when its session
 finished), and finalising a process that holds thousands of compiled programs, freeing
-each one's code, buffers and MLIR context, kept the controller waiting for seconds."""
+each one's code, buffers and MLIR context, kept the controller waiting for seconds.
+Skipped with it: atexit handlers, pytest's config cleanups and any thread a test left
+running."""
 
 import os
 import sys
@@ -12,11 +14,11 @@ def is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
-def end_worker_now(config, exit=os._exit) -> None:
+def end_worker_now(config, end=os._exit) -> None:
     """In a worker, flush what it printed and end the process (status 0: the controller
     counts the results it was sent); elsewhere, return."""
     if not is_worker(config):
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    exit(0)
+    end(0)
