@@ -50,20 +50,14 @@ from helpers.markers import refuse_float64_without_marker  # noqa: E402
 from helpers.memory_maps import collect_garbage_less_often, release_compiled_programs  # noqa: E402
 from helpers.paths import DATA, FIXTURES, load_fixture  # noqa: E402
 from helpers.trained_runs import shared_folder, smoke_config, trained_once  # noqa: E402
-from helpers.worker_exit import end_worker_now  # noqa: E402
 
 collect_garbage_less_often()  # a test process holds thousands of compiled programs
+pytest_plugins = ["helpers.worker_exit"]  # a worker ends without finalisation
 
 
 def pytest_collection_modifyitems(items):
     refuse_float64_without_marker(items)
     longest_first(items)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    """A worker ends after pytest's own last hooks, without finalisation."""
-    end_worker_now(config)
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from helpers import memory_maps as memory_maps_module
+from helpers import worker_exit
 from helpers.file_order import LONG_FILES, file_of, longest_first, missing_files
 from helpers.memory_maps import (
     YOUNG_COLLECTION_ALLOCATIONS,
@@ -164,11 +165,12 @@ def test_only_a_worker_ends_at_once_and_with_status_0():
 
 
 def test_the_suites_workers_end_after_pytests_own_last_hooks(request, monkeypatch):
-    conftest = _suite_conftest(request)
-    hook = conftest.pytest_unconfigure
+    plugin = request.config.pluginmanager.get_plugin("helpers.worker_exit")
+    assert plugin is worker_exit
+    hook = worker_exit.pytest_unconfigure
     assert hook.pytest_impl["trylast"]  # pytest's own hooks (reports, logs) come first
     seen = []
-    monkeypatch.setattr(conftest, "end_worker_now", seen.append)
+    monkeypatch.setattr(worker_exit, "end_worker_now", seen.append)
     config = _Config(worker=True)
     hook(config)
     assert seen == [config]
@@ -183,25 +185,15 @@ def test_fails():
     assert 1 == 2
 """
 
-_ENDS_WORKERS = """
-import pytest
-from helpers.worker_exit import end_worker_now
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    end_worker_now(config)
-"""
-
 
 def test_workers_that_end_at_once_lose_no_result(tmp_path):
-    """Two workers, each ending as the suite's do: the controller still reports both
-    results, the failure's output, and fails."""
-    (tmp_path / "conftest.py").write_text(_ENDS_WORKERS)
+    """Two workers ending as the suite's do (its plugin): the controller still reports
+    both results, the failure's output, and fails."""
     (tmp_path / "test_one.py").write_text(_TWO_RESULTS)
     (tmp_path / "test_two.py").write_text(_TWO_RESULTS)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-rA", "."],
+        [sys.executable, "-m", "pytest", "-n", "2", "-p", "helpers.worker_exit"]
+        + ["-p", "no:cacheprovider", "-rA", "."],
         cwd=tmp_path,
         env={
             "PYTHONPATH": str(ROOT / "tests"),

@@ -3,10 +3,12 @@ Python's finalisation. Its results are with the controller by then (sent when it
 finished), and finalising a process that holds thousands of compiled programs, freeing
 each one's code, buffers and MLIR context, kept the controller waiting for seconds.
 Skipped with it: atexit handlers, pytest's config cleanups and any thread a test left
-running."""
+running. A plugin: the suite's conftest loads it, and `-p helpers.worker_exit` elsewhere."""
 
 import os
 import sys
+
+import pytest
 
 
 def is_worker(config) -> bool:
@@ -22,3 +24,9 @@ def end_worker_now(config, end=os._exit) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     end(0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """A worker ends after pytest's own last hooks (reports, logs), without finalisation."""
+    end_worker_now(config)
