@@ -86,14 +86,15 @@ def test_the_suite_collects_its_long_files_longest_first_and_names_only_files_it
 
 
 def test_young_collections_wait_for_many_allocations():
+    """25,000 allocations, half the documented 50,000, start no collection."""
     started = []
     gc.collect()  # the young generation's count starts at 0
     gc.callbacks.append(lambda phase, info: phase == "start" and started.append(info))
     try:
-        kept = [[i] for i in range(YOUNG_COLLECTION_ALLOCATIONS // 2)]
+        kept = [[i] for i in range(25_000)]
     finally:
         gc.callbacks.pop()
-    assert len(kept) == YOUNG_COLLECTION_ALLOCATIONS // 2
+    assert len(kept) == 25_000 == YOUNG_COLLECTION_ALLOCATIONS // 2
     assert started == []  # CPython's default (700 allocations) collects 35 times here
 
 
@@ -107,9 +108,10 @@ def test_only_the_young_generations_threshold_changes():
         gc.set_threshold(*before)
 
 
-def test_without_proc_no_maps_are_counted_and_nothing_is_released(monkeypatch):
+@pytest.mark.parametrize("error", [FileNotFoundError, PermissionError])
+def test_without_proc_no_maps_are_counted_and_nothing_is_released(monkeypatch, error):
     def unreadable(*args, **kwargs):
-        raise FileNotFoundError("/proc/self/maps")
+        raise error("/proc/self/maps")
 
     monkeypatch.setattr(memory_maps_module, "open", unreadable, raising=False)
     assert memory_maps() == (0, 1)
@@ -138,6 +140,8 @@ def test_the_suites_collection_puts_long_files_first(request):
 def test_each_test_file_ends_by_releasing_programs_over_the_map_budget(request, monkeypatch):
     conftest = _suite_conftest(request)
     assert "_release_compiled_programs" in request.fixturenames  # autouse
+    definitions = request._fixturemanager.getfixturedefs("_release_compiled_programs", request.node)
+    assert definitions[-1].scope == "module"  # once a file, not once a run
     checked = []
     monkeypatch.setattr(conftest, "release_compiled_programs", lambda: checked.append(1))
     after_each_file = conftest._release_compiled_programs._get_wrapped_function()()
@@ -154,6 +158,22 @@ class _Config:
     def __init__(self, worker: bool):
         if worker:
             self.workerinput = {"workerid": "gw0"}
+
+
+class _Stream:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def flush(self):
+        self.log.append(self.name)
+
+
+def test_a_worker_flushes_what_it_printed_before_it_ends(monkeypatch):
+    log = []
+    monkeypatch.setattr(sys, "stdout", _Stream("stdout", log))
+    monkeypatch.setattr(sys, "stderr", _Stream("stderr", log))
+    end_worker_now(_Config(worker=True), end=lambda status: log.append(status))
+    assert sorted(log[:2]) == ["stderr", "stdout"] and log[2:] == [0]
 
 
 def test_only_a_worker_ends_at_once_and_with_status_0():
@@ -177,8 +197,13 @@ def test_the_suites_workers_end_after_pytests_own_last_hooks(request, monkeypatc
 
 
 _TWO_RESULTS = """
+import atexit
+from pathlib import Path
+
+
 def test_passes():
     print("printed by a worker")
+    atexit.register(Path(__file__).with_suffix(".finalised").touch)
 
 
 def test_fails():
@@ -210,3 +235,4 @@ def test_workers_that_end_at_once_lose_no_result(tmp_path):
     assert "2 failed, 2 passed" in done.stdout
     assert done.stdout.count("assert 1 == 2") >= 2
     assert done.stdout.count("printed by a worker") == 2
+    assert sorted(tmp_path.glob("*.finalised")) == []  # no worker ran its atexit handlers
